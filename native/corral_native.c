@@ -1,0 +1,465 @@
+/* corral's native helper: spawn straight into a cgroup v2 leaf, report exec failures exactly.
+ *
+ * Why C: between clone and execve the child may only do async-signal-safe work, and it must
+ * never return to Python.  Three ways to create the child, tried in this order:
+ *
+ *   1. clone3(CLONE_INTO_CGROUP | CLONE_PIDFD | CLONE_VM | CLONE_VFORK) on a private stack
+ *      (x86_64 only: the child starts on its own stack through a few lines of assembly, like
+ *      glibc's posix_spawn; no page tables are copied, so this is as cheap as posix_spawn).
+ *   2. clone3(CLONE_INTO_CGROUP | CLONE_PIDFD) with fork semantics, on other architectures.
+ *   3. Where clone3 or CLONE_INTO_CGROUP is refused (kernels before 5.7; seccomp profiles of
+ *      older container engines answer ENOSYS or EPERM): vfork(), the child writes "0" into the
+ *      leaf's cgroup.procs before anything else, the parent takes a pidfd with pidfd_open().
+ *      The child is still in its leaf before it execs; the result says this path was used.
+ *
+ * The child writes its failure (step + errno) into a report the parent reads: shared memory
+ * when the child shares our address space (1 and 3), a CLOEXEC pipe otherwise (2).  While the
+ * child runs in our memory every signal is blocked in the parent thread, so no Python signal
+ * handler can run in the child and write into the parent's state.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "corral_native.h"
+
+#ifndef SYS_clone3
+#define SYS_clone3 435
+#endif
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
+#ifndef CLONE_INTO_CGROUP
+#define CLONE_INTO_CGROUP 0x200000000ULL
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+/* struct clone_args as of Linux 5.7 (CLONE_ARGS_SIZE_VER2), spelled out so that old kernel
+ * headers do not matter. */
+struct corral_clone_args {
+    uint64_t flags;
+    uint64_t pidfd;
+    uint64_t child_tid;
+    uint64_t parent_tid;
+    uint64_t exit_signal;
+    uint64_t stack;
+    uint64_t stack_size;
+    uint64_t tls;
+    uint64_t set_tid;
+    uint64_t set_tid_size;
+    uint64_t cgroup;
+};
+
+struct child_report {
+    int step;
+    int err;
+};
+
+struct child_ctx {
+    const struct corral_spawn_args *a;
+    struct child_report *report;  /* shared memory (vfork-like paths) */
+    int report_fd;                /* pipe write end (fork-like path), else -1 */
+    int procs_fd;                 /* cgroup.procs of the leaf (fallback path), else -1 */
+};
+
+/* The child's stack for path 1.  It lives in the parent's frame: the parent thread is
+ * suspended (CLONE_VFORK) until the child execs or exits, so nothing else uses it. */
+#define CHILD_STACK_SIZE (32 * 1024)
+
+/* ---- the child: async-signal-safe only, never returns ---------------------------------- */
+
+static void __attribute__((noreturn)) child_fail(const struct child_ctx *c, int step, int err)
+{
+    struct child_report rep = { step, err };
+    if (c->report_fd >= 0) {
+        ssize_t n;
+        do {
+            n = write(c->report_fd, &rep, sizeof rep);
+        } while (n < 0 && errno == EINTR);
+    } else {
+        c->report->step = step;
+        c->report->err = err;
+    }
+    _exit(127);
+}
+
+/* Move each of the three std fds out of 0..2 first, so that installing one cannot clobber
+ * the source of another (e.g. stdout given as fd 0). */
+static int child_install_std_fds(const struct corral_spawn_args *a)
+{
+    int src[3] = { a->stdin_fd, a->stdout_fd, a->stderr_fd };
+    for (int i = 0; i < 3; i++) {
+        if (src[i] < 0)
+            return EBADF;
+        if (src[i] < 3 && src[i] != i) {
+            int moved = fcntl(src[i], F_DUPFD_CLOEXEC, 3);
+            if (moved < 0)
+                return errno;
+            for (int j = i + 1; j < 3; j++)
+                if (src[j] == src[i])
+                    src[j] = moved;
+            src[i] = moved;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        if (src[i] == i) {
+            /* already in place: only make sure it survives exec */
+            int fl = fcntl(i, F_GETFD);
+            if (fl < 0 || fcntl(i, F_SETFD, fl & ~FD_CLOEXEC) < 0)
+                return errno;
+        } else if (dup2(src[i], i) < 0) {
+            return errno;
+        }
+    }
+    return 0;
+}
+
+/* Every fd above 2 is closed at exec, except pass_fds.  Marking them CLOEXEC instead of
+ * closing them keeps the report pipe usable until the exec itself. */
+static int child_close_other_fds(const struct corral_spawn_args *a)
+{
+    if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0) {
+        struct rlimit rl;
+        if (errno != ENOSYS && errno != EINVAL)
+            return errno;
+        /* kernels before 5.11: walk the whole table */
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+            return errno;
+        for (rlim_t fd = 3; fd < rl.rlim_cur && fd < (rlim_t)INT_MAX; fd++) {
+            int fl = fcntl((int)fd, F_GETFD);
+            if (fl >= 0 && !(fl & FD_CLOEXEC))
+                fcntl((int)fd, F_SETFD, fl | FD_CLOEXEC);
+        }
+    }
+    for (int i = 0; i < a->n_pass_fds; i++) {
+        int fd = a->pass_fds[i];
+        int fl = fcntl(fd, F_GETFD);
+        if (fl < 0 || fcntl(fd, F_SETFD, fl & ~FD_CLOEXEC) < 0)
+            return errno;
+    }
+    return 0;
+}
+
+static int child_main(void *arg)
+{
+    const struct child_ctx *c = arg;
+    const struct corral_spawn_args *a = c->a;
+    int err;
+
+    /* Fallback path: join the leaf before doing anything else, so every later step, and
+     * everything the command starts, is accounted to it.  "0" means the writing process. */
+    if (c->procs_fd >= 0) {
+        ssize_t n;
+        do {
+            n = write(c->procs_fd, "0", 1);
+        } while (n < 0 && errno == EINTR);
+        if (n < 0)
+            child_fail(c, CORRAL_STEP_CGROUP, errno);
+    }
+
+    if ((a->flags & CORRAL_SPAWN_SETSID) && setsid() < 0)
+        child_fail(c, CORRAL_STEP_SETSID, errno);
+
+    /* Namespaces need our privileges: before any setuid. */
+    if ((a->flags & CORRAL_SPAWN_NEWNET) && unshare(CLONE_NEWNET) < 0)
+        child_fail(c, CORRAL_STEP_NETNS, errno);
+
+    /* Raising a hard limit needs CAP_SYS_RESOURCE: before any setuid too. */
+    for (int i = 0; i < a->n_rlimits; i++) {
+        struct rlimit rl = { (rlim_t)a->rlimits[i].soft, (rlim_t)a->rlimits[i].hard };
+        if (setrlimit(a->rlimits[i].resource, &rl) < 0)
+            child_fail(c, CORRAL_STEP_RLIMIT, errno);
+    }
+
+    if ((err = child_install_std_fds(a)) != 0)
+        child_fail(c, CORRAL_STEP_FDS, err);
+    if ((err = child_close_other_fds(a)) != 0)
+        child_fail(c, CORRAL_STEP_FDS, err);
+
+    /* Dispositions back to default (handlers make no sense after exec anyway, but ignored
+     * signals would be inherited: a task started with SIGTERM ignored could not be stopped
+     * gracefully). */
+    for (int sig = 1; sig < _NSIG; sig++) {
+        struct sigaction sa;
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_DFL;
+        sigaction(sig, &sa, NULL);  /* EINVAL for the realtime signals glibc reserves */
+    }
+
+    /* Raw syscalls: glibc's setuid family signals every thread of the process (setxid
+     * broadcast), which is neither needed nor safe here. */
+    if ((a->flags & CORRAL_SPAWN_SETGROUPS) &&
+        syscall(SYS_setgroups, (size_t)a->n_groups, a->groups) < 0)
+        child_fail(c, CORRAL_STEP_SETGROUPS, errno);
+    if ((a->flags & CORRAL_SPAWN_SETGID) &&
+        syscall(SYS_setresgid, a->gid, a->gid, a->gid) < 0)
+        child_fail(c, CORRAL_STEP_SETGID, errno);
+    if ((a->flags & CORRAL_SPAWN_SETUID) &&
+        syscall(SYS_setresuid, a->uid, a->uid, a->uid) < 0)
+        child_fail(c, CORRAL_STEP_SETUID, errno);
+
+    /* After dropping privileges, so the cwd is checked as the user who will run in it. */
+    if (a->cwd != NULL && chdir(a->cwd) < 0)
+        child_fail(c, CORRAL_STEP_CHDIR, errno);
+    if (a->umask >= 0)
+        umask((mode_t)a->umask);
+
+    sigset_t none;
+    sigemptyset(&none);
+    if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
+        child_fail(c, CORRAL_STEP_SIGNALS, errno);
+
+    /* PATH candidates in order; as execvp does, a candidate that exists but cannot be run
+     * (EACCES, ENOEXEC...) is what gets reported, not the ENOENT of a later one. */
+    int saved = ENOENT;
+    for (char *const *p = a->exec_paths; *p != NULL; p++) {
+        execve(*p, a->argv, a->envp);
+        if (errno != ENOENT && errno != ENOTDIR) {
+            if (saved == ENOENT)
+                saved = errno;
+        }
+    }
+    child_fail(c, CORRAL_STEP_EXEC, saved);
+    return 127;  /* not reached */
+}
+
+/* ---- the parent ------------------------------------------------------------------------ */
+
+#if defined(__x86_64__)
+/* clone3 with CLONE_VM on a private stack: the child must not return through our frames, so
+ * it calls fn(arg) from assembly on its new stack and exits with its return value. */
+static long clone3_on_stack(struct corral_clone_args *ca, int (*fn)(void *), void *arg)
+{
+    long ret;
+    register long r_fn __asm__("r12") = (long)fn;
+    register long r_arg __asm__("r13") = (long)arg;
+    __asm__ volatile(
+        "syscall\n\t"
+        "testq %%rax, %%rax\n\t"
+        "jnz 1f\n\t"
+        "xorl %%ebp, %%ebp\n\t"  /* the child: outermost frame */
+        "movq %%r13, %%rdi\n\t"
+        "callq *%%r12\n\t"
+        "movl %%eax, %%edi\n\t"
+        "movl $60, %%eax\n\t"    /* SYS_exit */
+        "syscall\n\t"
+        "hlt\n"
+        "1:\n\t"
+        : "=a"(ret)
+        : "0"((long)SYS_clone3), "D"(ca), "S"(sizeof *ca), "r"(r_fn), "r"(r_arg)
+        : "rcx", "r11", "memory", "cc");
+    return ret;
+}
+#define HAVE_CLONE3_ON_STACK 1
+#endif
+
+static int read_report(int fd, struct child_report *rep)
+{
+    ssize_t n;
+    do {
+        n = read(fd, rep, sizeof *rep);
+    } while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)sizeof *rep)
+        return 1;   /* the child failed and said how */
+    return 0;       /* EOF: the exec closed the pipe */
+}
+
+static void reap(int pidfd, int pid)
+{
+    siginfo_t si;
+    int r;
+    if (pidfd >= 0) {
+        do {
+            r = waitid((idtype_t)P_PIDFD, (id_t)pidfd, &si, WEXITED);
+        } while (r < 0 && errno == EINTR);
+    } else {
+        do {
+            r = waitpid(pid, NULL, 0);
+        } while (r < 0 && errno == EINTR);
+    }
+}
+
+static int spawn_clone3(const struct corral_spawn_args *a, struct corral_spawn_result *r,
+                        struct child_ctx *c, struct child_report *rep)
+{
+    struct corral_clone_args ca;
+    int pidfd = -1;
+    long pid;
+
+    memset(&ca, 0, sizeof ca);
+    ca.flags = CLONE_PIDFD;
+    ca.pidfd = (uint64_t)(uintptr_t)&pidfd;
+    ca.exit_signal = SIGCHLD;
+    if (a->cgroup_fd >= 0) {
+        ca.flags |= CLONE_INTO_CGROUP;
+        ca.cgroup = (uint64_t)a->cgroup_fd;
+    }
+
+#ifdef HAVE_CLONE3_ON_STACK
+    (void)rep;  /* the child writes into c->report, which is rep */
+    char stack[CHILD_STACK_SIZE] __attribute__((aligned(16)));
+    ca.flags |= CLONE_VM | CLONE_VFORK;
+    ca.stack = (uint64_t)(uintptr_t)stack;
+    ca.stack_size = sizeof stack;
+    c->report_fd = -1;
+    pid = clone3_on_stack(&ca, child_main, c);
+    if (pid < 0)
+        return (int)pid;
+    r->method = CORRAL_METHOD_CLONE3_VFORK;
+#else
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) < 0) {
+        r->step = CORRAL_STEP_PREPARE;
+        return -errno;
+    }
+    c->report_fd = pipefd[1];
+    pid = syscall(SYS_clone3, &ca, sizeof ca);
+    if (pid == 0)
+        child_main(c);   /* never returns */
+    int saved = errno;
+    close(pipefd[1]);
+    if (pid < 0) {
+        close(pipefd[0]);
+        return -saved;
+    }
+    if (read_report(pipefd[0], rep) == 0)
+        rep->step = CORRAL_STEP_NONE;
+    close(pipefd[0]);
+    r->method = CORRAL_METHOD_CLONE3_FORK;
+#endif
+    r->pid = (int)pid;
+    r->pidfd = pidfd;
+    return 0;
+}
+
+static int spawn_vfork_join(const struct corral_spawn_args *a, struct corral_spawn_result *r,
+                            struct child_ctx *c)
+{
+    /* Probe pidfd_open first: a child we could not hold by pidfd must never exist. */
+    int self = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    if (self < 0) {
+        r->step = CORRAL_STEP_PREPARE;
+        return -errno;
+    }
+    close(self);
+    if (a->cgroup_fd >= 0) {
+        c->procs_fd = openat(a->cgroup_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+        if (c->procs_fd < 0) {
+            r->step = CORRAL_STEP_PREPARE;
+            return -errno;
+        }
+    }
+    c->report_fd = -1;
+
+    pid_t pid = vfork();
+    if (pid == 0)
+        child_main(c);   /* never returns */
+    int saved = errno;
+    if (c->procs_fd >= 0)
+        close(c->procs_fd);
+    if (pid < 0)
+        return -saved;
+
+    r->method = CORRAL_METHOD_VFORK_JOIN;
+    r->pid = pid;
+    /* Not yet reaped, so the pid cannot have been reused. */
+    r->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (r->pidfd < 0) {
+        saved = errno;
+        kill(pid, SIGKILL);
+        reap(-1, pid);
+        r->step = CORRAL_STEP_PIDFD;
+        return -saved;
+    }
+    return 0;
+}
+
+int corral_spawn(const struct corral_spawn_args *a, struct corral_spawn_result *r)
+{
+    struct child_report rep = { CORRAL_STEP_NONE, 0 };
+    struct child_ctx c = { a, &rep, -1, -1 };
+    sigset_t all, old;
+    int ret = -ENOSYS;
+
+    memset(r, 0, sizeof *r);
+    r->pid = -1;
+    r->pidfd = -1;
+
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+
+    if (!(a->flags & CORRAL_SPAWN_FORCE_FALLBACK)) {
+        ret = spawn_clone3(a, r, &c, &rep);
+        /* ENOSYS: no clone3 (< 5.3) or a seccomp filter; E2BIG/EINVAL: no CLONE_INTO_CGROUP
+         * (< 5.7); EPERM: seccomp profiles that refuse what they do not know. */
+        if (ret == -ENOSYS || ret == -EINVAL || ret == -E2BIG || ret == -EPERM)
+            r->fallback_errno = -ret;
+    } else {
+        r->fallback_errno = ENOSYS;
+    }
+    if (r->fallback_errno != 0 && r->step == CORRAL_STEP_NONE)
+        ret = spawn_vfork_join(a, r, &c);
+
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+
+    if (ret < 0) {
+        if (r->step == CORRAL_STEP_NONE)
+            r->step = CORRAL_STEP_CLONE;
+        r->err = -ret;
+        return ret;
+    }
+    if (rep.step != CORRAL_STEP_NONE) {
+        /* The child is gone or going: reap it so that no zombie remains. */
+        reap(r->pidfd, r->pid);
+        close(r->pidfd);
+        r->pid = -1;
+        r->pidfd = -1;
+        r->step = rep.step;
+        r->err = rep.err;
+        return -rep.err;
+    }
+    return 0;
+}
+
+int corral_inotify_init(void)
+{
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    return fd < 0 ? -errno : fd;
+}
+
+int corral_inotify_add_watch(int fd, const char *path, unsigned int mask)
+{
+    int wd = inotify_add_watch(fd, path, mask);
+    return wd < 0 ? -errno : wd;
+}
+
+int corral_inotify_rm_watch(int fd, int wd)
+{
+    return inotify_rm_watch(fd, wd) < 0 ? -errno : 0;
+}

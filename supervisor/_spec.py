@@ -1,0 +1,186 @@
+"""What a task is: ``TaskSpec``, validated completely when it is made.
+
+``run()`` and ``start()`` take these fields as keywords.  Every value a user can get wrong is
+checked here, before any cgroup or process exists, and refused with a :class:`SpecError` that
+names the field, the value, the rule and the fix.  Durations use systemd's syntax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cgroupfs import Limits
+
+from ._errors import SpecError
+from ._units import UnitsError, parse_duration, parse_signal
+
+__all__ = ["DEFAULT_GRACE", "TaskSpec"]
+
+DEFAULT_GRACE = 5.0
+DEFAULT_HEAD = 16 * 1024
+DEFAULT_TAIL = 48 * 1024
+_MAX_KEEP = 1 << 30
+
+StdinSpec = None | bytes | Literal["inherit"]
+
+
+def _duration(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    try:
+        return parse_duration(value, name, allow_zero=allow_zero)
+    except UnitsError as e:
+        raise SpecError(name, str(e)) from None
+
+
+def _byte_count(name: str, value: Any, *, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _MAX_KEEP:
+        raise SpecError(name, f"{name} must be a whole number of bytes from {low} to "
+                              f"{_MAX_KEEP} (1 GiB), got {value!r}")
+    return value
+
+
+def _no_nul(name: str, value: str) -> None:
+    if "\0" in value:
+        raise SpecError(name, f"{name} cannot contain a NUL character, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One command to run, and how.
+
+    ``argv``: the command, a list of strings (``["sh", "-c", "..."]`` for shell syntax).
+    ``env``: variables to set; added to the supervisor's environment, or the whole environment
+    when ``inherit_env=False``.  ``cwd``: working directory (checked as the task's user at
+    spawn; a bad one ends the task ``spawn_failed``).  ``stdin``: ``None`` (/dev/null), bytes
+    to feed, or ``"inherit"``.  ``time_limit``: a duration (``"30s"``, ``"5min"``, ``"1h
+    30min"``, or seconds); ``None`` takes the supervisor's default.  ``grace``: how long the
+    stop signal has before cgroup.kill (0: kill at once).  ``stop_signal``, repeated every
+    ``stop_signal_repeat`` seconds while the task lives, for tools that want to be interrupted
+    more than once.  ``output_head``/``output_tail``: bytes kept of each stream.  ``log_file``:
+    write the full output there too, up to ``log_max_bytes``.  ``limits``: cgroup limits.
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] | None = None
+    inherit_env: bool = True
+    cwd: str | None = None
+    stdin: StdinSpec = None
+    time_limit: float | str | None = None
+    grace: float | str = DEFAULT_GRACE
+    stop_signal: int | str = signal.SIGTERM
+    stop_signal_repeat: float | str | None = None
+    output_head: int = DEFAULT_HEAD
+    output_tail: int = DEFAULT_TAIL
+    log_file: str | None = None
+    log_max_bytes: int | None = None
+    limits: Limits = field(default_factory=Limits)
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        argv: Any = self.argv
+        if isinstance(argv, str | bytes):
+            raise SpecError("argv", f"argv must be a list of strings like [\"make\", \"test\"], "
+                                    f"got the string {argv!r}: split it into a list, or pass "
+                                    f"[\"sh\", \"-c\", {argv!r}] for shell syntax")
+        if not isinstance(argv, Sequence) or not argv:
+            raise SpecError("argv", f"argv must be a non-empty list of strings naming the "
+                                    f"command, got {argv!r}")
+        for a in argv:
+            if not isinstance(a, str):
+                raise SpecError("argv", f"argv items must be strings, got {a!r} in {argv!r}: "
+                                        f"convert it with str()")
+            _no_nul("argv", a)
+        if not argv[0]:
+            raise SpecError("argv", "argv[0] must name the command, got an empty string")
+        set_(self, "argv", tuple(argv))
+
+        if self.env is not None:
+            if not isinstance(self.env, Mapping):
+                raise SpecError("env", f"env must be a mapping of names to strings, "
+                                       f"got {self.env!r}")
+            for k, v in self.env.items():
+                if not isinstance(k, str) or not k or "=" in k:
+                    raise SpecError("env", f"env names must be non-empty strings without '=', "
+                                           f"got {k!r}")
+                if not isinstance(v, str):
+                    raise SpecError("env", f"env[{k!r}] must be a string, got {v!r}: "
+                                           f"convert it with str()")
+                _no_nul("env", k)
+                _no_nul("env", v)
+            set_(self, "env", dict(self.env))
+
+        if self.cwd is not None:
+            if not isinstance(self.cwd, str | os.PathLike) or not os.fspath(self.cwd):
+                raise SpecError("cwd", f"cwd must be a directory path, got {self.cwd!r}")
+            set_(self, "cwd", os.path.abspath(os.fspath(self.cwd)))
+            _no_nul("cwd", self.cwd)  # type: ignore[arg-type]
+
+        stdin: Any = self.stdin
+        if isinstance(stdin, bytearray | memoryview):
+            set_(self, "stdin", bytes(stdin))
+        elif not (stdin is None or stdin == "inherit" or isinstance(stdin, bytes)):
+            raise SpecError("stdin", f"stdin must be None (/dev/null), bytes to feed, or "
+                                     f"\"inherit\", got {stdin!r}")
+
+        if self.time_limit is not None:
+            set_(self, "time_limit", _duration("time_limit", self.time_limit))
+        set_(self, "grace", _duration("grace", self.grace, allow_zero=True))
+        if self.stop_signal_repeat is not None:
+            set_(self, "stop_signal_repeat",
+                 _duration("stop_signal_repeat", self.stop_signal_repeat))
+        try:
+            sig = parse_signal(self.stop_signal, "stop_signal")
+        except UnitsError as e:
+            raise SpecError("stop_signal", str(e)) from None
+        set_(self, "stop_signal", int(sig))
+
+        _byte_count("output_head", self.output_head)
+        _byte_count("output_tail", self.output_tail)
+        if self.log_max_bytes is not None:
+            _byte_count("log_max_bytes", self.log_max_bytes, low=1)
+        if self.log_file is not None:
+            if not isinstance(self.log_file, str | os.PathLike) or not os.fspath(self.log_file):
+                raise SpecError("log_file", f"log_file must be a file path, "
+                                            f"got {self.log_file!r}")
+            set_(self, "log_file", os.path.abspath(os.fspath(self.log_file)))
+        if not isinstance(self.limits, Limits):
+            raise SpecError("limits", f"limits must be a cgroupfs.Limits, got {self.limits!r}: "
+                                      f"build one like Limits(memory_max=512 * 2**20)")
+
+    @classmethod
+    def from_call(cls, argv: Any, kwargs: Mapping[str, Any]) -> TaskSpec:
+        """``TaskSpec(argv, **kwargs)``, with an unknown keyword refused as a SpecError."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"argv"}
+        for k in kwargs:
+            if k not in known:
+                raise SpecError(k, f"unknown task option {k!r}; the options are: "
+                                   f"{', '.join(sorted(known))}")
+        return cls(argv, **kwargs)
+
+    def environment(self) -> dict[str, str]:
+        """The complete environment the task gets."""
+        base = dict(os.environ) if self.inherit_env else {}
+        base.update(self.env or {})
+        return base
+
+    @property
+    def grace_s(self) -> float:
+        assert isinstance(self.grace, float)
+        return self.grace
+
+    @property
+    def time_limit_s(self) -> float | None:
+        assert self.time_limit is None or isinstance(self.time_limit, float)
+        return self.time_limit
+
+    @property
+    def repeat_s(self) -> float | None:
+        r = self.stop_signal_repeat
+        assert r is None or isinstance(r, float)
+        return None if r is None or math.isinf(r) else r

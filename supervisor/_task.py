@@ -1,0 +1,499 @@
+"""A task's life: queued -> starting -> running -> stopping -> finished, one final record.
+
+:class:`TaskHandle` is what users hold; :meth:`TaskHandle._live` runs the life itself, in the
+caller's task (``run``) or in the caller's nursery (``start``).  Its order of operations:
+
+1. A stop requested before the spawn means the task never starts (``cancelled``, not started).
+2. The leaf is made and its limits written before the spawn; the child is born in it.
+3. Running: both pipes are pumped, the main process is awaited on its pidfd, the time limit and
+   any stop request drive the escalation (signal every process in the leaf, grace, cgroup.kill).
+4. The main process's exit ends the command; what it left in the leaf is stopped the same way.
+5. Once the leaf is empty (inotify, not EOF), the pumps get a short drain deadline, usage is
+   read, the leaf removed, and the result recorded: exactly once, whatever happened.
+
+Cancellation: everything from the spawn on runs in a shielded scope.  A sibling task notices the
+caller's cancellation and turns it into a graceful stop request; the shielded part finishes the
+cleanup (still escalating on a second request), records the result, and only then does the
+caller's ``Cancelled`` continue on its way.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from cgroupfs import Cgroup, CgroupError, CgroupStats
+
+from ._output import StreamCapture, enlarge_pipe, pump
+from ._result import (
+    Cleanup,
+    Containment,
+    Outcome,
+    ProcessInfo,
+    StopReason,
+    TaskResult,
+    Usage,
+)
+from ._spawn import Spawned, SpawnError, spawn
+from ._spec import TaskSpec
+from ._stop import StopState, signal_leaf
+
+if TYPE_CHECKING:
+    from ._supervisor import Supervisor
+
+__all__ = ["TaskHandle"]
+
+log = logging.getLogger(__name__)
+
+DRAIN_DEADLINE = 0.25  # after the leaf is empty: how long a pipe held outside it may delay us
+KILL_TIMEOUT = 30.0  # after cgroup.kill: how long before we call the cleanup incomplete
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+class TaskHandle:
+    """A task started by a supervisor.
+
+    ``id`` is never reused; ``pid`` is the main process's pid once it runs (for display: every
+    signal goes through pidfds).  ``stop()`` asks for a graceful stop and ``stop(force=True)``
+    a kill; ``wait()`` returns the final :class:`TaskResult`, the same one every time.
+    """
+
+    def __init__(self, sup: Supervisor, task_id: str, spec: TaskSpec, time_limit: float | None,
+                 notes: list[str]) -> None:
+        self._sup = sup
+        self.id = task_id
+        self.spec = spec
+        self.time_limit = time_limit
+        self.pid: int | None = None
+        self.state = "queued"
+        self._notes = notes
+        self._stop = StopState()
+        self._stop.signal = int(spec.stop_signal)
+        self._done = trio.Event()
+        self._result: TaskResult | None = None
+        self._created_at = time.time()
+        self._captures: dict[str, StreamCapture] = {}
+
+    def __repr__(self) -> str:
+        return f"<TaskHandle {self.id} {self.state} pid={self.pid} argv={list(self.spec.argv)}>"
+
+    # ---- what users call -------------------------------------------------------------------
+
+    def stop(self, *, force: bool = False) -> bool:
+        """Ask the task to stop: gracefully, or with ``force=True`` kill now.
+
+        A second request escalates (skips the rest of the grace).  On a task that has already
+        ended this is a no-op; the return value says whether anything changed.
+        """
+        if self._result is not None:
+            return False
+        return self._stop.request(StopReason.CANCEL, force=force)
+
+    async def wait(self) -> TaskResult:
+        """Wait for the final record (returns at once once there is one)."""
+        await self._done.wait()
+        assert self._result is not None
+        return self._result
+
+    @property
+    def result(self) -> TaskResult | None:
+        """The final record, or ``None`` while the task is not finished."""
+        return self._result
+
+    def subscribe(self, stream: str = "stdout") -> trio.MemoryReceiveChannel[bytes]:
+        """Live output of ``stream`` from now on; the channel closes at the end of output.
+
+        A subscriber that falls behind misses chunks (counted) rather than growing memory.
+        """
+        if stream not in ("stdout", "stderr"):
+            raise ValueError(f"stream must be \"stdout\" or \"stderr\", got {stream!r}")
+        cap = self._captures.get(stream)
+        if cap is None:
+            send, recv = trio.open_memory_channel[bytes](0)
+            send.close()  # nothing to stream (not started, or never will be)
+            return recv
+        return cap.subscribe()
+
+    # ---- the life ----------------------------------------------------------------------------
+
+    def _request(self, reason: StopReason, force: bool = False) -> bool:
+        if self._result is not None:
+            return False
+        return self._stop.request(reason, force=force)
+
+    async def _live(self, task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
+                    *, limiter: trio.CapacityLimiter | None = None) -> TaskResult:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._cancel_to_stop)
+            with trio.CancelScope(shield=True):
+                result = await self._life(task_status, limiter)
+            nursery.cancel_scope.cancel()
+        return result
+
+    async def _cancel_to_stop(self) -> None:
+        # The only unshielded waiter: the caller's cancellation lands here and becomes a
+        # graceful stop request; Cancelled then propagates once the shielded life has ended.
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            if self._result is None:
+                self._request(StopReason.CANCEL)
+            raise
+
+    async def _life(self, task_status: trio.TaskStatus[TaskHandle],
+                    limiter: trio.CapacityLimiter | None) -> TaskResult:
+        try:
+            acquired = False
+            if limiter is not None:
+                with trio.CancelScope() as queue_scope:
+                    await self._wait_turn(limiter, queue_scope)
+                    acquired = True
+                if not acquired or self._stop.reason is not None:
+                    if acquired:
+                        limiter.release_on_behalf_of(self)
+                    task_status.started(self)
+                    return self._finish_unstarted()
+            try:
+                return await self._run(task_status)
+            finally:
+                if acquired:
+                    assert limiter is not None
+                    limiter.release_on_behalf_of(self)
+        finally:
+            self._sup._forget(self)
+
+    async def _wait_turn(self, limiter: trio.CapacityLimiter, scope: trio.CancelScope) -> None:
+        async with trio.open_nursery() as n:
+            async def stop_waiting() -> None:
+                await self._stop.requested.wait()
+                scope.cancel()
+            n.start_soon(stop_waiting)
+            await limiter.acquire_on_behalf_of(self)
+            n.cancel_scope.cancel()
+
+    def _finish_unstarted(self) -> TaskResult:
+        reason = self._stop.reason or StopReason.CANCEL
+        self._stop.mark("gone")
+        return self._record(Outcome.CANCELLED, started=False, notes=[
+            f"stopped before it started ({reason})"])
+
+    async def _run(self, task_status: trio.TaskStatus[TaskHandle]) -> TaskResult:
+        sup = self._sup
+        spec = self.spec
+        if self._stop.reason is not None:
+            task_status.started(self)
+            return self._finish_unstarted()
+        self.state = "starting"
+        try:
+            leaf = sup._tasks.make_child(self.id)
+        except CgroupError as e:
+            task_status.started(self)
+            return self._record(Outcome.SPAWN_FAILED, started=False, error=e, step="cgroup")
+        fds: list[int] = []
+        try:
+            if not spec.limits.is_empty():
+                leaf.set_limits(spec.limits)
+            spawned, pipes = self._spawn(leaf, fds)
+        except (SpawnError, CgroupError, OSError) as e:
+            for fd in fds:
+                os.close(fd)
+            cleanup = self._remove_leaf(leaf)
+            task_status.started(self)
+            step = getattr(e, "step", "cgroup" if isinstance(e, CgroupError) else "prepare")
+            return self._record(Outcome.SPAWN_FAILED, started=False, error=e, step=step,
+                                cleanup=cleanup)
+
+        t0 = trio.current_time()
+        started_at = time.time()
+        self.pid = spawned.pid
+        self.state = "running"
+        task_status.started(self)
+        try:
+            return await self._supervise(leaf, spawned, pipes, t0, started_at)
+        finally:
+            trio.lowlevel.notify_closing(spawned.pidfd)
+            os.close(spawned.pidfd)
+
+    def _spawn(self, leaf: Cgroup, fds: list[int]) -> tuple[Spawned, dict[str, int]]:
+        spec = self.spec
+        pipes: dict[str, int] = {}
+        child_ends: list[int] = []
+        for name in ("stdout", "stderr"):
+            r, w = os.pipe2(os.O_CLOEXEC)
+            fds += [r, w]
+            os.set_blocking(r, False)
+            enlarge_pipe(r)
+            pipes[name] = r
+            child_ends.append(w)
+            log_fd = None
+            if spec.log_file is not None:
+                path = spec.log_file if name == "stdout" else spec.log_file + ".stderr"
+                log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                                 0o640)
+            self._captures[name] = StreamCapture(
+                spec.output_head, spec.output_tail, log_fd=log_fd,
+                log_limit=spec.log_max_bytes,
+                log_path=None if log_fd is None else (
+                    spec.log_file if name == "stdout" else f"{spec.log_file}.stderr"))
+        if spec.stdin == "inherit":
+            stdin_fd = 0
+        elif isinstance(spec.stdin, bytes):
+            r, w = os.pipe2(os.O_CLOEXEC)
+            fds += [r, w]
+            os.set_blocking(w, False)
+            stdin_fd = r
+            pipes["stdin"] = w
+        else:
+            stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            fds.append(stdin_fd)
+        spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd, stdin=stdin_fd,
+                        stdout=child_ends[0], stderr=child_ends[1], cwd=spec.cwd)
+        # the child has its copies: ours of the child's ends must go, or EOF never comes
+        for fd in fds:
+            if fd not in pipes.values():
+                os.close(fd)
+        return spawned, pipes
+
+    async def _supervise(self, leaf: Cgroup, spawned: Spawned, pipes: dict[str, int],
+                         t0: float, started_at: float) -> TaskResult:
+        sup = self._sup
+        spec = self.spec
+        leftovers: list[ProcessInfo] = []
+        leftovers_event = trio.Event()
+        pump_scopes = {name: trio.CancelScope() for name in ("stdout", "stderr")}
+        kill_incomplete: list[str] = []
+
+        async with trio.open_nursery() as n:
+            for name, scope in pump_scopes.items():
+                n.start_soon(pump, pipes[name], self._captures[name], scope)
+            if "stdin" in pipes:
+                assert isinstance(spec.stdin, bytes)
+                n.start_soon(_feed_stdin, pipes["stdin"], spec.stdin)
+            control = trio.CancelScope()
+            n.start_soon(self._control, leaf, control, leftovers_event, kill_incomplete)
+
+            status = await _wait_exit(spawned.pidfd)
+            exited_at = trio.current_time()
+            self.state = "stopping"
+            if leaf.is_populated():
+                leftovers = [ProcessInfo(pid, _comm(pid)) for pid in leaf.procs()]
+                if leftovers:
+                    leftovers_event.set()
+            with trio.move_on_after(spec.grace_s + KILL_TIMEOUT) as empty_scope:
+                await sup._watcher.wait_empty(leaf)
+            if empty_scope.cancelled_caught:
+                kill_incomplete.append("the leaf did not empty after cgroup.kill")
+            self._stop.mark("gone")
+            control.cancel()
+            drain_at = trio.current_time() + DRAIN_DEADLINE
+            for scope in pump_scopes.values():
+                scope.deadline = drain_at
+
+        stats = _read_stats(leaf)
+        cleanup = self._remove_leaf(leaf, leftovers, kill_incomplete)
+        return self._outcome(status, exited_at, t0, started_at, stats, cleanup, spawned, leaf)
+
+    async def _control(self, leaf: Cgroup, scope: trio.CancelScope,
+                       leftovers_event: trio.Event, kill_incomplete: list[str]) -> None:
+        """The time limit and the escalation: signal, grace (maybe repeating), kill."""
+        spec = self.spec
+        stop = self._stop
+        with scope:
+            async with trio.open_nursery() as n:
+                if self.time_limit is not None:
+                    async def time_limit() -> None:
+                        await trio.sleep(self.time_limit)  # type: ignore[arg-type]
+                        self._request(StopReason.TIME_LIMIT)
+                    n.start_soon(time_limit)
+
+                async def leftovers() -> None:
+                    await leftovers_event.wait()
+                    # the main process is gone: its stragglers get the same treatment
+                    n.cancel_scope.cancel()
+
+                async def requested() -> None:
+                    await stop.requested.wait()
+                    n.cancel_scope.cancel()
+
+                n.start_soon(leftovers)
+                n.start_soon(requested)
+
+            # Escalation: one pass, never restarted.
+            if spec.grace_s > 0 and not stop.force.is_set():
+                signal_leaf(leaf, stop.signal)
+                if stop.reason is not None:
+                    stop.mark("signalled")
+                with trio.move_on_after(spec.grace_s):
+                    async with trio.open_nursery() as n:
+                        async def forced() -> None:
+                            await stop.force.wait()
+                            n.cancel_scope.cancel()
+
+                        async def emptied() -> None:
+                            await self._sup._watcher.wait_empty(leaf)
+                            n.cancel_scope.cancel()
+
+                        async def repeat() -> None:
+                            interval = spec.repeat_s
+                            if interval is None:
+                                return
+                            while True:
+                                await trio.sleep(interval)
+                                signal_leaf(leaf, stop.signal)
+
+                        n.start_soon(forced)
+                        n.start_soon(emptied)
+                        n.start_soon(repeat)
+            if leaf.is_populated():
+                leaf.kill()
+                if stop.reason is not None:
+                    stop.mark("killed")
+                self._killed_leftovers = True
+
+    _killed_leftovers = False
+
+    def _remove_leaf(self, leaf: Cgroup, leftovers: list[ProcessInfo] | None = None,
+                     problems: list[str] | None = None) -> Cleanup:
+        problems = list(problems or [])
+        try:
+            leaf.remove()
+        except CgroupError as e:
+            problems.append(str(e))
+        ended_by = None
+        if leftovers:
+            ended_by = "killed" if self._killed_leftovers else "exited"
+        if problems:
+            return Cleanup("incomplete", tuple(leftovers or ()), ended_by, "; ".join(problems))
+        return Cleanup("clean", tuple(leftovers or ()), ended_by)
+
+    def _outcome(self, status: os.waitid_result, exited_at: float, t0: float, started_at: float,
+                 stats: CgroupStats | None, cleanup: Cleanup, spawned: Spawned,
+                 leaf: Cgroup) -> TaskResult:
+        exit_code: int | None = None
+        sig: int | None = None
+        if status.si_code == os.CLD_EXITED:
+            exit_code = status.si_status
+        else:
+            sig = status.si_status
+        oom_kills = None
+        if stats is not None and stats.memory_events is not None:
+            oom_kills = stats.memory_events.oom_kill
+        stop = self._stop
+        if stop.landed_before(exited_at):
+            outcome = (Outcome.TIMED_OUT if stop.reason == StopReason.TIME_LIMIT
+                       else Outcome.CANCELLED)
+        elif sig == 9 and oom_kills:
+            outcome = Outcome.OOM_KILLED
+        elif sig is not None:
+            outcome = Outcome.SIGNALED
+        elif exit_code:
+            outcome = Outcome.FAILED
+        else:
+            outcome = Outcome.SUCCEEDED
+        usage = _usage(stats, exited_at - t0, oom_kills)
+        notes = []
+        if stop.reason is not None and not stop.landed_before(exited_at):
+            notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
+        if spawned.fallback_errno:
+            notes.append(f"spawned by {spawned.method}: clone3 into the cgroup was refused "
+                         f"({errno.errorcode.get(spawned.fallback_errno, '?')})")
+        containment = Containment("cgroup", leaf.path, spawned.method,
+                                  tuple(sorted(self._sup._controllers)))
+        return self._record(outcome, started=True, exit_code=exit_code, sig=sig,
+                            cleanup=cleanup, usage=usage, t0=t0, started_at=started_at,
+                            notes=notes, containment=containment)
+
+    def _record(self, outcome: Outcome, *, started: bool, exit_code: int | None = None,
+                sig: int | None = None, cleanup: Cleanup | None = None,
+                usage: Usage | None = None, t0: float | None = None,
+                started_at: float | None = None, notes: list[str] | None = None,
+                error: BaseException | None = None, step: str | None = None,
+                containment: Containment | None = None) -> TaskResult:
+        if self._result is not None:
+            from ._errors import InternalError
+            raise InternalError(f"task {self.id} was about to get a second final record")
+        empty = StreamCapture(0, 0).result()
+        result = TaskResult(
+            id=self.id, argv=self.spec.argv, outcome=outcome, exit_code=exit_code, signal=sig,
+            started=started, cleanup=cleanup or Cleanup("clean"),
+            stop=self._stop.record(t0 if t0 is not None else self._stop.requested_at or 0.0),
+            usage=usage or Usage(),
+            output_stdout=self._captures["stdout"].result() if "stdout" in self._captures
+            else empty,
+            output_stderr=self._captures["stderr"].result() if "stderr" in self._captures
+            else empty,
+            containment=containment or Containment("cgroup"),
+            time_limit=self.time_limit, created_at=self._created_at, started_at=started_at,
+            ended_at=time.time(), notes=tuple(self._notes + (notes or [])),
+            error=None if error is None else str(error),
+            error_errno=getattr(error, "errno", None), error_step=step,
+        )
+        self._result = result
+        self.state = "finished"
+        self._done.set()
+        self._sup._recorded(result)
+        return result
+
+
+async def _wait_exit(pidfd: int) -> os.waitid_result:
+    while True:
+        await trio.lowlevel.wait_readable(pidfd)
+        status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+        if status is not None:
+            return status
+
+
+async def _feed_stdin(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            await trio.lowlevel.wait_writable(fd)
+            try:
+                n = os.write(fd, view)
+            except BlockingIOError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the task stopped reading: not our failure
+            view = view[n:]
+    finally:
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)
+
+
+def _read_stats(leaf: Cgroup) -> CgroupStats | None:
+    try:
+        return leaf.read_stats()
+    except CgroupError as e:
+        log.warning("reading the usage of %s: %s", leaf.path, e)
+        return None
+
+
+def _usage(stats: CgroupStats | None, wall: float, oom_kills: int | None) -> Usage:
+    if stats is None:
+        return Usage(wall_s=round(wall, 6))
+    cpu = stats.cpu
+
+    def sec(usec: int | None) -> float | None:
+        return None if usec is None else usec / 1e6
+
+    return Usage(
+        wall_s=round(wall, 6),
+        cpu_user_s=sec(cpu.user_usec) if cpu else None,
+        cpu_system_s=sec(cpu.system_usec) if cpu else None,
+        cpu_total_s=sec(cpu.usage_usec) if cpu else None,
+        memory_peak=stats.memory_peak,
+        pids_peak=stats.pids_peak,
+        oom_kills=oom_kills,
+    )

@@ -1,0 +1,48 @@
+"""Fixtures shared by every test tier: a real, uniquely named cgroup per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+import cgroupfs
+
+
+@pytest.fixture(scope="session")
+def cgroup2_mount() -> str:
+    """Mount point of the cgroup2 filesystem; skips the test if there is none we can write."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the tests create cgroups directly under the cgroup2 mount")
+    try:
+        mount = cgroupfs.find_cgroup2_mount()
+    except cgroupfs.NoCgroup2Error as exc:
+        pytest.skip(f"needs a cgroup2 mount: {exc}")
+    if not cgroupfs.is_writable(mount.mount_point):
+        pytest.skip(f"needs a writable cgroup2 mount; {mount.mount_point} is not writable")
+    return mount.mount_point
+
+
+@pytest.fixture
+def test_cgroup(cgroup2_mount: str) -> Iterator[cgroupfs.Cgroup]:
+    """A fresh ``corral-test-<hex>`` cgroup under the cgroup2 mount, open.
+
+    At teardown whatever is left in it or below is killed (cgroup.kill), and
+    the test fails if it does not empty within 5 s or cannot be removed.
+    """
+    with cgroupfs.Cgroup.open(cgroup2_mount) as root:
+        cg = root.make_child(f"corral-test-{uuid.uuid4().hex[:8]}")
+    path = cg.path
+    try:
+        yield cg
+    finally:
+        cg.close()
+        if os.path.isdir(path):
+            with cgroupfs.Cgroup.open(path) as leftover:
+                if leftover.is_populated():
+                    leftover.kill()
+                assert leftover.wait_unpopulated(5.0), f"{path} still populated after kill"
+                leftover.remove(recursive=True, busy_timeout=2.0)
+        assert not os.path.exists(path), f"{path} was not removed"
