@@ -198,6 +198,8 @@ class Cgroup:
             if not (exist_ok and exc.errno == errno.EEXIST):
                 path = os.path.join(self._path, name)
                 raise os_error(exc, action="creating directory", path=path) from exc
+        else:
+            logger.debug("created cgroup %s/%s", self._path, name)
         return self.child(name)
 
     def child(self, name: str) -> Cgroup:
@@ -239,6 +241,7 @@ class Cgroup:
             for rel in reversed(self.descendants()):
                 _fileio.rmdir_retrying(os.path.join(self._path, rel), busy_timeout, missing_ok=True)
         _fileio.rmdir_retrying(self._path, busy_timeout, missing_ok=missing_ok)
+        logger.debug("removed cgroup %s", self._path)
         self.close()
 
     # -- processes ------------------------------------------------------------
@@ -258,6 +261,17 @@ class Cgroup:
                 "controllers are enabled in its cgroup.subtree_control, and then only its "
                 "leaf children may hold processes (the no-internal-process rule): add the "
                 "process to a child cgroup instead",
+            ) from exc
+        except CgroupOSError as exc:
+            if exc.errno != errno.EOPNOTSUPP:
+                raise
+            # "domain invalid": an ancestor holds processes and has threaded
+            # controllers (cpu, pids) enabled, which made it a thread root.
+            kind = (self._read_optional("cgroup.type") or "?").strip()
+            raise exc.with_hint(
+                f"its cgroup.type is {kind!r}: an ancestor holds processes with threaded "
+                "controllers (cpu, pids) enabled, making it a thread root; move those "
+                "processes into a leaf before enabling controllers"
             ) from exc
 
     def move_procs_into(self, child_name: str, *, timeout: float = 1.0) -> Cgroup:
@@ -298,7 +312,9 @@ class Cgroup:
         selects on any kernel. Returns once the signals are sent; use
         ``wait_unpopulated`` for the processes to be gone.
         """
-        return kill_subtree(self.fd, self._path, force_fallback=force_fallback)
+        method = kill_subtree(self.fd, self._path, force_fallback=force_fallback)
+        logger.debug("killed the processes of %s by %s", self._path, method)
+        return method
 
     def freeze(self) -> None:
         """Ask the kernel to freeze the subtree; see ``wait_frozen``."""

@@ -195,7 +195,7 @@ def rmdir_retrying(path: str, busy_timeout: float, *, missing_ok: bool) -> None:
         remaining = deadline - time.monotonic()
         if kids or remaining <= 0:
             hint = _busy_hint(path, kids)
-            raise os_error(busy, action="removing directory", path=path, hint=hint)
+            raise os_error(busy, action="removing directory", path=path, hint=hint) from busy
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.05)
 

@@ -119,7 +119,7 @@ class TaskSpec:
             if not isinstance(self.cwd, str | os.PathLike) or not os.fspath(self.cwd):
                 raise SpecError("cwd", f"cwd must be a directory path, got {self.cwd!r}")
             set_(self, "cwd", os.path.abspath(os.fspath(self.cwd)))
-            _no_nul("cwd", self.cwd)  # type: ignore[arg-type]
+            _no_nul("cwd", self.cwd)
 
         stdin: Any = self.stdin
         if isinstance(stdin, bytearray | memoryview):

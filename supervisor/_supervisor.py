@@ -21,7 +21,7 @@ from ._errors import ConfigError, SpecError, SupervisorError
 from ._placement import Placement, place
 from ._result import StopReason, TaskResult
 from ._spec import DEFAULT_GRACE, TaskSpec
-from ._task import TaskHandle
+from ._task import QueueSlot, TaskHandle
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
 
@@ -141,8 +141,9 @@ class Supervisor:
         queued tasks end ``cancelled`` without starting, running ones are stopped gracefully.
         To be able to cancel twice (the second cancel kills now), use :meth:`start_batch`.
         """
+        batch = self._new_batch(specs, max_concurrency)
         async with trio.open_nursery() as nursery:
-            batch = await nursery.start(self.start_batch, specs, max_concurrency, fail_fast)
+            await nursery.start(self._drive_batch, batch, max_concurrency, fail_fast)
         return batch.results()
 
     async def start_batch(self, specs: Iterable[TaskSpec], max_concurrency: int = 4,
@@ -150,6 +151,10 @@ class Supervisor:
                           task_status: trio.TaskStatus[Batch] = trio.TASK_STATUS_IGNORED,
                           ) -> None:
         """``batch = await nursery.start(sup.start_batch, specs)``; see :class:`Batch`."""
+        batch = self._new_batch(specs, max_concurrency)
+        await self._drive_batch(batch, max_concurrency, fail_fast, task_status=task_status)
+
+    def _new_batch(self, specs: Iterable[TaskSpec], max_concurrency: int) -> Batch:
         specs = list(specs)
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or \
                 max_concurrency < 1:
@@ -159,11 +164,20 @@ class Supervisor:
             if not isinstance(spec, TaskSpec):
                 raise SpecError("specs", f"specs[{i}] must be a TaskSpec, got {spec!r}: build "
                                          f"it with TaskSpec([\"cmd\", \"arg\"], ...)")
-        batch = Batch([self._new_handle(s) for s in specs])
+        return Batch([self._new_handle(s) for s in specs])
+
+    async def _drive_batch(self, batch: Batch, max_concurrency: int, fail_fast: bool, *,
+                           task_status: trio.TaskStatus[Batch] = trio.TASK_STATUS_IGNORED,
+                           ) -> None:
+        # Admission is FIFO: each task queues behind the one before it, so tasks start in
+        # the order given whatever order the scheduler wakes them in.
         limiter = trio.CapacityLimiter(max_concurrency)
+        after: trio.Event | None = None
         async with trio.open_nursery() as nursery:
             for handle in batch.handles:
-                nursery.start_soon(batch._one, handle, limiter, fail_fast)
+                slot = QueueSlot(limiter, after, trio.Event())
+                after = slot.turn
+                nursery.start_soon(batch._one, handle, slot, fail_fast)
             task_status.started(batch)
 
     def stop_all(self, *, force: bool = False, reason: StopReason = StopReason.CANCEL) -> int:
@@ -190,9 +204,8 @@ class Batch:
         for h in self.handles:
             h._request(StopReason.CANCEL, force=self._cancels > 1)
 
-    async def _one(self, handle: TaskHandle, limiter: trio.CapacityLimiter,
-                   fail_fast: bool) -> None:
-        result = await handle._live(limiter=limiter)
+    async def _one(self, handle: TaskHandle, slot: QueueSlot, fail_fast: bool) -> None:
+        result = await handle._live(slot=slot)
         if fail_fast and result.outcome != "succeeded" and not self._cancels:
             self.cancel()
 

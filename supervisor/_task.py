@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
@@ -46,12 +48,21 @@ from ._stop import StopState, signal_leaf
 if TYPE_CHECKING:
     from ._supervisor import Supervisor
 
-__all__ = ["TaskHandle"]
+__all__ = ["QueueSlot", "TaskHandle"]
 
 log = logging.getLogger(__name__)
 
 DRAIN_DEADLINE = 0.25  # after the leaf is empty: how long a pipe held outside it may delay us
 KILL_TIMEOUT = 30.0  # after cgroup.kill: how long before we call the cleanup incomplete
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSlot:
+    """A place in a batch's queue: admitted after ``after`` (FIFO), under ``limiter``."""
+
+    limiter: trio.CapacityLimiter
+    after: trio.Event | None
+    turn: trio.Event
 
 
 def _comm(pid: int) -> str:
@@ -134,11 +145,14 @@ class TaskHandle:
         return self._stop.request(reason, force=force)
 
     async def _live(self, task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
-                    *, limiter: trio.CapacityLimiter | None = None) -> TaskResult:
+                    *, slot: QueueSlot | None = None) -> TaskResult:
+        if trio.current_effective_deadline() == -math.inf:
+            # called in an already cancelled scope: the stop comes before the spawn
+            self._request(StopReason.CANCEL)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._cancel_to_stop)
             with trio.CancelScope(shield=True):
-                result = await self._life(task_status, limiter)
+                result = await self._life(task_status, slot)
             nursery.cancel_scope.cancel()
         return result
 
@@ -153,34 +167,37 @@ class TaskHandle:
             raise
 
     async def _life(self, task_status: trio.TaskStatus[TaskHandle],
-                    limiter: trio.CapacityLimiter | None) -> TaskResult:
+                    slot: QueueSlot | None) -> TaskResult:
         try:
             acquired = False
-            if limiter is not None:
+            if slot is not None:
                 with trio.CancelScope() as queue_scope:
-                    await self._wait_turn(limiter, queue_scope)
+                    await self._wait_turn(slot, queue_scope)
                     acquired = True
+                slot.turn.set()  # admitted or given up: the next in line may queue now
                 if not acquired or self._stop.reason is not None:
                     if acquired:
-                        limiter.release_on_behalf_of(self)
+                        slot.limiter.release_on_behalf_of(self)
                     task_status.started(self)
                     return self._finish_unstarted()
             try:
                 return await self._run(task_status)
             finally:
                 if acquired:
-                    assert limiter is not None
-                    limiter.release_on_behalf_of(self)
+                    assert slot is not None
+                    slot.limiter.release_on_behalf_of(self)
         finally:
             self._sup._forget(self)
 
-    async def _wait_turn(self, limiter: trio.CapacityLimiter, scope: trio.CancelScope) -> None:
+    async def _wait_turn(self, slot: QueueSlot, scope: trio.CancelScope) -> None:
         async with trio.open_nursery() as n:
             async def stop_waiting() -> None:
                 await self._stop.requested.wait()
                 scope.cancel()
             n.start_soon(stop_waiting)
-            await limiter.acquire_on_behalf_of(self)
+            if slot.after is not None:
+                await slot.after.wait()
+            await slot.limiter.acquire_on_behalf_of(self)
             n.cancel_scope.cancel()
 
     def _finish_unstarted(self) -> TaskResult:

@@ -1,4 +1,4 @@
-"""The distribution really carries the compiled helper (wheels without it have shipped elsewhere)."""
+"""The distribution really carries the compiled helper (some wheels have shipped without)."""
 
 from __future__ import annotations
 

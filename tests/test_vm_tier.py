@@ -14,12 +14,13 @@ missing and not installable, or a guest that does not boot. A guest that boots a
 hangs past the timeout, or whose pytest errors out fails every test here.
 
 Env: CORRAL_SKIP_VM=1 (skip the tier), CORRAL_VM_TIMEOUT (seconds for the whole guest run,
-default 420), RUN_IN_VM_MEM (guest RAM, default 1G).
+default 300; a normal run takes ~10-20 s), RUN_IN_VM_MEM (guest RAM, default 1G).
 """
 
 from __future__ import annotations
 
 import ast
+import ctypes
 import os
 import shutil
 import signal
@@ -43,10 +44,12 @@ GUEST_FILES = "guest_*.py"
 BOOT_MARKER = "corral-vm-tier: guest booted, starting pytest"
 # Host paths the guest does not see: it mounts private tmpfs over them.
 GUEST_PRIVATE = ("/tmp", "/run", "/var/tmp", "/dev/shm", "/proc", "/sys")
+# The host pytest's own settings, which would change what the guest pytest runs.
+HOST_PYTEST_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_XDIST_", "PYTEST_CURRENT_TEST")
 
 
 def _timeout_s() -> int:
-    return int(os.environ.get("CORRAL_VM_TIMEOUT", "420"))
+    return int(os.environ.get("CORRAL_VM_TIMEOUT", "300"))
 
 
 def _guest_module(path: Path) -> str:
@@ -123,11 +126,20 @@ def _skip_reason_from(stderr: str) -> str:
     return f"linux.uml could not boot the guest (run-in-vm exit 125): {log}"
 
 
+def _term_when_parent_dies() -> None:
+    """In the child: SIGTERM it if this pytest dies (even by SIGKILL), so that run-in-vm's
+    trap stops the guest and removes its scratch directory instead of running on."""
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
 def _run_guest() -> GuestRun:
-    exe = os.path.realpath(sys.executable)
+    # The guest runs this very interpreter (not a pyenv shim: ~5 s per start in the guest),
+    # through the host's / that it sees read-only, less the directories it mounts over.
+    exe = Path(os.path.realpath(sys.executable))
     for prefix in GUEST_PRIVATE:
-        inside_repo = Path(exe).is_relative_to(REPO)
-        if (exe == prefix or exe.startswith(prefix + "/")) and not inside_repo:
+        if exe.is_relative_to(prefix) and not exe.is_relative_to(REPO):
             pytest.skip(f"the interpreter {exe} is under {prefix}, which the guest does not see")
 
     workdir = Path(tempfile.mkdtemp(prefix=".vm-tier-", dir=REPO))
@@ -147,22 +159,26 @@ def _run_guest() -> GuestRun:
             f"--junitxml={junit}",
             str(GUEST_DIR.relative_to(REPO)),
         ]  # fmt: skip
-        cmd = [str(RUN_IN_VM), "bash", "-c", f'echo "{BOOT_MARKER}"; exec "$@"', "guest", *guest_cmd]
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_XDIST", "PYTEST_CURRENT"))
-        }
+        cmd = [
+            str(RUN_IN_VM),
+            "bash",
+            "-c",
+            f'echo "{BOOT_MARKER}"; exec "$@"',
+            "guest",
+            *guest_cmd,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(HOST_PYTEST_ENV)}
         env |= {
             "CORRAL_IN_VM": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             "RUN_IN_VM_TIMEOUT": str(_timeout_s()),
         }
         start = time.monotonic()
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=_term_when_parent_dies,
         )  # fmt: skip
         stderr_chunks: list[bytes] = []
         reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()))  # type: ignore[union-attr]
@@ -223,9 +239,9 @@ def _results_for(run: GuestRun, guest_id: str) -> list[CaseResult]:
     func = rest[-1]
     found: list[CaseResult] = []
     for (cls, name), results in run.cases.items():
-        if cls == classname and (name == func or name.startswith(func + "[")):
-            found += results
-        elif cls == "" and name == module:  # the guest module failed to collect
+        same_test = cls == classname and (name == func or name.startswith(func + "["))
+        module_error = cls == "" and name == module  # the guest module failed to collect
+        if same_test or module_error:
             found += results
     return found
 

@@ -16,6 +16,7 @@ is killed and removed afterwards however the test ended.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -78,10 +79,8 @@ def cgroup_root() -> Iterator[Cgroup]:
 def _pids_in_tree(path: str) -> set[int]:
     pids: set[int] = set()
     for dirpath, _dirs, _files in os.walk(path):
-        try:
+        with contextlib.suppress(FileNotFoundError):  # removed while we walked
             pids |= {int(p) for p in Path(dirpath, "cgroup.procs").read_text().split()}
-        except FileNotFoundError:
-            pass
     return pids
 
 

@@ -27,7 +27,9 @@ def read(cgroup_path: str | os.PathLike[str], name: str) -> str:
     return Path(cgroup_path, name).read_text().strip()
 
 
-def spawn_in(add_proc: Callable[[int], object], argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+def spawn_in(
+    add_proc: Callable[[int], object], argv: Sequence[str], **kwargs: Any
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` already inside a cgroup: the child waits on a pipe until ``add_proc(pid)``
     has moved it, then execs ``argv`` (so ``proc.pid`` and its exit status are argv's)."""
     gate = ["/bin/sh", "-c", 'read -r _ && exec "$@"', "gate", *argv]

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from cgroupfs import Cgroup, find_cgroup2_mount
-from supervisor._spawn import SpawnError, SpawnMethod, Spawned, resolve_executable, spawn
+from supervisor._spawn import Spawned, SpawnError, SpawnMethod, resolve_executable, spawn
 
 SLEEP = "/bin/sleep"
 

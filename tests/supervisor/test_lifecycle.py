@@ -1,0 +1,304 @@
+"""A task's life on real processes in real cgroup leaves: outcomes, stops, leftovers, output."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import math
+import os
+import pathlib
+import signal
+
+import pytest
+import trio
+from sup_util import HANG, IGNORE_TERM_READY, alive, wait_for, wait_ready
+
+import supervisor
+from supervisor import TaskSpec
+
+IGNORE_TERM = "trap '' TERM; "
+
+
+async def test_run_reports_exit_output_and_usage(sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert r.outcome == "failed" and r.exit_code == 3 and r.signal is None
+    assert (r.stdout, r.stderr) == (b"out\n", b"err\n")
+    assert r.cleanup == "clean" and r.started and r.stop is None
+    assert r.containment.mode == "cgroup" and r.containment.spawn_method == "clone3"
+    assert r.usage.wall_s is not None and r.usage.cpu_total_s is not None
+    # this host has no memory/pids controller: those figures are absent, not zero
+    if "memory" not in sup.controllers:
+        assert r.usage.memory_peak is None and r.usage.oom_kills is None
+    assert r.created_at <= (r.started_at or 0) <= r.ended_at
+    assert r is sup.results[r.id]
+
+
+async def test_success_and_signal_outcomes(sup: supervisor.Supervisor) -> None:
+    ok = await sup.run(["true"])
+    assert ok.outcome == "succeeded" and ok.exit_code == 0
+    killed = await sup.run(["sh", "-c", "kill -USR1 $$"])
+    assert killed.outcome == "signaled" and killed.signal == signal.SIGUSR1
+    assert killed.exit_code is None and killed.signal_name == "SIGUSR1"
+
+
+async def test_task_ids_are_never_reused(sup: supervisor.Supervisor) -> None:
+    ids = [(await sup.run(["true"])).id for _ in range(5)]
+    assert len(set(ids)) == 5
+
+
+async def test_time_limit_stops_gracefully(sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sleep", "60"], time_limit="0.3s", grace="20s")
+    assert r.outcome == "timed_out" and r.signal == signal.SIGTERM
+    assert r.stop is not None and r.stop.reason == "time_limit"
+    assert r.stop.level == "signalled" and r.stop.killed_at is None
+    assert r.time_limit == pytest.approx(0.3)
+
+
+async def test_time_limit_kills_a_task_ignoring_sigterm_after_the_grace(
+        sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", IGNORE_TERM + "sleep 60"], time_limit="1s", grace="0.3s")
+    assert r.outcome == "timed_out" and r.signal == signal.SIGKILL
+    assert r.stop is not None and r.stop.level == "killed"
+    assert r.stop.killed_at is not None and r.stop.signalled_at is not None
+    assert r.stop.killed_at - r.stop.signalled_at >= 0.3 - 0.01
+    assert r.cleanup == "clean"
+
+
+async def test_stopped_at_time_limit_is_timed_out_even_if_it_exits_zero(
+        sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", "trap 'exit 0' TERM; sleep 60 & wait"], time_limit="0.3s")
+    assert r.outcome == "timed_out" and r.exit_code == 0
+
+
+async def test_stop_signal_is_configurable_and_can_repeat(sup: supervisor.Supervisor) -> None:
+    # an interrupt-first tool: exits only on the second SIGINT
+    script = ("n=0; trap 'n=$((n+1)); [ $n -ge 2 ] && exit 7' INT; "
+              "while :; do sleep 0.05; done")
+    r = await sup.run(["sh", "-c", script], time_limit="0.2s", grace="20s",
+                      stop_signal="SIGINT", stop_signal_repeat="0.2s")
+    assert r.outcome == "timed_out" and r.exit_code == 7
+    assert r.stop is not None and r.stop.signal == signal.SIGINT and r.stop.level == "signalled"
+
+
+async def test_caller_cancellation_stops_gracefully_and_records_before_reraising(
+        sup: supervisor.Supervisor) -> None:
+    with trio.move_on_after(0.3) as scope:
+        await sup.run(["sleep", "60"])
+    assert scope.cancelled_caught
+    r = next(reversed(sup.results.values()))
+    assert r.outcome == "cancelled" and r.signal == signal.SIGTERM
+    assert r.stop is not None and r.stop.reason == "cancel" and r.stop.level == "signalled"
+    assert r.cleanup == "clean"
+
+
+async def test_stop_before_spawn_never_starts(sup: supervisor.Supervisor) -> None:
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await sup.run(["touch", "/nonexistent-should-not-run"])
+    r = next(reversed(sup.results.values()))
+    assert r.outcome == "cancelled" and not r.started and r.exit_code is None
+    assert r.started_at is None
+
+
+async def test_second_stop_skips_the_grace_and_kills(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", IGNORE_TERM_READY],
+                                               grace="1h"))
+        await wait_ready(task)
+        assert task.stop() is True
+        await wait_for(lambda: task._stop.level == "signalled", what="signalled")
+        with trio.fail_after(HANG):
+            assert task.stop() is True  # escalates
+            r = await task.wait()
+    assert r.outcome == "cancelled" and r.signal == signal.SIGKILL
+    assert r.stop is not None and r.stop.forced and r.stop.level == "killed"
+    assert task.stop() is False and task.stop(force=True) is False
+    assert await task.wait() is r
+
+
+async def test_stop_force_kills_at_once(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sleep", "60"], grace="1h"))
+        assert task.stop(force=True)
+        r = await task.wait()
+    assert r.outcome == "cancelled" and r.signal == signal.SIGKILL
+    assert r.stop is not None and r.stop.signalled_at is None and r.stop.level == "killed"
+
+
+async def test_stop_of_a_finished_task_changes_nothing(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(sup.start, ["true"])
+        r = await task.wait()
+    assert task.stop() is False and task.stop(force=True) is False
+    assert await task.wait() is r and r.outcome == "succeeded" and r.stop is None
+
+
+async def test_main_exit_ends_the_command_and_leftovers_are_stopped(
+        sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", "setsid sleep 60 >/dev/null 2>&1 & sleep 60 & echo bg=$!"],
+                      grace="20s")
+    assert r.outcome == "succeeded" and r.exit_code == 0
+    assert len(r.cleanup.leftovers) == 2 and r.cleanup.leftovers_ended_by == "exited"
+    assert r.cleanup == "clean"
+    for p in r.cleanup.leftovers:
+        assert not alive(p.pid)
+
+
+async def test_leftovers_ignoring_sigterm_are_killed_after_the_grace(
+        sup: supervisor.Supervisor, tmp_path: pathlib.Path) -> None:
+    ready = tmp_path / "ready"
+    r = await sup.run(["sh", "-c", f"setsid sh -c \"trap '' TERM; touch {ready}; sleep 60\" & "
+                                   f"while [ ! -e {ready} ]; do sleep 0.01; done"], grace="0.3s")
+    assert r.outcome == "succeeded"
+    assert r.cleanup.leftovers and r.cleanup.leftovers_ended_by == "killed"
+    assert r.stop is None  # nobody asked the task to stop: this was cleanup
+
+
+async def test_setsid_grandchild_holding_the_pipe_does_not_hold_the_result(
+        sup: supervisor.Supervisor) -> None:
+    with trio.fail_after(HANG):
+        r = await sup.run(["sh", "-c", "setsid sleep 600 & echo done"], grace="0.2s")
+    assert r.stdout == b"done\n" and r.outcome == "succeeded"
+    assert r.cleanup.leftovers
+
+
+async def test_exec_failure_is_spawn_failed_with_errno(sup: supervisor.Supervisor,
+                                                       tmp_path: pathlib.Path) -> None:
+    r = await sup.run(["corral-no-such-command"])
+    assert r.outcome == "spawn_failed" and not r.started
+    assert r.error_errno == errno.ENOENT and r.error_step == "exec"
+    assert "corral-no-such-command" in (r.error or "")
+    assert r.cleanup == "clean"
+    r = await sup.run(["true"], cwd=str(tmp_path / "missing"))
+    assert r.outcome == "spawn_failed" and r.error_step == "chdir"
+
+
+async def test_large_output_is_drained_with_bounded_memory(sup: supervisor.Supervisor) -> None:
+    size = 256 << 20
+    r = await sup.run(["head", "-c", str(size), "/dev/zero"])
+    out = r.output_stdout
+    assert r.outcome == "succeeded"
+    assert out.total == size
+    assert len(out.head) == 16 * 1024 and len(out.tail) == 48 * 1024
+    assert out.dropped == size - 64 * 1024
+
+
+async def test_head_and_tail_keep_the_ends(sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", "seq 1 100000"], output_head=10, output_tail=12)
+    assert r.output_stdout.head == b"1\n2\n3\n4\n5\n"
+    assert r.output_stdout.tail == b"\n99999\n100000\n"[-12:]
+    assert r.output_stdout.dropped == r.output_stdout.total - 22
+
+
+async def test_stdin_env_and_cwd(sup: supervisor.Supervisor, tmp_path: pathlib.Path) -> None:
+    r = await sup.run(["sh", "-c", "cat; echo \"$FOO\"; pwd"], stdin=b"fed\n",
+                      env={"FOO": "bar"}, cwd=str(tmp_path))
+    assert r.stdout == f"fed\nbar\n{tmp_path}\n".encode()
+    r = await sup.run(["/usr/bin/env"], env={"ONLY": "1"}, inherit_env=False)
+    assert r.stdout == b"ONLY=1\n"
+
+
+async def test_log_file_keeps_full_output_up_to_its_cap(sup: supervisor.Supervisor,
+                                                        tmp_path: pathlib.Path) -> None:
+    log = tmp_path / "task.log"
+    r = await sup.run(["seq", "1", "20000"], log_file=str(log), log_max_bytes=1000)
+    assert log.read_bytes() == b"".join(b"%d\n" % i for i in range(1, 20001))[:1000]
+    assert r.output_stdout.log_truncated and r.output_stdout.log_path == str(log)
+
+
+async def test_live_subscriber_sees_output_before_the_task_ends(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(sup.start, ["sh", "-c", "echo first; sleep 60"])
+        stream = task.subscribe("stdout")
+        with trio.fail_after(HANG):
+            chunk = await stream.receive()
+        assert chunk == b"first\n" and task.result is None
+        task.stop()
+    r = await task.wait()
+    assert r.outcome == "cancelled"
+
+
+async def test_shutdown_stops_live_tasks(test_cgroup: object) -> None:
+    import cgroupfs
+    assert isinstance(test_cgroup, cgroupfs.Cgroup)
+    async with trio.open_nursery() as n:
+        async with supervisor.open_supervisor(cgroup_root=test_cgroup.path) as s:
+            task = await n.start(s.start, ["sleep", "60"])
+            pid = task.pid
+        r = await task.wait()
+    assert r.outcome == "cancelled" and r.stop is not None and r.stop.reason == "shutdown"
+    assert pid is not None and not alive(pid)
+    assert test_cgroup.children() == []
+
+
+async def test_slow_cleanup_that_starts_an_escapee_during_the_grace(
+        sup: supervisor.Supervisor) -> None:
+    script = ("trap 'setsid sh -c \"trap \\\"\\\" TERM; sleep 60\" & sleep 0.3; exit 0' TERM; "
+              "sleep 60 & wait")
+    r = await sup.run(["sh", "-c", script], time_limit="0.2s", grace="1s")
+    assert r.outcome == "timed_out" and r.exit_code == 0
+    assert r.cleanup.leftovers and r.cleanup.leftovers_ended_by == "killed"
+    assert r.cleanup == "clean"
+
+
+async def test_every_leaf_is_removed(sup: supervisor.Supervisor) -> None:
+    tasks = os.path.join(sup.cgroup_root, "tasks")
+    for _ in range(3):
+        r = await sup.run(["true"])
+        assert r.containment.cgroup and not os.path.exists(r.containment.cgroup)
+    assert [d for d in os.listdir(tasks) if os.path.isdir(os.path.join(tasks, d))] == []
+
+
+@pytest.mark.parametrize("value", ["-5s", "0", "nan", "abc", math.inf, True, "5 parsecs"])
+async def test_bad_time_limit_is_refused_before_anything_runs(
+        sup: supervisor.Supervisor, value: object) -> None:
+    before = os.listdir(os.path.join(sup.cgroup_root, "tasks"))
+    with pytest.raises(supervisor.SpecError) as ei:
+        await sup.run(["true"], time_limit=value)
+    assert "time_limit" in str(ei.value) and ei.value.field == "time_limit"
+    assert isinstance(ei.value, ValueError)
+    assert os.listdir(os.path.join(sup.cgroup_root, "tasks")) == before
+
+
+async def test_bad_arguments_name_the_value_rule_and_fix(sup: supervisor.Supervisor) -> None:
+    with pytest.raises(supervisor.SpecError, match=r"list of strings.*sh.*-c"):
+        await sup.run("make test")  # type: ignore[arg-type]
+    with pytest.raises(supervisor.SpecError, match="unknown task option 'timelimit'"):
+        await sup.run(["true"], timelimit="5s")
+    with pytest.raises(supervisor.SpecError, match="stop_signal"):
+        TaskSpec(["true"], stop_signal="SIGFOO")
+
+
+async def test_limits_needing_a_missing_controller_are_refused_before_anything_runs(
+        sup: supervisor.Supervisor) -> None:
+    if "memory" in sup.controllers:
+        pytest.skip("this machine delegates the memory controller: nothing to refuse")
+    with pytest.raises(supervisor.SpecError, match=r"memory controller.*not enabled") as ei:
+        await sup.run(["true"], limits=supervisor.Limits(memory_max=1 << 30))
+    assert ei.value.field == "limits"
+    assert not [d for d in os.listdir(os.path.join(sup.cgroup_root, "tasks"))
+                if os.path.isdir(os.path.join(sup.cgroup_root, "tasks", d))]
+
+
+async def test_time_limit_ceiling_caps_and_says_so(test_cgroup: object) -> None:
+    import cgroupfs
+    assert isinstance(test_cgroup, cgroupfs.Cgroup)
+    async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
+                                          default_time_limit="30s",
+                                          max_time_limit="1min") as s:
+        r = await s.run(["true"], time_limit="2h")
+        assert r.time_limit == 60 and any("capped" in n and "1min" in n for n in r.notes)
+        r = await s.run(["true"])
+        assert r.time_limit == 30 and r.notes == ()
+
+
+async def test_ceiling_below_default_is_refused_at_open(test_cgroup: object) -> None:
+    import cgroupfs
+    assert isinstance(test_cgroup, cgroupfs.Cgroup)
+    with pytest.raises(supervisor.ConfigError, match="below default_time_limit"):
+        async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
+                                              default_time_limit="10min",
+                                              max_time_limit="5min"):
+            pass
+    assert test_cgroup.children() == []
