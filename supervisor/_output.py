@@ -64,6 +64,7 @@ class StreamCapture:
     log_truncated: bool = False
     subscribers: list[Subscriber] = field(default_factory=list)
     closed: bool = False
+    mode: str = "capture"
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
@@ -131,7 +132,7 @@ class StreamCapture:
         tail = bytes(self.tail[-self.tail_limit:]) if self.tail_limit else b""
         dropped = self.total - len(self.head) - len(tail)
         return StreamOutput(bytes(self.head), tail, self.total, dropped, self.log_path,
-                            self.log_truncated)
+                            self.log_truncated, self.mode)
 
 
 async def pump(fd: int, capture: StreamCapture, cancel_scope: trio.CancelScope) -> None:

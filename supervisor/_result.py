@@ -125,6 +125,7 @@ class StreamOutput:
     dropped: int = 0
     log_path: str | None = None
     log_truncated: bool = False
+    mode: str = "capture"  # "inherit": passed through, nothing kept or counted
 
     @property
     def data(self) -> bytes:

@@ -28,6 +28,7 @@ DEFAULT_TAIL = 48 * 1024
 _MAX_KEEP = 1 << 30
 
 StdinSpec = None | bytes | Literal["inherit"]
+OutputMode = Literal["capture", "inherit"]
 
 
 def _duration(name: str, value: Any, *, allow_zero: bool = False) -> float:
@@ -57,7 +58,9 @@ class TaskSpec:
     ``env``: variables to set; added to the supervisor's environment, or the whole environment
     when ``inherit_env=False``.  ``cwd``: working directory (checked as the task's user at
     spawn; a bad one ends the task ``spawn_failed``).  ``stdin``: ``None`` (/dev/null), bytes
-    to feed, or ``"inherit"``.  ``time_limit``: a duration (``"30s"``, ``"5min"``, ``"1h
+    to feed, or ``"inherit"``.  ``stdout``/``stderr``: ``"capture"`` (head and tail kept,
+    subscribers, log file) or ``"inherit"`` (the supervisor's own fd: live and unbuffered, as
+    ``corral run`` does; nothing is kept).  ``time_limit``: a duration (``"30s"``, ``"5min"``, ``"1h
     30min"``, or seconds); ``None`` takes the supervisor's default.  ``grace``: how long the
     stop signal has before cgroup.kill (0: kill at once).  ``stop_signal``, repeated every
     ``stop_signal_repeat`` seconds while the task lives, for tools that want to be interrupted
@@ -70,6 +73,8 @@ class TaskSpec:
     inherit_env: bool = True
     cwd: str | None = None
     stdin: StdinSpec = None
+    stdout: OutputMode = "capture"
+    stderr: OutputMode = "capture"
     time_limit: float | str | None = None
     grace: float | str = DEFAULT_GRACE
     stop_signal: int | str = signal.SIGTERM
@@ -128,6 +133,10 @@ class TaskSpec:
             raise SpecError("stdin", f"stdin must be None (/dev/null), bytes to feed, or "
                                      f"\"inherit\", got {stdin!r}")
 
+        for name in ("stdout", "stderr"):
+            if getattr(self, name) not in ("capture", "inherit"):
+                raise SpecError(name, f"{name} must be \"capture\" or \"inherit\", "
+                                      f"got {getattr(self, name)!r}")
         if self.time_limit is not None:
             set_(self, "time_limit", _duration("time_limit", self.time_limit))
         set_(self, "grace", _duration("grace", self.grace, allow_zero=True))
@@ -155,12 +164,17 @@ class TaskSpec:
 
     @classmethod
     def from_call(cls, argv: Any, kwargs: Mapping[str, Any]) -> TaskSpec:
-        """``TaskSpec(argv, **kwargs)``, with an unknown keyword refused as a SpecError."""
+        """``TaskSpec(argv, **kwargs)``, with an unknown keyword refused as a SpecError.
+
+        ``argv`` may itself be a TaskSpec: then ``kwargs`` replace some of its fields.
+        """
         known = {f.name for f in dataclasses.fields(cls)} - {"argv"}
         for k in kwargs:
             if k not in known:
                 raise SpecError(k, f"unknown task option {k!r}; the options are: "
                                    f"{', '.join(sorted(known))}")
+        if isinstance(argv, TaskSpec):
+            return dataclasses.replace(argv, **kwargs) if kwargs else argv
         return cls(argv, **kwargs)
 
     def environment(self) -> dict[str, str]:

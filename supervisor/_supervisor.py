@@ -107,19 +107,21 @@ class Supervisor:
 
     # ---- the public verbs ------------------------------------------------------------------
 
-    async def run(self, argv: Sequence[str], **options: Any) -> TaskResult:
+    async def run(self, argv: Sequence[str] | TaskSpec, **options: Any) -> TaskResult:
         """Run ``argv`` to the end and return its :class:`TaskResult`.
 
-        Options are the fields of :class:`TaskSpec`.  Bad options raise a ``ValueError``
-        subclass before anything is created.  If the caller's scope is cancelled, the task is
-        stopped gracefully (stop signal, grace, then cgroup.kill); ``run`` waits, shielded, for
-        its cleanup and final record, which is then in ``supervisor.results`` under the task's
-        id (the newest entry), and only then lets ``Cancelled`` through.
+        Options are the fields of :class:`TaskSpec` (or pass a TaskSpec as ``argv``).  Bad
+        options raise a ``ValueError`` subclass before anything is created.
+
+        Cancellation: if the caller's scope is cancelled, the task is stopped gracefully (stop
+        signal, grace, then cgroup.kill); ``run`` waits, shielded, for its cleanup and final
+        record, which is then the newest entry of ``supervisor.results``, and only then lets
+        ``Cancelled`` through.
         """
         handle = self._new_handle(TaskSpec.from_call(argv, options))
         return await handle._live()
 
-    async def start(self, argv: Sequence[str], *,
+    async def start(self, argv: Sequence[str] | TaskSpec, *,
                     task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
                     **options: Any) -> TaskResult:
         """Start ``argv`` in a nursery: ``task = await nursery.start(sup.start, argv)``.

@@ -247,23 +247,28 @@ class TaskHandle:
         spec = self.spec
         pipes: dict[str, int] = {}
         child_ends: list[int] = []
-        for name in ("stdout", "stderr"):
+        for name, inherited_fd in (("stdout", 1), ("stderr", 2)):
+            if getattr(spec, name) == "inherit":
+                child_ends.append(inherited_fd)
+                self._captures[name] = StreamCapture(0, 0, mode="inherit")
+                self._captures[name].close()
+                continue
             r, w = os.pipe2(os.O_CLOEXEC)
             fds += [r, w]
             os.set_blocking(r, False)
             enlarge_pipe(r)
             pipes[name] = r
             child_ends.append(w)
+            log_path = None
             log_fd = None
             if spec.log_file is not None:
-                path = spec.log_file if name == "stdout" else spec.log_file + ".stderr"
-                log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                log_path = spec.log_file if name == "stdout" else f"{spec.log_file}.stderr"
+                log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                                  0o640)
+                fds.append(log_fd)
             self._captures[name] = StreamCapture(
                 spec.output_head, spec.output_tail, log_fd=log_fd,
-                log_limit=spec.log_max_bytes,
-                log_path=None if log_fd is None else (
-                    spec.log_file if name == "stdout" else f"{spec.log_file}.stderr"))
+                log_limit=spec.log_max_bytes, log_path=log_path)
         if spec.stdin == "inherit":
             stdin_fd = 0
         elif isinstance(spec.stdin, bytes):
@@ -278,8 +283,9 @@ class TaskHandle:
         spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd, stdin=stdin_fd,
                         stdout=child_ends[0], stderr=child_ends[1], cwd=spec.cwd)
         # the child has its copies: ours of the child's ends must go, or EOF never comes
+        keep = set(pipes.values()) | {c.log_fd for c in self._captures.values()}
         for fd in fds:
-            if fd not in pipes.values():
+            if fd not in keep:
                 os.close(fd)
         return spawned, pipes
 
@@ -294,7 +300,8 @@ class TaskHandle:
 
         async with trio.open_nursery() as n:
             for name, scope in pump_scopes.items():
-                n.start_soon(pump, pipes[name], self._captures[name], scope)
+                if name in pipes:
+                    n.start_soon(pump, pipes[name], self._captures[name], scope)
             if "stdin" in pipes:
                 assert isinstance(spec.stdin, bytes)
                 n.start_soon(_feed_stdin, pipes["stdin"], spec.stdin)

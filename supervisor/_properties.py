@@ -1,0 +1,146 @@
+"""systemd-style ``-p NAME=VALUE`` properties, turned into TaskSpec options.
+
+``corral run -p MemoryMax=512M -p TasksMax=64 -p CPUQuota=50%`` reads like ``systemd-run``; the
+names and value syntax are systemd's.  Each property maps onto one TaskSpec option (a limit, the
+time limit, the grace...); an unknown name is refused with the list of the supported ones.
+Everything is pure: the CLI collects the options and builds one TaskSpec from them.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from cgroupfs import CpuMax
+
+from ._errors import SpecError
+from ._units import (
+    UnitsError,
+    parse_count,
+    parse_cpu_quota,
+    parse_duration,
+    parse_signal,
+    parse_size,
+    parse_weight,
+)
+
+__all__ = ["SUPPORTED", "parse_properties"]
+
+_CPU_PERIOD_US = 100_000
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def _pid_max() -> int | None:
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _memory(field: str) -> Callable[[str, str], tuple[str, Any]]:
+    def parse(name: str, value: str) -> tuple[str, Any]:
+        return f"limits.{field}", parse_size(value, name, allow_percent_of=_physical_memory())
+    return parse
+
+
+def _tasks_max(name: str, value: str) -> tuple[str, Any]:
+    return "limits.pids_max", parse_count(value, name, allow_percent_of=_pid_max())
+
+
+def _cpu_quota(name: str, value: str) -> tuple[str, Any]:
+    quota = max(1000, round(parse_cpu_quota(value, name) * _CPU_PERIOD_US))
+    return "limits.cpu_max", CpuMax(quota, _CPU_PERIOD_US)
+
+
+def _weight(field: str) -> Callable[[str, str], tuple[str, Any]]:
+    def parse(name: str, value: str) -> tuple[str, Any]:
+        return f"limits.{field}", parse_weight(value, name)
+    return parse
+
+
+def _duration(option: str, *, allow_zero: bool = False) -> Callable[[str, str], tuple[str, Any]]:
+    def parse(name: str, value: str) -> tuple[str, Any]:
+        return option, parse_duration(value, name, allow_zero=allow_zero)
+    return parse
+
+
+def _signal(name: str, value: str) -> tuple[str, Any]:
+    return "stop_signal", int(parse_signal(value, name))
+
+
+def _environment(name: str, value: str) -> tuple[str, Any]:
+    env = {}
+    for item in shlex.split(value):
+        key, eq, val = item.partition("=")
+        if not eq or not key:
+            raise UnitsError(f'{name} must be space-separated NAME=VALUE assignments like '
+                             f'"A=1 B=2", got "{value}"', what=name, value=value)
+        env[key] = val
+    return "env", env
+
+
+def _directory(name: str, value: str) -> tuple[str, Any]:
+    if not value.startswith("/"):
+        raise UnitsError(f'{name} must be an absolute path, got "{value}"', what=name,
+                         value=value)
+    return "cwd", value
+
+
+SUPPORTED: dict[str, Callable[[str, str], tuple[str, Any]]] = {
+    "MemoryMax": _memory("memory_max"),
+    "MemoryHigh": _memory("memory_high"),
+    "MemorySwapMax": _memory("memory_swap_max"),
+    "TasksMax": _tasks_max,
+    "CPUQuota": _cpu_quota,
+    "CPUWeight": _weight("cpu_weight"),
+    "IOWeight": _weight("io_weight"),
+    "RuntimeMaxSec": _duration("time_limit"),
+    "TimeoutStopSec": _duration("grace", allow_zero=True),
+    "KillSignal": _signal,
+    "Environment": _environment,
+    "WorkingDirectory": _directory,
+}
+
+
+@dataclass
+class Collected:
+    """Options gathered from properties: TaskSpec keywords and Limits fields."""
+
+    options: dict[str, Any]
+    limits: dict[str, Any]
+
+
+def parse_properties(items: Iterable[str]) -> Collected:
+    """Parse ``NAME=VALUE`` strings; raises SpecError naming the property, rule and fix."""
+    out = Collected({}, {})
+    for item in items:
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq:
+            raise SpecError("property", f'property must be NAME=VALUE like "MemoryMax=512M", '
+                                        f'got "{item}"')
+        parser = SUPPORTED.get(name)
+        if parser is None:
+            raise SpecError("property", f"unknown or unsupported property {name!r}; supported: "
+                                        f"{', '.join(SUPPORTED)}")
+        try:
+            key, parsed = parser(name, value.strip())
+        except UnitsError as e:
+            raise SpecError(name, str(e)) from None
+        if key.startswith("limits."):
+            out.limits[key.removeprefix("limits.")] = parsed
+        elif key == "env":
+            out.options.setdefault("env", {}).update(parsed)
+        else:
+            out.options[key] = parsed
+    return out
