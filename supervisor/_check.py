@@ -1,7 +1,156 @@
-"""``corral check``: placeholder until the full report lands."""
+"""``corral check``: what corral finds on this machine and what it means.
+
+It does not guess from version numbers: it prepares a root exactly as ``corral run`` would,
+spawns ``/bin/true`` into a leaf there (which tells whether clone3 placed it, or the fallback),
+looks for cgroup.kill in that leaf, then removes everything it made.  Exit 0 when ``corral run``
+would work.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+from cgroupfs import (
+    CgroupError,
+    NoCgroup2Error,
+    find_cgroup2_mount,
+    hierarchy_mode,
+    own_cgroup,
+    parse_mountinfo,
+)
+
+from ._errors import PlacementError
+from ._placement import place
+from ._spawn import SpawnError, spawn
+
+__all__ = ["collect", "run_check"]
+
+# which -p properties each controller makes work
+PROPERTIES_BY_CONTROLLER = {
+    "memory": ("MemoryMax", "MemoryHigh", "MemorySwapMax"),
+    "pids": ("TasksMax",),
+    "cpu": ("CPUQuota", "CPUWeight"),
+    "io": ("IOWeight",),
+}
+ALWAYS = ("RuntimeMaxSec", "TimeoutStopSec", "KillSignal", "Environment", "WorkingDirectory")
+
+
+def _probe_spawn(tasks_path: str) -> dict[str, Any]:
+    from cgroupfs import Cgroup
+
+    out: dict[str, Any] = {}
+    with Cgroup.open(tasks_path) as tasks:
+        leaf = tasks.make_child(f"check-{os.getpid()}")
+        try:
+            out["cgroup_kill"] = os.path.exists(os.path.join(leaf.path, "cgroup.kill"))
+            devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                sp = spawn(["/bin/true"], cgroup_fd=leaf.fd, stdin=devnull, stdout=devnull,
+                           stderr=devnull)
+                os.waitid(os.P_PIDFD, sp.pidfd, os.WEXITED)
+                os.close(sp.pidfd)
+                out["spawn_method"] = sp.method
+                out["clone_into_cgroup"] = sp.fallback_errno == 0
+                if sp.fallback_errno:
+                    out["clone3_refused_with"] = os.strerror(sp.fallback_errno)
+            except SpawnError as e:
+                out["spawn_error"] = str(e)
+            finally:
+                os.close(devnull)
+        finally:
+            leaf.remove()
+    return out
+
+
+def collect(cgroup_root: str | None = None) -> dict[str, Any]:
+    """Everything ``corral check`` reports, as a dict; ``ok`` says whether run would work."""
+    report: dict[str, Any] = {"kernel": platform.release(), "problems": []}
+    problems: list[str] = report["problems"]
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        report["pidfd"] = True
+    except OSError as e:
+        report["pidfd"] = False
+        problems.append(f"pidfd_open is not available ({e.strerror}): Linux >= 5.3 is needed")
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounts = parse_mountinfo(f.read())
+        report["cgroup_mode"] = hierarchy_mode(mounts)
+        mount = find_cgroup2_mount()
+        report["cgroup2_mount"] = mount.mount_point
+        report["cgroup2_read_only"] = mount.read_only
+        report["own_cgroup"] = own_cgroup()
+    except NoCgroup2Error as e:
+        problems.append(str(e))
+    report["systemd"] = _systemd_report()
+    if not problems:
+        try:
+            placement = place(cgroup_root)
+        except (PlacementError, CgroupError) as e:
+            problems.append(str(e))
+        else:
+            try:
+                report["root"] = placement.root.path
+                report["root_kind"] = placement.how
+                report["controllers"] = sorted(placement.controllers)
+                report["notes"] = placement.notes
+                report.update(_probe_spawn(placement.tasks.path))
+                if "spawn_error" in report:
+                    problems.append(f"spawning into a leaf failed: {report['spawn_error']}")
+            finally:
+                placement.close()
+            props = list(ALWAYS)
+            for controller, names in PROPERTIES_BY_CONTROLLER.items():
+                if controller in report["controllers"]:
+                    props.extend(names)
+            report["properties"] = props
+    report["ok"] = not problems
+    return report
+
+
+def _systemd_report() -> dict[str, Any]:
+    running = os.path.isdir("/run/systemd/system")  # what sd_booted() checks
+    return {"running": running}
+
 
 def run_check(*, json_output: bool, cgroup_root: str | None) -> int:
-    raise NotImplementedError
+    report = collect(cgroup_root)
+    if json_output:
+        json.dump(report, sys.stdout, indent=2, sort_keys=True)
+        print()
+        return 0 if report["ok"] else 1
+    yes = {True: "yes", False: "no"}
+    lines = [f"kernel:             {report['kernel']}",
+             f"pidfd:              {yes[report['pidfd']]}"]
+    if "cgroup_mode" in report:
+        lines.append(f"cgroup mode:        {report['cgroup_mode']}")
+    if "cgroup2_mount" in report:
+        ro = " (read-only)" if report["cgroup2_read_only"] else ""
+        lines.append(f"cgroup2 mount:      {report['cgroup2_mount']}{ro}")
+        lines.append(f"our cgroup:         {report['own_cgroup']}")
+    if "root" in report:
+        lines.append(f"root corral uses:   {report['root']} ({report['root_kind']}; made and "
+                     f"removed per run)" if report["root_kind"] != "explicit --cgroup-root"
+                     else f"root corral uses:   {report['root']} (--cgroup-root)")
+        lines.append(f"CLONE_INTO_CGROUP:  {yes[report.get('clone_into_cgroup', False)]}"
+                     + (f" (fallback: {report['spawn_method']}, clone3 refused: "
+                        f"{report['clone3_refused_with']})"
+                        if report.get("clone3_refused_with") else ""))
+        lines.append(f"cgroup.kill:        {yes[report.get('cgroup_kill', False)]}"
+                     + ("" if report.get("cgroup_kill") else " (freeze + SIGKILL + thaw instead)"))
+        lines.append(f"controllers:        {' '.join(report['controllers']) or 'none'}")
+        lines.append(f"-p properties:      {', '.join(report['properties'])}")
+        for note in report.get("notes", []):
+            lines.append(f"note:               {note}")
+    sd = report["systemd"]
+    lines.append(f"systemd:            {'running' if sd['running'] else 'not running'}"
+                 + (f", version {sd['version']}" if sd.get("version") else ""))
+    for p in report["problems"]:
+        lines.append(f"problem:            {p}")
+    lines.append("corral run works here" if report["ok"] else "corral run cannot work here")
+    print("\n".join(lines))
+    return 0 if report["ok"] else 1

@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 from cgroupfs import (
     Cgroup,
     CgroupError,
+    Limits,
     NoCgroup2Error,
     find_cgroup2_mount,
     own_cgroup,
 )
 
-from ._errors import PlacementError
+from ._errors import PlacementError, SpecError
 
-__all__ = ["Placement", "place"]
+__all__ = ["Placement", "check_limits", "place", "planned_controllers"]
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,16 @@ def _instance_name() -> str:
     return f"corral-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def place(cgroup_root: str | None) -> Placement:
-    """Find and prepare the root; raises PlacementError saying what was found and what to do."""
+@dataclass(frozen=True)
+class _Choice:
+    how: str
+    path: str  # the root itself, or (create_instance) where a fresh root goes
+    create_instance: bool
+    move_self: bool
+
+
+def _choose(cgroup_root: str | None) -> _Choice:
+    """Where the root is or would go; reads only.  PlacementError: what was found, and why not."""
     tried: list[str] = []
     if cgroup_root is not None:
         path = os.path.abspath(cgroup_root)
@@ -97,9 +106,7 @@ def place(cgroup_root: str | None) -> Placement:
             raise PlacementError(
                 f"cgroup_root {cgroup_root!r} is not writable by uid {os.geteuid()}; run as "
                 f"root or point at a cgroup delegated to this user (Delegate=yes)")
-        root = Cgroup.open(path)
-        return _prepare(root, "explicit --cgroup-root", created=False,
-                        move_self=_contains_self(path))
+        return _Choice("explicit --cgroup-root", path, False, _contains_self(path))
     try:
         mount = find_cgroup2_mount()
         own = own_cgroup()
@@ -111,32 +118,67 @@ def place(cgroup_root: str | None) -> Placement:
             f"read-write (docker: --cgroupns=private with a writable /sys/fs/cgroup), or give "
             f"--cgroup-root a writable delegated cgroup")
     if _is_delegated(own):
-        root = Cgroup.open(own)
-        return _prepare(root, "delegated unit", created=False, move_self=True)
+        return _Choice("delegated unit", own, False, True)
     tried.append(f"our cgroup {own} is not a delegated unit (no trusted.delegate xattr)")
     is_real_root = not os.path.exists(os.path.join(own, "cgroup.events"))
     ns_root = own == mount.mount_point
     if (is_real_root or ns_root) and os.access(os.path.join(own, "cgroup.procs"), os.W_OK):
-        parent = Cgroup.open(own)
-        try:
-            root = parent.make_child(_instance_name())
-        finally:
-            parent.close()
         how = "host root cgroup" if is_real_root else "cgroup namespace root"
-        return _prepare(root, how, created=True, move_self=False)
+        return _Choice(how, own, True, False)
     tried.append(f"our cgroup {own} is neither the hierarchy's root nor writable")
     if os.geteuid() == 0 and os.access(os.path.join(mount.mount_point, "cgroup.procs"), os.W_OK):
-        parent = Cgroup.open(mount.mount_point)
-        try:
-            root = parent.make_child(_instance_name())
-        finally:
-            parent.close()
-        return _prepare(root, "writable cgroup2 mount", created=True, move_self=False)
+        return _Choice("writable cgroup2 mount", mount.mount_point, True, False)
     tried.append(f"the cgroup2 mount {mount.mount_point} is not writable by uid {os.geteuid()}")
     raise PlacementError(
         "found no cgroup this supervisor may use: " + "; ".join(tried) + ". Run under a "
         "systemd unit with Delegate=yes, in a container with a writable cgroup namespace, as "
         "root, or give --cgroup-root a delegated cgroup")
+
+
+def place(cgroup_root: str | None) -> Placement:
+    """Find and prepare the root; raises PlacementError saying what was found and what to do."""
+    choice = _choose(cgroup_root)
+    if not choice.create_instance:
+        return _prepare(Cgroup.open(choice.path), choice.how, created=False,
+                        move_self=choice.move_self)
+    with Cgroup.open(choice.path) as parent:
+        root = parent.make_child(_instance_name())
+    return _prepare(root, choice.how, created=True, move_self=False)
+
+
+def planned_controllers(cgroup_root: str | None) -> tuple[frozenset[str], str]:
+    """The controllers tasks would get under ``cgroup_root``, and where, found without
+    creating anything.
+
+    A fresh root made below a parent can use what the parent already enables for its children;
+    an existing root can enable what it is offered (its cgroup.controllers).
+    """
+    choice = _choose(cgroup_root)
+    name = "cgroup.subtree_control" if choice.create_instance else "cgroup.controllers"
+    try:
+        with open(os.path.join(choice.path, name)) as f:
+            offered = set(f.read().split())
+    except OSError as e:
+        raise PlacementError(f"reading {os.path.join(choice.path, name)}: {e.strerror}") from e
+    where = (os.path.join(choice.path, "corral-<pid>-<random>") if choice.create_instance
+             else choice.path)
+    return frozenset(offered & set(WANTED_CONTROLLERS)), where
+
+
+_CONTROLLER_OF = {"memory_max": "memory", "memory_high": "memory", "memory_swap_max": "memory",
+                  "pids_max": "pids", "cpu_max": "cpu", "cpu_weight": "cpu", "io_weight": "io"}
+
+
+def check_limits(limits: Limits, controllers: frozenset[str], where: str) -> None:
+    """Refuse limits that need a controller not enabled for tasks (SpecError: which, where, fix)."""
+    missing = sorted({c for f, c in _CONTROLLER_OF.items()
+                      if getattr(limits, f) is not None} - controllers)
+    if missing:
+        enabled = ", ".join(sorted(controllers)) or "none"
+        raise SpecError("limits", (
+            f"limits need the {', '.join(missing)} controller(s), which are not enabled under "
+            f"{where} (enabled: {enabled}); run where they are delegated (a systemd unit with "
+            f"Delegate=yes on a pure cgroup v2 host) or drop those limits"))
 
 
 def _contains_self(path: str) -> bool:

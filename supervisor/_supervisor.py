@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from ._errors import ConfigError, SpecError, SupervisorError
-from ._placement import Placement, place
+from ._placement import Placement, check_limits, place
 from ._result import StopReason, TaskResult
 from ._spec import DEFAULT_GRACE, TaskSpec
 from ._task import QueueSlot, TaskHandle
@@ -28,10 +28,6 @@ from ._watch import CgroupWatcher
 __all__ = ["Batch", "Supervisor", "open_supervisor"]
 
 log = logging.getLogger(__name__)
-
-_CONTROLLER_OF = {"memory_max": "memory", "memory_high": "memory", "memory_swap_max": "memory",
-                  "pids_max": "pids", "cpu_max": "cpu", "cpu_weight": "cpu", "io_weight": "io"}
-
 
 class Supervisor:
     """Runs tasks; made by :func:`open_supervisor`."""
@@ -70,15 +66,7 @@ class Supervisor:
     def _new_handle(self, spec: TaskSpec) -> TaskHandle:
         if self._closing:
             raise SupervisorError("the supervisor is shutting down: no new tasks")
-        missing = sorted({_CONTROLLER_OF[f] for f in _CONTROLLER_OF
-                          if getattr(spec.limits, f) is not None} - self._controllers)
-        if missing:
-            enabled = ", ".join(sorted(self._controllers)) or "none"
-            raise SpecError("limits", (
-                f"limits need the {', '.join(missing)} controller(s), which are not enabled "
-                f"under {self._tasks.path} (enabled: {enabled}); run where they are delegated "
-                f"(a systemd unit with Delegate=yes on a pure cgroup v2 host) or drop those "
-                f"limits"))
+        check_limits(spec.limits, self._controllers, self._tasks.path)
         notes: list[str] = []
         limit = spec.time_limit_s if spec.time_limit_s is not None else self.default_time_limit
         ceiling = self.max_time_limit

@@ -31,6 +31,7 @@ import trio
 from cgroupfs import CgroupError, Limits
 
 from ._errors import PlacementError, SupervisorError
+from ._placement import check_limits, planned_controllers
 from ._properties import SUPPORTED, parse_properties
 from ._result import Outcome, TaskResult
 from ._spec import TaskSpec
@@ -180,7 +181,10 @@ def _write_json(args: argparse.Namespace, result: TaskResult, status: int) -> No
 def _cmd_run(args: argparse.Namespace) -> int:
     try:
         spec = _spec_from_args(args)
-    except ValueError as e:
+        if not spec.limits.is_empty():
+            # refused before anything is made: what the root would offer, read, not created
+            check_limits(spec.limits, *planned_controllers(args.cgroup_root))
+    except (ValueError, PlacementError) as e:
         _die(str(e))
     if args.json_fd is not None:
         try:

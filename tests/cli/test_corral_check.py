@@ -1,0 +1,51 @@
+"""`corral check`: it reports what it really found, and its exit status says if run works."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import cgroupfs
+
+CORRAL = os.path.join(os.path.dirname(sys.executable), "corral")
+
+
+def check(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CORRAL, "check", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_json_report_matches_this_machine(test_cgroup: cgroupfs.Cgroup) -> None:
+    r = check("--json", "--cgroup-root", test_cgroup.path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    mount = cgroupfs.find_cgroup2_mount()
+    assert report["ok"] is True and report["problems"] == []
+    assert report["cgroup2_mount"] == mount.mount_point
+    assert report["own_cgroup"] == cgroupfs.own_cgroup()
+    assert report["root"] == test_cgroup.path
+    assert report["pidfd"] is True
+    # this kernel (>= 5.14) has both: the probe spawned into a real leaf and found cgroup.kill
+    assert report["clone_into_cgroup"] is True and report["spawn_method"] == "clone3"
+    assert report["cgroup_kill"] is True
+    available = test_cgroup.available_controllers() & {"cpu", "io", "memory", "pids"}
+    assert set(report["controllers"]) == available
+    assert ("MemoryMax" in report["properties"]) == ("memory" in available)
+    assert "RuntimeMaxSec" in report["properties"]
+    assert test_cgroup.children() == []  # the probe's tasks/ and leaf are gone
+
+
+def test_text_report_says_it_works_and_cleans_up() -> None:
+    r = check()
+    assert r.returncode == 0 and "corral run works here" in r.stdout
+    assert "CLONE_INTO_CGROUP:  yes" in r.stdout and "cgroup.kill:        yes" in r.stdout
+    line = next(x for x in r.stdout.splitlines() if x.startswith("root corral uses:"))
+    root = line.split()[3]
+    assert "/corral-" in root and not os.path.exists(root)
+
+
+def test_unusable_root_exits_1_and_says_why(tmp_path: object) -> None:
+    r = check("--cgroup-root", "/proc")
+    assert r.returncode == 1
+    assert "not a cgroup v2 directory" in r.stdout and "cannot work here" in r.stdout

@@ -1,0 +1,241 @@
+"""`corral run` end to end, through the installed `corral` command, on real cgroups."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+import cgroupfs
+from supervisor._spawn import inotify_add_watch, inotify_init
+
+CORRAL = os.path.join(os.path.dirname(sys.executable), "corral")
+HANG = 30.0
+
+
+@pytest.fixture
+def root(test_cgroup: cgroupfs.Cgroup) -> str:
+    return test_cgroup.path
+
+
+def corral(*args: str, root: str | None = None, **kw: object) -> subprocess.CompletedProcess[str]:
+    extra = ["--cgroup-root", root] if root else []
+    argv = [CORRAL, args[0], *extra, *args[1:]]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=HANG, **kw)  # type: ignore[call-overload]
+
+
+class Creations:
+    """Every directory created under ``path`` while watched (inotify IN_CREATE): catches a
+    cgroup that was made and removed again, which a before/after listing would miss."""
+
+    IN_CREATE = 0x100
+
+    def __init__(self, path: str) -> None:
+        self.fd = inotify_init()
+        inotify_add_watch(self.fd, path, self.IN_CREATE)
+
+    def names(self) -> list[str]:
+        out = []
+        try:
+            buf = os.read(self.fd, 65536)
+        except BlockingIOError:
+            buf = b""
+        finally:
+            os.close(self.fd)
+        offset = 0
+        while offset < len(buf):
+            _wd, _mask, _cookie, length = struct.unpack_from("iIII", buf, offset)
+            name = buf[offset + 16: offset + 16 + length].rstrip(b"\0").decode()
+            out.append(name)
+            offset += 16 + length
+        return out
+
+
+@pytest.mark.parametrize(("command", "status"), [
+    (["true"], 0),
+    (["sh", "-c", "exit 3"], 3),
+    (["sh", "-c", "kill -USR1 $$"], 128 + signal.SIGUSR1),
+    (["sh", "-c", "kill -KILL $$"], 137),
+    (["corral-no-such-command"], 127),
+    (["/etc/passwd"], 126),
+])
+def test_exit_status_is_the_tasks(root: str, command: list[str], status: int) -> None:
+    r = corral("run", "--", *command, root=root)
+    assert r.returncode == status, r.stderr
+
+
+def test_time_limit_exits_124_with_a_summary(root: str) -> None:
+    r = corral("run", "--time-limit", "0.3s", "--", "sleep", "60", root=root)
+    assert r.returncode == 124
+    assert "finished with result: timed_out" in r.stderr
+    assert "Stop: time_limit" in r.stderr and "Exit status: 124" in r.stderr
+
+
+def test_success_prints_no_summary_unless_asked(root: str) -> None:
+    assert corral("run", "--", "true", root=root).stderr == ""
+    r = corral("run", "--summary", "--", "true", root=root)
+    assert "finished with result: succeeded" in r.stderr and "Cleanup: clean" in r.stderr
+    r = corral("run", "--quiet", "--", "sh", "-c", "exit 2", root=root)
+    assert r.returncode == 2 and r.stderr == ""
+
+
+def test_summary_reports_what_the_main_process_left_behind(root: str) -> None:
+    r = corral("run", "--summary", "--grace", "0.2s", "--",
+               "sh", "-c", "setsid sleep 600 & echo main done", root=root)
+    assert r.returncode == 0 and r.stdout == "main done\n"
+    assert "1 process(es) left behind by the main process" in r.stderr
+    assert "Memory peak:" in r.stderr and "CPU time consumed:" in r.stderr
+
+
+def test_json_result_to_a_file_and_an_fd(root: str, tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "result.json"
+    r = corral("run", "--json-file", str(out), "--", "sh", "-c", "echo task-output; exit 5",
+               root=root)
+    assert r.stdout == "task-output\n"  # the JSON never mixes with the task's output
+    data = json.loads(out.read_text())
+    assert data["exit_status"] == 5 and data["outcome"] == "failed" and data["exit_code"] == 5
+    assert data["cleanup"]["state"] == "clean" and data["argv"] == ["sh", "-c",
+                                                                    "echo task-output; exit 5"]
+    assert data["usage"]["memory_peak"] is None or isinstance(data["usage"]["memory_peak"], int)
+    assert data["containment"]["cgroup"].startswith(root)
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end) as reader:
+        p = subprocess.Popen([CORRAL, "run", "--cgroup-root", root, "--json-fd",
+                              str(write_end), "--", "true"], pass_fds=[write_end])
+        os.close(write_end)
+        text = reader.read()
+        assert p.wait(HANG) == 0
+    assert json.loads(text)["outcome"] == "succeeded"
+
+
+def test_output_is_streamed_live(root: str) -> None:
+    p = subprocess.Popen([CORRAL, "run", "--cgroup-root", root, "--", "sh", "-c",
+                          "echo first; sleep 60"], stdout=subprocess.PIPE)
+    assert p.stdout is not None
+    try:
+        ready, _, _ = select.select([p.stdout], [], [], HANG)
+        assert ready, "no output while the task runs"
+        assert p.stdout.readline() == b"first\n"
+        assert p.poll() is None  # the task is still running
+    finally:
+        p.send_signal(signal.SIGINT)
+        assert p.wait(HANG) == 130
+        p.stdout.close()
+
+
+def wait_ready(p: subprocess.Popen[bytes]) -> None:
+    assert p.stdout is not None
+    ready, _, _ = select.select([p.stdout], [], [], HANG)
+    assert ready and p.stdout.readline() == b"ready\n"
+
+
+def test_sigint_once_stops_gracefully(root: str) -> None:
+    p = subprocess.Popen([CORRAL, "run", "--cgroup-root", root, "--", "sh", "-c",
+                          "trap 'echo stopping; exit 0' TERM; echo ready; sleep 60 & wait"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_ready(p)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=HANG)
+    assert p.returncode == 130
+    assert out == b"stopping\n"  # the task got its stop signal and cleaned up itself
+    assert b"result: cancelled" in err and b"stop signal sent" in err
+
+
+def test_sigint_twice_kills_now(root: str) -> None:
+    # shrugs off SIGTERM (and says so), so only a kill can end it
+    script = ("trap 'echo got-term' TERM; echo ready; "
+              "while :; do sleep 600 & wait; done")
+    p = subprocess.Popen([CORRAL, "run", "--cgroup-root", root, "--grace", "1h", "--",
+                          "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_ready(p)
+    p.send_signal(signal.SIGINT)
+    assert p.stdout is not None
+    ready, _, _ = select.select([p.stdout], [], [], HANG)
+    assert ready and p.stdout.readline() == b"got-term\n"  # the first stop landed
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=HANG)
+    assert p.returncode == 130
+    assert b"killed (forced)" in err
+    assert time.monotonic() - t0 < HANG
+
+
+def test_sigterm_to_corral_is_a_graceful_stop(root: str) -> None:
+    p = subprocess.Popen([CORRAL, "run", "--cgroup-root", root, "--", "sh", "-c",
+                          "echo ready; sleep 60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_ready(p)
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=HANG)
+    assert p.returncode == 128 + signal.SIGTERM
+
+
+def test_100_mib_through_a_pipe(root: str) -> None:
+    size = 100 << 20
+    r = subprocess.run(f"{CORRAL} run --cgroup-root {root} -- head -c {size} /dev/zero | wc -c",
+                       shell=True, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 0 and int(r.stdout) == size
+
+
+def test_stdin_and_environment_pass_through(root: str, tmp_path: pathlib.Path) -> None:
+    r = corral("run", "-E", "GREETING=hello", "-p", "Environment=A=1 B=two", "--chdir",
+               str(tmp_path), "--", "sh", "-c", 'echo "$GREETING $A $B $(pwd) $(cat)"',
+               root=root, input="from-stdin")
+    assert r.stdout == f"hello 1 two {tmp_path} from-stdin\n"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-p", "Frobnicate=1"], "unknown or unsupported property 'Frobnicate'; supported: MemoryMax"),
+    (["-p", "MemoryMax=12Q"], 'MemoryMax must be a size'),
+    (["--time-limit=-5s"], "time_limit must be a positive duration"),
+    (["--time-limit", "soon"], "time_limit must be"),
+    (["--grace", "1 fortnight"], "grace must be"),
+    (["--stop-signal", "SIGFOO"], "stop_signal"),
+    (["-p", "CPUQuota=50"], "CPUQuota"),
+    (["-p", "MemoryMax"], "NAME=VALUE"),
+    (["-p", "TasksMax=0"], "TasksMax"),
+    (["--cgroup-root", "/proc"], "not a cgroup v2 directory"),
+], ids=lambda x: x if isinstance(x, str) else " ".join(x))
+def test_bad_input_exits_125_with_one_line_and_creates_nothing(
+        root: str, test_cgroup: cgroupfs.Cgroup, args: list[str], message: str) -> None:
+    watch = Creations(root)
+    r = corral("run", *args, "--", "true", root=root)
+    assert r.returncode == 125
+    assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("corral: ")
+    assert watch.names() == []
+
+
+def test_missing_command_exits_125(root: str) -> None:
+    for args in (["run"], ["run", "--"]):
+        r = subprocess.run([CORRAL, *args], capture_output=True, text=True, timeout=HANG)
+        assert r.returncode == 125 and "no command given" in r.stderr
+
+
+def test_limit_the_host_cannot_apply_exits_125_naming_the_controller(
+        root: str, test_cgroup: cgroupfs.Cgroup) -> None:
+    if "memory" in test_cgroup.available_controllers():
+        pytest.skip("this machine delegates the memory controller here: nothing to refuse")
+    watch = Creations(root)
+    r = corral("run", "-p", "MemoryMax=512M", "--", "true", root=root)
+    assert r.returncode == 125
+    assert "memory controller" in r.stderr and "not enabled" in r.stderr
+    assert watch.names() == []
+
+
+def test_discovered_root_is_removed_afterwards() -> None:
+    r = subprocess.run([CORRAL, "run", "--summary", "--", "sh", "-c",
+                        "cat /proc/self/cgroup"], capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 0
+    leaf = next(line[3:] for line in r.stdout.splitlines() if line.startswith("0::"))
+    assert "/corral-" in leaf and "/tasks/" in leaf
+    instance = leaf.split("/tasks/")[0]
+    mount = cgroupfs.find_cgroup2_mount()
+    assert not os.path.exists(cgroupfs.cgroup_fs_path(mount, instance))
