@@ -90,6 +90,7 @@ class _Choice:
     path: str  # the root itself, or (create_instance) where a fresh root goes
     create_instance: bool
     move_self: bool
+    enable_in_parent: bool = False  # the parent is the real root: we may enable its controllers
 
 
 def _choose(cgroup_root: str | None) -> _Choice:
@@ -124,7 +125,7 @@ def _choose(cgroup_root: str | None) -> _Choice:
     ns_root = own == mount.mount_point
     if (is_real_root or ns_root) and os.access(os.path.join(own, "cgroup.procs"), os.W_OK):
         how = "host root cgroup" if is_real_root else "cgroup namespace root"
-        return _Choice(how, own, True, False)
+        return _Choice(how, own, True, False, enable_in_parent=is_real_root)
     tried.append(f"our cgroup {own} is neither the hierarchy's root nor writable")
     if os.geteuid() == 0 and os.access(os.path.join(mount.mount_point, "cgroup.procs"), os.W_OK):
         return _Choice("writable cgroup2 mount", mount.mount_point, True, False)
@@ -142,8 +143,21 @@ def place(cgroup_root: str | None) -> Placement:
         return _prepare(Cgroup.open(choice.path), choice.how, created=False,
                         move_self=choice.move_self)
     with Cgroup.open(choice.path) as parent:
+        if choice.enable_in_parent:
+            # The real root cgroup has no internal-process rule; where nobody (systemd) has
+            # enabled its controllers for children yet, we do, so that limits work below it.
+            _enable_wanted(parent, [])
         root = parent.make_child(_instance_name())
     return _prepare(root, choice.how, created=True, move_self=False)
+
+
+def _enable_wanted(cg: Cgroup, notes: list[str]) -> None:
+    missing = (cg.available_controllers() & set(WANTED_CONTROLLERS)) - cg.enabled_controllers()
+    if missing:
+        try:
+            cg.enable_controllers(missing)
+        except CgroupError as e:
+            notes.append(f"controllers {sorted(missing)} could not be enabled in {cg.path}: {e}")
 
 
 def planned_controllers(cgroup_root: str | None) -> tuple[frozenset[str], str]:
@@ -154,7 +168,8 @@ def planned_controllers(cgroup_root: str | None) -> tuple[frozenset[str], str]:
     an existing root can enable what it is offered (its cgroup.controllers).
     """
     choice = _choose(cgroup_root)
-    name = "cgroup.subtree_control" if choice.create_instance else "cgroup.controllers"
+    name = ("cgroup.subtree_control" if choice.create_instance and not choice.enable_in_parent
+            else "cgroup.controllers")
     try:
         with open(os.path.join(choice.path, name)) as f:
             offered = set(f.read().split())
@@ -195,21 +210,10 @@ def _prepare(root: Cgroup, how: str, *, created: bool, move_self: bool) -> Place
         if move_self and wanted and root.procs():
             # the no-internal-process rule: no controllers below a cgroup with processes in it
             root.move_procs_into("supervisor").close()
-        missing = wanted - root.enabled_controllers()
-        if missing:
-            try:
-                root.enable_controllers(missing)
-            except CgroupError as e:
-                notes.append(f"controllers {sorted(missing)} could not be enabled: {e}")
+        _enable_wanted(root, notes)
         tasks = root.make_child("tasks", exist_ok=True)
         _clear_stale(tasks)
-        usable = tasks.available_controllers() & set(WANTED_CONTROLLERS)
-        if usable - tasks.enabled_controllers():
-            try:
-                tasks.enable_controllers(usable)
-            except CgroupError as e:
-                notes.append(f"controllers {sorted(usable)} could not be enabled in "
-                             f"{tasks.path}: {e}")
+        _enable_wanted(tasks, notes)
         controllers = tasks.enabled_controllers()
     except BaseException:
         if created:

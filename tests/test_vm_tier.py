@@ -35,9 +35,12 @@ from pathlib import Path
 
 import pytest
 
+import supervisor
+
 pytestmark = pytest.mark.vm
 
 REPO = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(supervisor.__file__).resolve().parent.parent
 RUN_IN_VM = REPO / "tests" / "vm" / "run-in-vm"
 GUEST_DIR = REPO / "tests" / "guest"
 GUEST_FILES = "guest_*.py"
@@ -171,7 +174,9 @@ def _run_guest() -> GuestRun:
         env |= {
             "CORRAL_IN_VM": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            # where this interpreter found corral: the repo (editable) or site-packages
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT),
+                                                        os.environ.get("PYTHONPATH")])),
             "RUN_IN_VM_TIMEOUT": str(_timeout_s()),
         }
         start = time.monotonic()
