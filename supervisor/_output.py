@@ -12,10 +12,10 @@ writer left is outside it); the pump then reads what is buffered and stops.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 
 import trio
@@ -66,7 +66,8 @@ class StreamCapture:
     closed: bool = False
     mode: str = "capture"
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
+        """Take one chunk.  ``data`` may be a view of a reused buffer: it is copied here."""
         self.total += len(data)
         view = memoryview(data)
         room = self.head_limit - len(self.head)
@@ -81,15 +82,16 @@ class StreamCapture:
                 del self.tail[:excess]
         if self.log_fd is not None:
             self._log(data)
+        chunk = bytes(data) if self.subscribers else b""
         for sub in self.subscribers:
             try:
-                sub.send.send_nowait(data)
+                sub.send.send_nowait(chunk)
             except trio.WouldBlock:
                 sub.missed += len(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
-    def _log(self, data: bytes) -> None:
+    def _log(self, data: bytes | memoryview) -> None:
         assert self.log_fd is not None
         if self.log_limit is not None:
             room = self.log_limit - self.log_written
@@ -135,6 +137,33 @@ class StreamCapture:
                             self.log_truncated, self.mode)
 
 
+class _ReadBuffer(threading.local):
+    """One read buffer per thread, shared by every pump of that thread's trio run: a read and
+    the copy out of it happen with no checkpoint between them, so pumps never interleave on
+    it, and a thousand tasks do not cost a thousand buffers (nor an mmap per read)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(_READ_SIZE)
+        self.view = memoryview(self.buf)
+
+
+_buffer = _ReadBuffer()
+
+
+def _read_into(fd: int, capture: StreamCapture) -> bool:
+    """One read into the shared buffer, fed to ``capture``.  False at EOF; raises
+    BlockingIOError when there is nothing to read now."""
+    while True:
+        try:
+            n = os.readv(fd, [_buffer.buf])
+        except InterruptedError:
+            continue
+        if n == 0:
+            return False
+        capture.feed(_buffer.view[:n])
+        return True
+
+
 async def pump(fd: int, capture: StreamCapture, cancel_scope: trio.CancelScope) -> None:
     """Read ``fd`` (non-blocking) into ``capture`` until EOF or until ``cancel_scope``'s
     deadline, which the runner sets once the leaf is empty.  Closes ``fd``."""
@@ -142,28 +171,20 @@ async def pump(fd: int, capture: StreamCapture, cancel_scope: trio.CancelScope) 
         with cancel_scope:
             while True:
                 await trio.lowlevel.wait_readable(fd)
-                while True:
-                    try:
-                        data = os.read(fd, _READ_SIZE)
-                    except BlockingIOError:
-                        break
-                    except OSError as e:
-                        if e.errno == errno.EINTR:
-                            continue
-                        raise
-                    if not data:
-                        return
-                    capture.feed(data)
+                try:
+                    while _read_into(fd, capture):
+                        pass
+                    return  # EOF
+                except BlockingIOError:
+                    continue
         # The deadline passed: whoever still holds the write end is outside the leaf.  Take
         # what it already wrote, without waiting for more (bounded: it may still be writing).
         for _ in range(4):
             try:
-                data = os.read(fd, _READ_SIZE)
+                if not _read_into(fd, capture):
+                    break
             except BlockingIOError:
                 break
-            if not data:
-                break
-            capture.feed(data)
     finally:
         trio.lowlevel.notify_closing(fd)
         os.close(fd)

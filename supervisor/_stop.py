@@ -96,32 +96,37 @@ class StopState:
                           forced=self.forced)
 
 
+_CHUNK = 128  # pidfds held at once: far below RLIMIT_NOFILE's usual 1024
+
+
 def signal_leaf(leaf: Cgroup, sig: int) -> int:
     """Send ``sig`` to every process in ``leaf``; returns how many were signalled.
 
-    Never by bare pid: every listed pid is opened as a pidfd first, then the leaf is listed
-    again and only pidfds whose pid is still listed get the signal.  A pidfd holds the process
+    Never by bare pid: listed pids are opened as pidfds (a chunk at a time), the leaf is listed
+    again, and only pidfds whose pid is still listed get the signal.  A pidfd holds the process
     it was opened on: if that process died and its pid went to someone else in the meantime,
     the send reaches the dead one (a no-op), never the newcomer.  Anything that arrives in the
     leaf meanwhile is caught by the next pass or by cgroup.kill.
     """
-    fds: dict[int, int] = {}
-    try:
-        for pid in leaf.procs():
-            try:
-                fds[pid] = os.pidfd_open(pid)
-            except ProcessLookupError:
-                continue
-        still = set(leaf.procs())
-        sent = 0
-        for pid, pidfd in fds.items():
-            if pid in still:
+    pids = leaf.procs()
+    sent = 0
+    for start in range(0, len(pids), _CHUNK):
+        fds: dict[int, int] = {}
+        try:
+            for pid in pids[start:start + _CHUNK]:
                 try:
-                    signal.pidfd_send_signal(pidfd, sig)
-                    sent += 1
+                    fds[pid] = os.pidfd_open(pid)
                 except ProcessLookupError:
-                    pass
-        return sent
-    finally:
-        for pidfd in fds.values():
-            os.close(pidfd)
+                    continue
+            still = set(leaf.procs())
+            for pid, pidfd in fds.items():
+                if pid in still:
+                    try:
+                        signal.pidfd_send_signal(pidfd, sig)
+                        sent += 1
+                    except ProcessLookupError:
+                        pass
+        finally:
+            for pidfd in fds.values():
+                os.close(pidfd)
+    return sent

@@ -31,6 +31,7 @@ import trio
 
 from cgroupfs import Cgroup, CgroupError, CgroupStats
 
+from ._errors import InternalError
 from ._output import StreamCapture, enlarge_pipe, pump
 from ._result import (
     Cleanup,
@@ -149,11 +150,18 @@ class TaskHandle:
         if trio.current_effective_deadline() == -math.inf:
             # called in an already cancelled scope: the stop comes before the spawn
             self._request(StopReason.CANCEL)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._cancel_to_stop)
-            with trio.CancelScope(shield=True):
-                result = await self._life(task_status, slot)
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._cancel_to_stop)
+                with trio.CancelScope(shield=True):
+                    result = await self._life(task_status, slot)
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # this nursery is ours, not the caller's: hand them our error, not our group
+            internal, _ = group.split(InternalError)
+            if internal is not None:
+                raise _first(internal) from None
+            raise
         return result
 
     async def _cancel_to_stop(self) -> None:
@@ -239,9 +247,31 @@ class TaskHandle:
         task_status.started(self)
         try:
             return await self._supervise(leaf, spawned, pipes, t0, started_at)
+        except Exception as group:
+            cause = _first(group)
+            # A bug or an OS failure nobody planned for: the task still ends with its one
+            # record, and nothing it started is left running.
+            log.exception("task %s: supervising failed", self.id)
+            cleanup = self._kill_and_remove(leaf, f"supervision failed: {cause!r}")
+            if self._result is None:
+                self._record(Outcome.LOST, started=True, error=cause, step="supervise",
+                             cleanup=cleanup, started_at=started_at,
+                             notes=["corral hit an internal error while supervising this task"])
+            raise InternalError(f"task {self.id}: supervising failed: {cause!r}") from group
         finally:
             trio.lowlevel.notify_closing(spawned.pidfd)
             os.close(spawned.pidfd)
+
+    def _kill_and_remove(self, leaf: Cgroup, why: str) -> Cleanup:
+        problems = [why]
+        try:
+            if leaf.is_populated():
+                leaf.kill()
+                if not leaf.wait_unpopulated(KILL_TIMEOUT):
+                    problems.append("the leaf did not empty after cgroup.kill")
+        except CgroupError as e:
+            problems.append(str(e))
+        return self._remove_leaf(leaf, problems=problems)
 
     def _spawn(self, leaf: Cgroup, fds: list[int]) -> tuple[Spawned, dict[str, int]]:
         spec = self.spec
@@ -446,7 +476,6 @@ class TaskHandle:
                 error: BaseException | None = None, step: str | None = None,
                 containment: Containment | None = None) -> TaskResult:
         if self._result is not None:
-            from ._errors import InternalError
             raise InternalError(f"task {self.id} was about to get a second final record")
         empty = StreamCapture(0, 0).result()
         result = TaskResult(
@@ -469,6 +498,13 @@ class TaskHandle:
         self._done.set()
         self._sup._recorded(result)
         return result
+
+
+def _first(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (or the exception itself)."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 async def _wait_exit(pidfd: int) -> os.waitid_result:

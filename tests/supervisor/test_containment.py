@@ -13,6 +13,7 @@ from sup_util import HANG, alive, wait_for
 
 import cgroupfs
 import supervisor
+from supervisor._output import SUBSCRIBER_BUFFER
 from supervisor._spawn import spawn
 from supervisor._watch import CgroupWatcher
 
@@ -117,13 +118,15 @@ async def test_a_pipe_held_outside_the_leaf_does_not_hold_the_result(
 
 async def test_a_slow_subscriber_never_grows_memory(sup: supervisor.Supervisor) -> None:
     async with trio.open_nursery() as n:
-        task = await n.start(sup.start, ["head", "-c", str(64 << 20), "/dev/zero"])
+        # twice what the subscriber's buffer can hold even in the largest chunks
+        size = 2 * SUBSCRIBER_BUFFER << 20
+        task = await n.start(sup.start, ["head", "-c", str(size), "/dev/zero"])
         stream = task.subscribe("stdout")  # never read until the end
         r = await task.wait()
         buffered = 0
         async for chunk in stream:
             buffered += len(chunk)
-    assert r.output_stdout.total == 64 << 20
-    assert buffered <= 64 * (1 << 20)  # at most SUBSCRIBER_BUFFER chunks of <= 1 MiB
+    assert r.output_stdout.total == size
+    assert buffered <= SUBSCRIBER_BUFFER << 20  # at most that many chunks of <= 1 MiB
     sub = task._captures["stdout"].subscribers[0]
-    assert sub.missed + buffered == 64 << 20 and sub.missed > 0
+    assert sub.missed + buffered == size and sub.missed > 0

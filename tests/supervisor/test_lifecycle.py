@@ -302,3 +302,19 @@ async def test_ceiling_below_default_is_refused_at_open(test_cgroup: object) -> 
                                               max_time_limit="5min"):
             pass
     assert test_cgroup.children() == []
+
+
+async def test_an_internal_failure_still_gives_one_record_and_kills_the_leaf(
+        sup: supervisor.Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    import supervisor._task as task_module
+
+    async def broken_wait_exit(pidfd: int) -> os.waitid_result:
+        raise RuntimeError("simulated bug in the supervisor")
+
+    monkeypatch.setattr(task_module, "_wait_exit", broken_wait_exit)  # the one seam
+    with pytest.raises(supervisor.InternalError, match="simulated bug"):
+        await sup.run(["sleep", "60"])
+    r = next(reversed(sup.results.values()))
+    assert r.outcome == "lost" and r.started and "simulated bug" in (r.error or "")
+    assert r.cleanup == "incomplete" and "supervision failed" in (r.cleanup.detail or "")
+    assert r.containment.cgroup is None or not os.path.exists(r.containment.cgroup)

@@ -1,0 +1,383 @@
+"""Ask systemd for a delegated scope holding the supervisor, over D-Bus (jeepney, trio).
+
+On a systemd host the cgroup tree is systemd's: a process may only make cgroups below one that
+systemd delegated.  When the supervisor is not already in such a unit, it asks for one: a
+transient scope unit with ``Delegate=yes`` around its own pid (DESIGN.md, root discovery).  One
+scope per supervisor, never one unit per task: a unit costs milliseconds and systemd chokes on
+per-task units under churn.  Below the scope the supervisor makes ``supervisor/`` and
+``tasks/`` itself.
+
+    info = await create_delegated_scope(os.getpid())
+    info.unit    # "corral-4242-1a2b3c.scope"
+    info.cgroup  # "/sys/fs/cgroup/system.slice/corral-4242-1a2b3c.scope"
+
+Which bus (``bus="auto"`` takes the first that exists): as root, systemd's private socket
+``/run/systemd/private`` (no bus daemon involved; it is not a bus, so no ``Hello``); then the
+system bus; for other users, their user manager (``$XDG_RUNTIME_DIR/systemd/private``, else
+the session bus).  ``"private"``, ``"system"``, ``"user"`` or an absolute socket path of a
+manager's private socket choose explicitly.
+
+The end of a scope: there is no stop call.  A scope is active while its cgroup *subtree* holds
+a process; when the last one exits it turns inactive and, with ``CollectMode=
+inactive-or-failed``, is unloaded at once.  systemd then removes the scope's cgroup together
+with the empty sub-cgroups we made below it (delegation hands over their contents, not the
+duty to tidy up), so an orderly exit leaves nothing behind.  A sub-cgroup still holding a
+process keeps the scope active: kill tasks before exiting, as the supervisor always does.
+
+Cancellation: the whole exchange runs under one ``fail_after(timeout)`` and the connection is
+always closed.  Cancelled after StartTransientUnit went out, the scope may exist and hold the
+pid; it then ends with the process like any other.
+
+Errors: ``SystemdError`` (bus path, unit, D-Bus error name and text, and the fix).  A malformed
+unit name is a ``ValueError`` raised before any I/O.  Message building is pure (the functions
+below ``# -- messages``); the I/O is the thin ``_Client`` adapter.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import trio
+from jeepney import (  # type: ignore[import-untyped]
+    DBusAddress,
+    HeaderFields,
+    Message,
+    MessageType,
+    new_method_call,
+)
+from jeepney.auth import BEGIN, AuthenticationError, Authenticator  # type: ignore[import-untyped]
+from jeepney.bus import get_connectable_addresses  # type: ignore[import-untyped]
+from jeepney.bus_messages import MatchRule, message_bus  # type: ignore[import-untyped]
+from jeepney.io.trio import DBusConnection  # type: ignore[import-untyped]
+
+import cgroupfs
+
+__all__ = ["ScopeInfo", "SystemdError", "create_delegated_scope", "probe", "systemd_running"]
+
+PRIVATE_SOCKET = "/run/systemd/private"
+SYSTEM_BUS_SOCKET = "/run/dbus/system_bus_socket"
+SYSTEMD = "org.freedesktop.systemd1"
+MANAGER = DBusAddress("/org/freedesktop/systemd1", bus_name=SYSTEMD,
+                      interface="org.freedesktop.systemd1.Manager")
+_PROPERTIES = DBusAddress(MANAGER.object_path, bus_name=SYSTEMD,
+                          interface="org.freedesktop.DBus.Properties")
+# systemd < 255 answers an unknown property with PropertyReadOnly ("...or unknown property").
+_NO_SUCH_PROPERTY = ("org.freedesktop.DBus.Error.UnknownProperty",
+                     "org.freedesktop.DBus.Error.PropertyReadOnly")
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,249}\.scope")
+
+
+class SystemdError(Exception):
+    """systemd could not be reached, refused the scope, or failed to start it."""
+
+    def __init__(self, message: str, *, socket: str | None = None, unit: str | None = None,
+                 dbus_name: str | None = None) -> None:
+        super().__init__(message)
+        self.socket, self.unit, self.dbus_name = socket, unit, dbus_name
+
+
+@dataclass(frozen=True)
+class ScopeInfo:
+    """The scope systemd made: its unit name, its cgroup directory, and how we asked."""
+
+    unit: str
+    cgroup: str  # filesystem path, e.g. /sys/fs/cgroup/system.slice/<unit>
+    bus: str  # "private", "system", "user" or "session"
+    socket: str  # the socket we talked to
+    pids_property: Literal["PIDFDs", "PIDs"]  # PIDFDs needs systemd >= 255
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    kind: str  # private | system | user | session
+    path: str  # socket path ("\0..." for an abstract one)
+    direct: bool  # a manager's private socket: no bus daemon, no Hello, no AddMatch
+
+
+def systemd_running() -> bool:
+    """Whether systemd is the init system here (sd_booted's test)."""
+    return os.path.isdir("/run/systemd/system")
+
+
+def resolve_bus(bus: str = "auto") -> Endpoint:
+    """Which socket ``bus`` means here; ``SystemdError`` when nothing usable exists."""
+    if bus.startswith("/"):
+        return Endpoint("private", bus, True)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    system = _first_address(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS"), SYSTEM_BUS_SOCKET)
+    user_private = os.path.join(runtime, "systemd/private") if runtime else None
+    session = _first_address(os.environ.get("DBUS_SESSION_BUS_ADDRESS"),
+                             os.path.join(runtime, "bus") if runtime else None)
+    candidates = {
+        "private": [Endpoint("private", PRIVATE_SOCKET, True)],
+        "system": [Endpoint("system", system, False)] if system else [],
+        "user": ([Endpoint("user", user_private, True)] if user_private else [])
+        + ([Endpoint("session", session, False)] if session else []),
+    }
+    if bus in candidates:
+        found = candidates[bus]
+        tried = [e.path for e in found]
+        found = [e for e in found if _exists(e.path)] or found[-1:]  # the error names the path
+    elif bus == "auto":
+        order = ["private", "system"] if os.geteuid() == 0 else ["user", "system"]
+        everything = [e for k in order for e in candidates[k]]
+        tried = [e.path for e in everything]
+        found = [e for e in everything if _exists(e.path)]
+    else:
+        raise ValueError(f'bus must be "auto", "private", "system", "user" or an absolute '
+                         f"socket path, got {bus!r}")
+    if not found:
+        where = ", ".join(tried) if tried else "nothing, XDG_RUNTIME_DIR is unset"
+        raise SystemdError(
+            f"no systemd reachable over D-Bus (bus {bus!r}; tried {where}); fix: run on a host "
+            "booted with systemd, as root or in a user session with a systemd user manager, or "
+            "pass --cgroup-root PATH", socket=tried[0] if tried else None)
+    return found[0]
+
+
+def _first_address(address: str | None, default: str | None) -> str | None:
+    if address:
+        try:
+            return str(next(get_connectable_addresses(address)))
+        except (RuntimeError, ValueError, StopIteration):
+            return None
+    return default
+
+
+def _exists(path: str) -> bool:
+    return path.startswith("\0") or os.path.exists(path)
+
+
+# -- messages (pure) ----------------------------------------------------------------------------
+
+def default_unit_name(pid: int) -> str:
+    return f"corral-{pid}-{secrets.token_hex(3)}.scope"
+
+
+def scope_properties(pid: int, *, description: str, pidfd: int | None) -> list[tuple[str, Any]]:
+    """StartTransientUnit's ``a(sv)``: with ``pidfd`` the PIDFDs form, else PIDs."""
+    props: list[tuple[str, Any]] = [
+        ("Description", ("s", description)),
+        ("Delegate", ("b", True)),
+        ("CollectMode", ("s", "inactive-or-failed")),
+    ]
+    props.append(("PIDFDs", ("ah", [pidfd])) if pidfd is not None else ("PIDs", ("au", [pid])))
+    return props
+
+
+def start_transient_unit(unit: str, properties: list[tuple[str, Any]]) -> Message:
+    return new_method_call(MANAGER, "StartTransientUnit", "ssa(sv)a(sa(sv))",
+                           (unit, "fail", properties, []))
+
+
+def get_manager_property(name: str) -> Message:
+    return new_method_call(_PROPERTIES, "Get", "ss", (MANAGER.interface, name))
+
+
+def job_removed_rule() -> MatchRule:
+    return MatchRule(type="signal", sender=SYSTEMD, interface=MANAGER.interface,
+                     member="JobRemoved", path=MANAGER.object_path)
+
+
+def parse_job_removed(msg: Message) -> tuple[str, str] | None:
+    """``(job path, result)`` of a JobRemoved signal (``uoss``: id, job, unit, result)."""
+    fields = msg.header.fields
+    if (msg.header.message_type is MessageType.signal
+            and fields.get(HeaderFields.member) == "JobRemoved"
+            and fields.get(HeaderFields.interface) == MANAGER.interface):
+        return str(msg.body[1]), str(msg.body[3])
+    return None
+
+
+def parse_error(msg: Message) -> tuple[str, str] | None:
+    if msg.header.message_type is not MessageType.error:
+        return None
+    text = msg.body[0] if msg.body and isinstance(msg.body[0], str) else ""
+    return str(msg.header.fields.get(HeaderFields.error_name)), text
+
+
+_CONNECT_FIX = {
+    "private": "run as root on a host booted with systemd (/run/systemd/system exists)",
+    "system": "start the system bus (systemctl start dbus), or use bus='private' as root",
+    "user": "log in through a session with a systemd user manager (loginctl enable-linger USER)",
+}
+
+
+def _fix_for(dbus_name: str, unit: str) -> str:
+    if dbus_name.endswith(("AccessDenied", "InteractiveAuthorizationRequired")):
+        return "run as root, or as a user with a systemd user manager (bus='user')"
+    if dbus_name.endswith("UnitExists"):
+        return "choose another unit name, or leave name unset for a unique one"
+    return f"see 'journalctl -u {unit}' and 'systemctl status {unit}'"
+
+
+# -- I/O ----------------------------------------------------------------------------------------
+
+class _Client:
+    """One D-Bus connection, used sequentially: a call, then waiting for its job."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.conn: Any = None
+        self.step = "connecting"
+        self._removed: dict[str, str] = {}  # JobRemoved seen while waiting for replies
+
+    def error(self, what: str, **kw: Any) -> SystemdError:
+        return SystemdError(f"systemd at {self.endpoint.path} ({self.endpoint.kind} bus): {what}",
+                            socket=self.endpoint.path, **kw)
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[_Client]:
+        """Connect, authenticate; on a bus also Hello and the JobRemoved match.  Closes at exit."""
+        kind, path = self.endpoint.kind, self.endpoint.path
+        fix = _CONNECT_FIX.get(kind, _CONNECT_FIX["user"])
+        try:
+            sock = await trio.open_unix_socket(path)
+        except OSError as e:
+            raise SystemdError(f"cannot connect to systemd at {path} ({kind} bus): "
+                               f"{e.strerror or e}; fix: {fix}, or pass --cgroup-root PATH",
+                               socket=path) from e
+        async with DBusConnection(sock.socket, enable_fds=True) as self.conn:
+            self.step = "authenticating (SASL EXTERNAL)"
+            auth = Authenticator(enable_fds=True)  # sends the leading NUL byte itself
+            try:
+                for line in auth:
+                    await sock.send_all(line)
+                    if not (data := await sock.receive_some()):
+                        raise self.error("closed the connection during authentication")
+                    auth.feed(data)
+                await sock.send_all(BEGIN)
+            except (AuthenticationError, trio.BrokenResourceError) as e:
+                raise self.error(f"authentication failed: {e}; fix: {fix}") from e
+            if not self.endpoint.direct:
+                # A manager's private socket sends every signal to every peer, unasked; a bus
+                # daemon wants a Hello first and delivers signals only to matching peers.
+                self.step = "saying Hello to the bus"
+                await self.checked(message_bus.Hello(), "Hello")
+                self.step = "adding the JobRemoved match"
+                await self.checked(message_bus.AddMatch(job_removed_rule()), "AddMatch")
+            yield self
+
+    async def _receive(self) -> Message:
+        try:
+            msg = await self.conn.receive()
+        except (trio.EndOfChannel, trio.BrokenResourceError) as e:
+            raise self.error(f"connection lost while {self.step} ({e or 'end of stream'})") from e
+        if (removed := parse_job_removed(msg)) is not None:
+            self._removed[removed[0]] = removed[1]
+        return msg
+
+    async def call(self, msg: Message) -> Message:
+        serial = next(self.conn.outgoing_serial)
+        try:
+            await self.conn.send(msg, serial=serial)
+        except trio.BrokenResourceError as e:
+            raise self.error(f"connection lost while {self.step} ({e})") from e
+        while True:
+            reply = await self._receive()
+            if reply.header.fields.get(HeaderFields.reply_serial) == serial:
+                return reply
+
+    async def checked(self, msg: Message, what: str, unit: str | None = None) -> Message:
+        """``call``, turning an error reply into ``SystemdError``."""
+        reply = await self.call(msg)
+        if (err := parse_error(reply)) is not None:
+            name, text = err
+            raise self.error(f"{what} failed: {name}: {text}; fix: {_fix_for(name, unit or '')}",
+                             unit=unit, dbus_name=name)
+        return reply
+
+    async def wait_job(self, job: str) -> str:
+        while job not in self._removed:
+            await self._receive()
+        return self._removed.pop(job)
+
+
+async def create_delegated_scope(
+    pid: int, *, name: str | None = None, description: str = "corral supervisor",
+    bus: str = "auto", timeout: float = 10.0,
+) -> ScopeInfo:
+    """Move ``pid`` into a new transient scope with ``Delegate=yes``; return where it now is.
+
+    Waits for the scope's start job to finish (``JobRemoved`` with result ``done``).  The match
+    for that signal is in place before StartTransientUnit goes out, and signals that arrive
+    before its reply are kept, so the job's end cannot be missed.
+    """
+    unit = name if name is not None else default_unit_name(pid)
+    if not _UNIT_NAME.fullmatch(unit):
+        raise ValueError(f"scope name must be up to 255 characters of [A-Za-z0-9:_.\\@-] "
+                         f"ending in '.scope', like 'corral-1.scope', got {unit!r}")
+    endpoint = resolve_bus(bus)
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise ValueError(f"pid {pid} names no running process; pass a live pid") from None
+    except OSError:  # no pidfd_open (kernel < 5.3): systemd gets the plain pid
+        pidfd = None
+    client = _Client(endpoint)
+    try:
+        with trio.fail_after(timeout):
+            async with client.connect():
+                job, used = await _start_scope(client, unit, pid, description, pidfd)
+                client.step = f"waiting for job {job} (starting {unit})"
+                result = await client.wait_job(job)
+    except trio.TooSlowError:
+        raise SystemdError(
+            f"no answer from systemd at {endpoint.path} ({endpoint.kind} bus) within {timeout}s "
+            f"while {client.step}; fix: check that systemd is responsive ('systemctl "
+            "is-system-running') or raise the timeout", socket=endpoint.path, unit=unit) from None
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    if result != "done":
+        raise SystemdError(
+            f"systemd at {endpoint.path} could not start {unit}: job result '{result}'; fix: see "
+            f"'journalctl -u {unit}'", socket=endpoint.path, unit=unit)
+    try:
+        cgroup = cgroupfs.own_cgroup(pid)
+    except (cgroupfs.NoCgroup2Error, ProcessLookupError) as e:
+        raise SystemdError(f"{unit} started, but the cgroup of process {pid} cannot be found: {e}",
+                           socket=endpoint.path, unit=unit) from e
+    if os.path.basename(cgroup) != unit:
+        raise SystemdError(
+            f"{unit} started, but process {pid} is in {cgroup}, not in the scope: did it move "
+            "itself meanwhile?", socket=endpoint.path, unit=unit)
+    return ScopeInfo(unit, cgroup, endpoint.kind, endpoint.path, used)
+
+
+async def _start_scope(
+    client: _Client, unit: str, pid: int, description: str, pidfd: int | None,
+) -> tuple[str, Literal["PIDFDs", "PIDs"]]:
+    """StartTransientUnit with PIDFDs (systemd >= 255), again with PIDs if it is unknown."""
+    client.step = f"asking for {unit} (StartTransientUnit)"
+    what = f"StartTransientUnit({unit})"
+    if pidfd is not None:
+        props = scope_properties(pid, description=description, pidfd=pidfd)
+        reply = await client.call(start_transient_unit(unit, props))
+        if (err := parse_error(reply)) is None:
+            return str(reply.body[0]), "PIDFDs"
+        if err[0] not in _NO_SUCH_PROPERTY:
+            raise client.error(f"{what} failed: {err[0]}: {err[1]}; fix: {_fix_for(err[0], unit)}",
+                               unit=unit, dbus_name=err[0])
+    props = scope_properties(pid, description=description, pidfd=None)
+    reply = await client.checked(start_transient_unit(unit, props), what, unit)
+    return str(reply.body[0]), "PIDs"
+
+
+async def probe(bus: str = "auto", *, timeout: float = 2.0) -> str | None:
+    """systemd's version (Manager.Version, e.g. ``"252.38-1~deb12u1"``), or None if unreachable."""
+    try:
+        client = _Client(resolve_bus(bus))
+        with trio.fail_after(timeout):
+            async with client.connect():
+                client.step = "reading Manager.Version"
+                reply = await client.checked(get_manager_property("Version"), "Get Version")
+    except (SystemdError, trio.TooSlowError):
+        return None
+    return str(reply.body[0][1])
