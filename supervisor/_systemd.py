@@ -1,36 +1,29 @@
 """Ask systemd for a delegated scope holding the supervisor, over D-Bus (jeepney, trio).
 
-On a systemd host the cgroup tree is systemd's: a process may only make cgroups below one that
-systemd delegated.  When the supervisor is not already in such a unit, it asks for one: a
-transient scope unit with ``Delegate=yes`` around its own pid (DESIGN.md, root discovery).  One
-scope per supervisor, never one unit per task: a unit costs milliseconds and systemd chokes on
-per-task units under churn.  Below the scope the supervisor makes ``supervisor/`` and
-``tasks/`` itself.
+On a systemd host the cgroup tree is systemd's; a process may only make cgroups in one that
+systemd delegated.  A supervisor not already in such a unit asks for a transient scope with
+``Delegate=yes`` around its own pid, and makes ``supervisor/`` and ``tasks/`` below it itself
+(DESIGN.md, root discovery).  One scope per supervisor, never one unit per task.
 
     info = await create_delegated_scope(os.getpid())
     info.unit    # "corral-4242-1a2b3c.scope"
     info.cgroup  # "/sys/fs/cgroup/system.slice/corral-4242-1a2b3c.scope"
 
-Which bus (``bus="auto"`` takes the first that exists): as root, systemd's private socket
-``/run/systemd/private`` (no bus daemon involved; it is not a bus, so no ``Hello``); then the
-system bus; for other users, their user manager (``$XDG_RUNTIME_DIR/systemd/private``, else
-the session bus).  ``"private"``, ``"system"``, ``"user"`` or an absolute socket path of a
-manager's private socket choose explicitly.
+Which bus (``"auto"``: the first that exists): as root, the manager's private socket
+``/run/systemd/private`` (no bus daemon: no Hello, no AddMatch), then the system bus; other
+users, their user manager's private socket, then the session bus, then the system bus.
+``"private"``, ``"system"``, ``"user"`` or a private socket's path choose explicitly.
 
-The end of a scope: there is no stop call.  A scope is active while its cgroup *subtree* holds
-a process; when the last one exits it turns inactive and, with ``CollectMode=
-inactive-or-failed``, is unloaded at once.  systemd then removes the scope's cgroup together
-with the empty sub-cgroups we made below it (delegation hands over their contents, not the
-duty to tidy up), so an orderly exit leaves nothing behind.  A sub-cgroup still holding a
-process keeps the scope active: kill tasks before exiting, as the supervisor always does.
+No stop call: a scope is active while its cgroup *subtree* holds a process.  When the last one
+exits, the scope goes inactive, is unloaded (``CollectMode=inactive-or-failed``) and systemd
+removes its cgroup together with the empty sub-cgroups we made.  A process left in a sub-cgroup
+keeps the scope alive: the supervisor kills its tasks before it exits.
 
-Cancellation: the whole exchange runs under one ``fail_after(timeout)`` and the connection is
-always closed.  Cancelled after StartTransientUnit went out, the scope may exist and hold the
-pid; it then ends with the process like any other.
-
-Errors: ``SystemdError`` (bus path, unit, D-Bus error name and text, and the fix).  A malformed
-unit name is a ``ValueError`` raised before any I/O.  Message building is pure (the functions
-below ``# -- messages``); the I/O is the thin ``_Client`` adapter.
+Cancellation: one ``fail_after(timeout)`` covers the exchange; the connection is always closed.
+Cancelled once StartTransientUnit went out, the scope may exist and hold the pid; it then ends
+with the process like any other.  Errors: ``SystemdError`` names the socket, the unit, the D-Bus
+error and the fix; bad arguments are ``ValueError`` before any I/O.  Messages are built by pure
+functions (``# -- messages``); ``_Client`` is the thin I/O adapter.
 """
 
 from __future__ import annotations
@@ -51,7 +44,11 @@ from jeepney import (  # type: ignore[import-untyped]
     MessageType,
     new_method_call,
 )
-from jeepney.auth import BEGIN, AuthenticationError, Authenticator  # type: ignore[import-untyped]
+from jeepney.auth import (  # type: ignore[import-untyped]
+    BEGIN,
+    NEGOTIATE_UNIX_FD,
+    make_auth_external,
+)
 from jeepney.bus import get_connectable_addresses  # type: ignore[import-untyped]
 from jeepney.bus_messages import MatchRule, message_bus  # type: ignore[import-untyped]
 from jeepney.io.trio import DBusConnection  # type: ignore[import-untyped]
@@ -65,8 +62,6 @@ SYSTEM_BUS_SOCKET = "/run/dbus/system_bus_socket"
 SYSTEMD = "org.freedesktop.systemd1"
 MANAGER = DBusAddress("/org/freedesktop/systemd1", bus_name=SYSTEMD,
                       interface="org.freedesktop.systemd1.Manager")
-_PROPERTIES = DBusAddress(MANAGER.object_path, bus_name=SYSTEMD,
-                          interface="org.freedesktop.DBus.Properties")
 # systemd < 255 answers an unknown property with PropertyReadOnly ("...or unknown property").
 _NO_SUCH_PROPERTY = ("org.freedesktop.DBus.Error.UnknownProperty",
                      "org.freedesktop.DBus.Error.PropertyReadOnly")
@@ -106,59 +101,49 @@ def systemd_running() -> bool:
 
 
 def resolve_bus(bus: str = "auto") -> Endpoint:
-    """Which socket ``bus`` means here; ``SystemdError`` when nothing usable exists."""
+    """The socket ``bus`` means here; ``SystemdError`` when nothing usable exists."""
     if bus.startswith("/"):
         return Endpoint("private", bus, True)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    system = _first_address(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS"), SYSTEM_BUS_SOCKET)
-    user_private = os.path.join(runtime, "systemd/private") if runtime else None
-    session = _first_address(os.environ.get("DBUS_SESSION_BUS_ADDRESS"),
-                             os.path.join(runtime, "bus") if runtime else None)
-    candidates = {
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    options = {
         "private": [Endpoint("private", PRIVATE_SOCKET, True)],
-        "system": [Endpoint("system", system, False)] if system else [],
-        "user": ([Endpoint("user", user_private, True)] if user_private else [])
-        + ([Endpoint("session", session, False)] if session else []),
+        "system": [Endpoint("system", _address("DBUS_SYSTEM_BUS_ADDRESS", SYSTEM_BUS_SOCKET),
+                            False)],
+        "user": [Endpoint("user", f"{run}/systemd/private", True),
+                 Endpoint("session", _address("DBUS_SESSION_BUS_ADDRESS", f"{run}/bus"), False)]
+        if run else [],
     }
-    if bus in candidates:
-        found = candidates[bus]
-        tried = [e.path for e in found]
-        found = [e for e in found if _exists(e.path)] or found[-1:]  # the error names the path
-    elif bus == "auto":
-        order = ["private", "system"] if os.geteuid() == 0 else ["user", "system"]
-        everything = [e for k in order for e in candidates[k]]
-        tried = [e.path for e in everything]
-        found = [e for e in everything if _exists(e.path)]
+    if bus == "auto":
+        tried = options["private" if os.geteuid() == 0 else "user"] + options["system"]
+    elif bus in options:
+        tried = options[bus]
     else:
         raise ValueError(f'bus must be "auto", "private", "system", "user" or an absolute '
                          f"socket path, got {bus!r}")
-    if not found:
-        where = ", ".join(tried) if tried else "nothing, XDG_RUNTIME_DIR is unset"
-        raise SystemdError(
-            f"no systemd reachable over D-Bus (bus {bus!r}; tried {where}); fix: run on a host "
-            "booted with systemd, as root or in a user session with a systemd user manager, or "
-            "pass --cgroup-root PATH", socket=tried[0] if tried else None)
-    return found[0]
+    for endpoint in tried:
+        if endpoint.path.startswith("\0") or os.path.exists(endpoint.path):
+            return endpoint
+    if bus != "auto" and tried:
+        return tried[-1]  # asked for explicitly: connecting names the missing socket and the fix
+    where = ", ".join(e.path for e in tried) or "nothing: XDG_RUNTIME_DIR is unset"
+    raise SystemdError(
+        f"no systemd reachable over D-Bus (bus {bus!r}; tried {where}); fix: run on a host booted "
+        "with systemd, as root or in a session with a systemd user manager, or pass "
+        "--cgroup-root PATH", socket=tried[0].path if tried else None)
 
 
-def _first_address(address: str | None, default: str | None) -> str | None:
-    if address:
-        try:
-            return str(next(get_connectable_addresses(address)))
-        except (RuntimeError, ValueError, StopIteration):
-            return None
-    return default
-
-
-def _exists(path: str) -> bool:
-    return path.startswith("\0") or os.path.exists(path)
+def _address(variable: str, default: str) -> str:
+    """The socket of a D-Bus address in ``variable`` (unparsable: the raw value), or default."""
+    value = os.environ.get(variable)
+    if not value:
+        return default
+    try:
+        return str(next(get_connectable_addresses(value)))
+    except (RuntimeError, ValueError):
+        return value
 
 
 # -- messages (pure) ----------------------------------------------------------------------------
-
-def default_unit_name(pid: int) -> str:
-    return f"corral-{pid}-{secrets.token_hex(3)}.scope"
-
 
 def scope_properties(pid: int, *, description: str, pidfd: int | None) -> list[tuple[str, Any]]:
     """StartTransientUnit's ``a(sv)``: with ``pidfd`` the PIDFDs form, else PIDs."""
@@ -177,7 +162,8 @@ def start_transient_unit(unit: str, properties: list[tuple[str, Any]]) -> Messag
 
 
 def get_manager_property(name: str) -> Message:
-    return new_method_call(_PROPERTIES, "Get", "ss", (MANAGER.interface, name))
+    properties = DBusAddress(MANAGER.object_path, SYSTEMD, "org.freedesktop.DBus.Properties")
+    return new_method_call(properties, "Get", "ss", (MANAGER.interface, name))
 
 
 def job_removed_rule() -> MatchRule:
@@ -245,16 +231,13 @@ class _Client:
                                socket=path) from e
         async with DBusConnection(sock.socket, enable_fds=True) as self.conn:
             self.step = "authenticating (SASL EXTERNAL)"
-            auth = Authenticator(enable_fds=True)  # sends the leading NUL byte itself
             try:
-                for line in auth:
-                    await sock.send_all(line)
-                    if not (data := await sock.receive_some()):
-                        raise self.error("closed the connection during authentication")
-                    auth.feed(data)
-                await sock.send_all(BEGIN)
-            except (AuthenticationError, trio.BrokenResourceError) as e:
-                raise self.error(f"authentication failed: {e}; fix: {fix}") from e
+                leftover = await _authenticate(sock)
+            except trio.BrokenResourceError as e:
+                raise self.error(f"connection lost while {self.step} ({e})") from e
+            if isinstance(leftover, str):
+                raise self.error(f"authentication failed: {leftover}; fix: {fix}")
+            self.conn.parser.add_data(leftover)
             if not self.endpoint.direct:
                 # A manager's private socket sends every signal to every peer, unasked; a bus
                 # daemon wants a Hello first and delivers signals only to matching peers.
@@ -299,6 +282,28 @@ class _Client:
         return self._removed.pop(job)
 
 
+async def _authenticate(sock: trio.SocketStream) -> bytes | str:
+    """SASL EXTERNAL with fd passing, pipelined as sd-bus does; what followed, or the refusal.
+
+    AUTH, NEGOTIATE_UNIX_FD and BEGIN go out in one write, before any reply.  Sent step by step
+    (jeepney's ``Authenticator``), BEGIN can reach sd-bus in one read with the first message;
+    if that message carries an fd (PIDFDs), sd-bus sees an fd "during authentication" and
+    drops the connection.
+    """
+    await sock.send_all(b"\0" + make_auth_external() + NEGOTIATE_UNIX_FD + BEGIN)
+    received = b""
+    while received.count(b"\r\n") < 2:
+        if len(received) > 4096 or not (data := await sock.receive_some(4096)):
+            return f"the server answered {received!r} and stopped"
+        received += data
+    ok, agree, rest = received.split(b"\r\n", 2)
+    if not ok.startswith(b"OK "):
+        return f"AUTH EXTERNAL (uid {os.geteuid()}) was answered {ok.decode(errors='replace')!r}"
+    if agree != b"AGREE_UNIX_FD":
+        return f"fd passing was refused: {agree.decode(errors='replace')!r}"
+    return rest
+
+
 async def create_delegated_scope(
     pid: int, *, name: str | None = None, description: str = "corral supervisor",
     bus: str = "auto", timeout: float = 10.0,
@@ -309,7 +314,7 @@ async def create_delegated_scope(
     for that signal is in place before StartTransientUnit goes out, and signals that arrive
     before its reply are kept, so the job's end cannot be missed.
     """
-    unit = name if name is not None else default_unit_name(pid)
+    unit = name if name is not None else f"corral-{pid}-{secrets.token_hex(3)}.scope"
     if not _UNIT_NAME.fullmatch(unit):
         raise ValueError(f"scope name must be up to 255 characters of [A-Za-z0-9:_.\\@-] "
                          f"ending in '.scope', like 'corral-1.scope', got {unit!r}")

@@ -1,0 +1,65 @@
+"""Stands in for ``corral serve`` under systemd/corral.service in the sandbox (stdlib only).
+
+Does what the daemon will do with its delegated cgroup: moves itself into ``supervisor/``,
+starts a task in ``tasks/t1``, says READY=1 over $NOTIFY_SOCKET. A second process in
+``tasks/t2`` is a stray it will deliberately leave behind. On SIGTERM it writes to STATUS
+whether its task was still alive when the stop began (KillMode=mixed: it must be, the stop is
+the daemon's to carry out), stops the task, and exits 0 with the stray still running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+STATUS = sys.argv[1]
+
+
+def _read(path: str) -> list[str]:
+    with open(path) as f:
+        return f.read().split()
+
+
+def main() -> None:
+    with open("/proc/self/cgroup") as f:
+        own = next(line[3:].strip() for line in f if line.startswith("0::"))
+    root = "/sys/fs/cgroup" + own
+    for sub in ("supervisor", "tasks", "tasks/t1", "tasks/t2"):
+        os.mkdir(os.path.join(root, sub))
+    with open(os.path.join(root, "supervisor", "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    procs = {}
+    for leaf in ("t1", "t2"):
+        path = os.path.join(root, "tasks", leaf)
+        procs[leaf] = subprocess.Popen(
+            ["sh", "-c", f"echo $$ > {path}/cgroup.procs && exec sleep 300"],
+            stdin=subprocess.DEVNULL, start_new_session=True)
+    for leaf, proc in procs.items():
+        while str(proc.pid) not in _read(os.path.join(root, "tasks", leaf, "cgroup.procs")):
+            time.sleep(0.01)
+
+    def on_term(signo: int, frame: object) -> None:
+        task = procs["t1"]
+        alive = task.poll() is None
+        task.terminate()
+        task.wait()
+        with open(STATUS, "w") as f:
+            json.dump({"task_alive_at_sigterm": alive, "root": root,
+                       "stray_alive_at_exit": procs["t2"].poll() is None}, f)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    address = os.environ["NOTIFY_SOCKET"]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(b"READY=1", "\0" + address[1:] if address.startswith("@") else address)
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    main()
