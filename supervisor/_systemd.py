@@ -37,21 +37,21 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import trio
-from jeepney import (  # type: ignore[import-untyped]
+from jeepney import (
     DBusAddress,
     HeaderFields,
     Message,
     MessageType,
     new_method_call,
 )
-from jeepney.auth import (  # type: ignore[import-untyped]
+from jeepney.auth import (
     BEGIN,
     NEGOTIATE_UNIX_FD,
     make_auth_external,
 )
-from jeepney.bus import get_connectable_addresses  # type: ignore[import-untyped]
-from jeepney.bus_messages import MatchRule, message_bus  # type: ignore[import-untyped]
-from jeepney.io.trio import DBusConnection  # type: ignore[import-untyped]
+from jeepney.bus import get_connectable_addresses
+from jeepney.bus_messages import MatchRule, message_bus
+from jeepney.io.trio import DBusConnection
 
 import cgroupfs
 
