@@ -14,6 +14,8 @@ import platform
 import sys
 from typing import Any
 
+import trio
+
 from cgroupfs import (
     CgroupError,
     NoCgroup2Error,
@@ -24,7 +26,7 @@ from cgroupfs import (
 )
 
 from ._errors import PlacementError
-from ._placement import place
+from ._placement import place_async
 from ._spawn import SpawnError, spawn
 
 __all__ = ["collect", "run_check"]
@@ -89,7 +91,7 @@ def collect(cgroup_root: str | None = None) -> dict[str, Any]:
     report["systemd"] = _systemd_report()
     if not problems:
         try:
-            placement = place(cgroup_root)
+            placement = trio.run(place_async, cgroup_root)
         except (PlacementError, CgroupError) as e:
             problems.append(str(e))
         else:
@@ -114,7 +116,15 @@ def collect(cgroup_root: str | None = None) -> dict[str, Any]:
 
 def _systemd_report() -> dict[str, Any]:
     running = os.path.isdir("/run/systemd/system")  # what sd_booted() checks
-    return {"running": running}
+    report: dict[str, Any] = {"running": running}
+    if running:
+        from ._systemd import probe
+
+        version = trio.run(probe)
+        report["reachable"] = version is not None
+        if version is not None:
+            report["version"] = version
+    return report
 
 
 def run_check(*, json_output: bool, cgroup_root: str | None) -> int:

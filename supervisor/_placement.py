@@ -34,7 +34,7 @@ from cgroupfs import (
 
 from ._errors import PlacementError, SpecError
 
-__all__ = ["Placement", "check_limits", "place", "planned_controllers"]
+__all__ = ["Placement", "check_limits", "place", "place_async", "planned_controllers"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ class _Choice:
     create_instance: bool
     move_self: bool
     enable_in_parent: bool = False  # the parent is the real root: we may enable its controllers
+    via_systemd: bool = False  # ask systemd for a delegated scope holding us: it is the root
 
 
 def _choose(cgroup_root: str | None) -> _Choice:
@@ -127,6 +128,9 @@ def _choose(cgroup_root: str | None) -> _Choice:
         how = "host root cgroup" if is_real_root else "cgroup namespace root"
         return _Choice(how, own, True, False, enable_in_parent=is_real_root)
     tried.append(f"our cgroup {own} is neither the hierarchy's root nor writable")
+    if _systemd_running():
+        return _Choice("systemd scope", mount.mount_point, False, True, via_systemd=True)
+    tried.append("systemd is not running here (no /run/systemd/system)")
     if os.geteuid() == 0 and os.access(os.path.join(mount.mount_point, "cgroup.procs"), os.W_OK):
         return _Choice("writable cgroup2 mount", mount.mount_point, True, False)
     tried.append(f"the cgroup2 mount {mount.mount_point} is not writable by uid {os.geteuid()}")
@@ -136,9 +140,44 @@ def _choose(cgroup_root: str | None) -> _Choice:
         "root, or give --cgroup-root a delegated cgroup")
 
 
-def place(cgroup_root: str | None) -> Placement:
-    """Find and prepare the root; raises PlacementError saying what was found and what to do."""
+def _systemd_running() -> bool:
+    return os.path.isdir("/run/systemd/system")  # sd_booted()'s test
+
+
+async def place_async(cgroup_root: str | None) -> Placement:
+    """:func:`place`, including the one asynchronous way: a delegated systemd scope.
+
+    On a systemd host where we are not delegated already, systemd makes a transient scope with
+    ``Delegate=yes`` holding our own process (one per supervisor, never one per task), and that
+    scope is the root.  systemd removes it once our process has exited.
+    """
+    import trio
+
     choice = _choose(cgroup_root)
+    if choice.via_systemd:
+        from ._systemd import SystemdError, create_delegated_scope
+
+        try:
+            scope = await create_delegated_scope(os.getpid())
+        except SystemdError as e:
+            raise PlacementError(f"systemd runs here but gave no delegated scope: {e}; or give "
+                                 f"--cgroup-root a cgroup delegated to us") from e
+        choice = _Choice(f"systemd scope {scope.unit}", scope.cgroup, False, True)
+    return await trio.to_thread.run_sync(_place_choice, choice)
+
+
+def place(cgroup_root: str | None) -> Placement:
+    """Find and prepare the root; raises PlacementError saying what was found and what to do.
+
+    Synchronous: where the root would be a systemd scope, use :func:`place_async`.
+    """
+    choice = _choose(cgroup_root)
+    if choice.via_systemd:
+        raise PlacementError("the root here is a systemd scope, which needs place_async()")
+    return _place_choice(choice)
+
+
+def _place_choice(choice: _Choice) -> Placement:
     if not choice.create_instance:
         return _prepare(Cgroup.open(choice.path), choice.how, created=False,
                         move_self=choice.move_self)
@@ -168,6 +207,9 @@ def planned_controllers(cgroup_root: str | None) -> tuple[frozenset[str], str]:
     an existing root can enable what it is offered (its cgroup.controllers).
     """
     choice = _choose(cgroup_root)
+    # a fresh root below a parent gets what the parent enables for children; the real root
+    # and an existing root can enable what they are offered; systemd enables for a delegated
+    # unit, down the tree, whatever the hierarchy's root offers
     name = ("cgroup.subtree_control" if choice.create_instance and not choice.enable_in_parent
             else "cgroup.controllers")
     try:

@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from ._errors import ConfigError, SpecError, SupervisorError
-from ._placement import Placement, check_limits, place
+from ._placement import Placement, check_limits, place_async
 from ._result import StopReason, TaskResult
 from ._spec import DEFAULT_GRACE, TaskSpec
 from ._task import QueueSlot, TaskHandle
@@ -236,7 +236,7 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
             f"max_time_limit ({format_duration(ceiling)}) is below default_time_limit "
             f"({format_duration(default)}): every task would be capped at once; raise the "
             f"ceiling or lower the default")
-    placement = await trio.to_thread.run_sync(place, cgroup_root)
+    placement = await place_async(cgroup_root)
     try:
         watcher = CgroupWatcher()
         async with trio.open_nursery() as nursery:
