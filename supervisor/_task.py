@@ -336,12 +336,15 @@ class TaskHandle:
                 assert isinstance(spec.stdin, bytes)
                 n.start_soon(_feed_stdin, pipes["stdin"], spec.stdin)
             control = trio.CancelScope()
-            n.start_soon(self._control, leaf, control, leftovers_event, kill_incomplete)
+            n.start_soon(self._control, leaf, control, leftovers_event)
 
             status = await _wait_exit(spawned.pidfd)
             exited_at = trio.current_time()
             self.state = "stopping"
-            if leaf.is_populated():
+            killed_first = self._stop.killed_at is not None
+            if leaf.is_populated() and not killed_first:
+                # (after a kill, what is still listed is dying with the main process, not
+                # left behind by it)
                 leftovers = [ProcessInfo(pid, _comm(pid)) for pid in leaf.procs()]
                 if leftovers:
                     leftovers_event.set()
@@ -360,7 +363,7 @@ class TaskHandle:
         return self._outcome(status, exited_at, t0, started_at, stats, cleanup, spawned, leaf)
 
     async def _control(self, leaf: Cgroup, scope: trio.CancelScope,
-                       leftovers_event: trio.Event, kill_incomplete: list[str]) -> None:
+                       leftovers_event: trio.Event) -> None:
         """The time limit and the escalation: signal, grace (maybe repeating), kill."""
         spec = self.spec
         stop = self._stop
@@ -460,6 +463,8 @@ class TaskHandle:
         notes = []
         if stop.reason is not None and not stop.landed_before(exited_at):
             notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
+        if oom_kills and outcome != Outcome.OOM_KILLED:
+            notes.append(f"the OOM killer ended {oom_kills} process(es) in the task's cgroup")
         if spawned.fallback_errno:
             notes.append(f"spawned by {spawned.method}: clone3 into the cgroup was refused "
                          f"({errno.errorcode.get(spawned.fallback_errno, '?')})")
