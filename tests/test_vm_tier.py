@@ -149,7 +149,7 @@ def _run_guest() -> GuestRun:
     try:
         junit = workdir / "guest-junit.xml"
         guest_cmd = [
-            sys.executable, "-m", "pytest",
+            sys.executable, "-P", "-m", "pytest",  # -P: not the cwd (the repo) first
             "-p", "no:cacheprovider",
             "--import-mode=prepend",
             "--continue-on-collection-errors",

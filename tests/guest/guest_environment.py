@@ -22,7 +22,8 @@ def test_runs_as_root_in_the_root_cgroup() -> None:
 
 def test_repo_is_writable_root_is_read_only_tmp_is_private(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
-    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(repo)
+    first = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])
+    assert (first / "supervisor" / "__init__.py").is_file()  # where the host found corral
     assert os.access(repo, os.W_OK)
     assert os.environ.get("PYTHONDONTWRITEBYTECODE") == "1"
     assert str(tmp_path).startswith("/tmp/")

@@ -6,6 +6,7 @@ import errno
 import os
 import pathlib
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -145,6 +146,17 @@ def test_failed_spawn_leaves_no_zombie(devnull: int) -> None:
         os.waitpid(-1, os.WNOHANG)
 
 
+def fds_after_exec(pid: int, expected: list[int], timeout: float = 5.0) -> list[int]:
+    """The child's fds once exec has closed the CLOEXEC ones: a CLONE_VFORK parent resumes
+    at the exec's point of no return, before the kernel closes them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fds = sorted(int(f) for f in os.listdir(f"/proc/{pid}/fd"))
+        if fds == expected or time.monotonic() > deadline:
+            return fds
+        time.sleep(0.001)
+
+
 def test_only_std_fds_reach_the_child(devnull: int, reap: list[Spawned]) -> None:
     leaky = [os.open(os.devnull, os.O_RDONLY) for _ in range(5)]  # inheritable on purpose
     for fd in leaky:
@@ -152,7 +164,7 @@ def test_only_std_fds_reach_the_child(devnull: int, reap: list[Spawned]) -> None
     try:
         sp = spawn([SLEEP, "60"], stdin=devnull, stdout=devnull, stderr=devnull)
         reap.append(sp)
-        assert sorted(int(f) for f in os.listdir(f"/proc/{sp.pid}/fd")) == [0, 1, 2]
+        assert fds_after_exec(sp.pid, [0, 1, 2]) == [0, 1, 2]
     finally:
         for fd in leaky:
             os.close(fd)
@@ -164,7 +176,7 @@ def test_pass_fds_are_kept_at_their_numbers(devnull: int, reap: list[Spawned]) -
         sp = spawn([SLEEP, "60"], stdin=devnull, stdout=devnull, stderr=devnull,
                    pass_fds=[extra])
         reap.append(sp)
-        assert sorted(int(f) for f in os.listdir(f"/proc/{sp.pid}/fd")) == [0, 1, 2, extra]
+        assert fds_after_exec(sp.pid, [0, 1, 2, extra]) == [0, 1, 2, extra]
     finally:
         os.close(extra)
 

@@ -37,11 +37,20 @@ async def test_one_kill_ends_an_escaping_tree_and_inotify_sees_it_empty(
     os.close(devnull)
     assert os.read(r, 100) == b"started\n"
     os.close(r)
-    await wait_for(lambda: len(leaf.procs()) >= 6, what="the whole tree running")
+    def sessions() -> set[int]:
+        out = set()
+        for p in leaf.procs():
+            try:
+                stat = pathlib.Path(f"/proc/{p}/stat").read_text()
+            except FileNotFoundError:
+                continue
+            out.add(int(stat.rsplit(")", 1)[1].split()[3]))
+        return out
+
+    # someone really escaped our session (setsid may run after the count is reached)
+    await wait_for(lambda: len(leaf.procs()) >= 6 and len(sessions()) >= 2,
+                   what="the whole tree running, one of it in its own session")
     pids = leaf.procs()
-    sessions = {int(pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[3])
-                for p in pids if alive(p)}
-    assert len(sessions) >= 2  # someone really escaped our session
 
     watcher = CgroupWatcher()
     async with trio.open_nursery() as n:

@@ -217,7 +217,7 @@ class SystemdSandbox:
 
     def _wait_booted(self, timeout: float, *, with_dbus: bool) -> None:
         deadline = time.monotonic() + timeout
-        systemd_exe = os.path.realpath(SYSTEMD_BINARY)
+        systemd_exe = os.stat(SYSTEMD_BINARY)
         while not self.pid:
             if self.outer.poll() is not None:
                 raise SandboxUnavailable(
@@ -229,7 +229,8 @@ class SystemdSandbox:
                 children = Path(f"/proc/{self.outer.pid}/task/{self.outer.pid}/children")
                 child = int(children.read_text().split()[0])
                 pidfd = os.pidfd_open(child)  # first the pidfd, then check whom it names
-                if os.readlink(f"/proc/{child}/exe") == systemd_exe:
+                exe = os.stat(f"/proc/{child}/exe")  # the file, whatever path a chroot shows
+                if (exe.st_dev, exe.st_ino) == (systemd_exe.st_dev, systemd_exe.st_ino):
                     self.pid, self.pidfd = child, pidfd
                 else:
                     os.close(pidfd)
@@ -267,7 +268,7 @@ class SystemdSandbox:
 
     def command(self, args: Sequence[str]) -> list[str]:
         """``args`` wrapped to run inside: systemd's mount, pid and cgroup namespaces."""
-        return ["nsenter", "-t", str(self.pid), "-m", "-p", "-C", "--", *args]
+        return ["nsenter", "-t", str(self.pid), "-m", "-p", "-C", "-r", "-w", "--", *args]
 
     def run(
         self, args: Sequence[str], *, check: bool = True, timeout: float = 30.0,
