@@ -46,8 +46,15 @@ def _byte_count(name: str, value: Any, *, low: int = 0) -> int:
 
 
 def _no_nul(name: str, value: str) -> None:
+    """A C string for the kernel: no NUL, and encodable as the filesystem encoding says."""
     if "\0" in value:
         raise SpecError(name, f"{name} cannot contain a NUL character, got {value!r}")
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError as e:
+        raise SpecError(name, f"{name} must be encodable as {e.encoding} (with "
+                              f"surrogateescape), got {value!r}: {e.reason} at "
+                              f"{e.start}; pass bytes decoded with os.fsdecode()") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,11 @@ class Supervisor:
     # ---- making tasks --------------------------------------------------------------------
 
     def _new_handle(self, spec: TaskSpec) -> TaskHandle:
+        return self._register(spec, *self._admit(spec))
+
+    def _admit(self, spec: TaskSpec) -> tuple[float | None, list[str]]:
+        """Check ``spec`` against this supervisor; its time limit and notes.  Registers
+        nothing, so that a batch is refused whole or admitted whole."""
         if self._closing:
             raise SupervisorError("the supervisor is shutting down: no new tasks")
         check_limits(spec.limits, self._controllers, self._tasks.path)
@@ -79,6 +84,9 @@ class Supervisor:
                 notes.append(f"time limit {format_duration(limit)} capped to the "
                              f"{format_duration(ceiling)} ceiling")
                 limit = ceiling
+        return limit, notes
+
+    def _register(self, spec: TaskSpec, limit: float | None, notes: list[str]) -> TaskHandle:
         self._counter += 1
         task_id = f"{self._prefix}-{self._counter}"
         handle = TaskHandle(self, task_id, spec, limit, notes)
@@ -154,7 +162,8 @@ class Supervisor:
             if not isinstance(spec, TaskSpec):
                 raise SpecError("specs", f"specs[{i}] must be a TaskSpec, got {spec!r}: build "
                                          f"it with TaskSpec([\"cmd\", \"arg\"], ...)")
-        return Batch([self._new_handle(s) for s in specs])
+        admitted = [(s, *self._admit(s)) for s in specs]
+        return Batch([self._register(*a) for a in admitted])
 
     async def _drive_batch(self, batch: Batch, max_concurrency: int, fail_fast: bool, *,
                            task_status: trio.TaskStatus[Batch] = trio.TASK_STATUS_IGNORED,

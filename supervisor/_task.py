@@ -231,14 +231,22 @@ class TaskHandle:
             if not spec.limits.is_empty():
                 leaf.set_limits(spec.limits)
             spawned, pipes = self._spawn(leaf, fds)
-        except (SpawnError, CgroupError, OSError) as e:
+        except Exception as e:
+            # Nothing runs: close what we opened (the captures' log fds are among ``fds``),
+            # end the streams for any subscriber, remove the leaf, record.
             for fd in fds:
                 os.close(fd)
+            for cap in self._captures.values():
+                cap.log_fd = None
+                cap.close()
             cleanup = self._remove_leaf(leaf)
             task_status.started(self)
             step = getattr(e, "step", "cgroup" if isinstance(e, CgroupError) else "prepare")
-            return self._record(Outcome.SPAWN_FAILED, started=False, error=e, step=step,
-                                cleanup=cleanup)
+            result = self._record(Outcome.SPAWN_FAILED, started=False, error=e, step=step,
+                                  cleanup=cleanup)
+            if not isinstance(e, SpawnError | CgroupError | OSError):
+                raise InternalError(f"task {self.id}: preparing the spawn failed: {e!r}") from e
+            return result
 
         t0 = trio.current_time()
         started_at = time.time()

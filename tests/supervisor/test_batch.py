@@ -89,3 +89,13 @@ async def test_three_waves_ignoring_sigterm_with_two_cancels_in_the_second(
         assert r.stop is not None and r.stop.forced and r.stop.level == "killed"
     for r in results[8:]:
         assert r.outcome == "cancelled" and not r.started
+
+
+async def test_a_batch_refused_on_its_second_spec_registers_nothing(
+        sup: supervisor.Supervisor) -> None:
+    bad = TaskSpec(["true"], limits=supervisor.Limits(pids_max=8))
+    if "pids" in sup.controllers:
+        pytest.skip("this machine delegates the pids controller: the spec is not refused")
+    with pytest.raises(supervisor.SpecError, match="pids"):
+        await sup.run_batch([TaskSpec(["true"]), bad])
+    assert sup._live == {} and not sup.results  # closing the supervisor will not wait on it

@@ -318,3 +318,23 @@ async def test_an_internal_failure_still_gives_one_record_and_kills_the_leaf(
     assert r.outcome == "lost" and r.started and "simulated bug" in (r.error or "")
     assert r.cleanup == "incomplete" and "supervision failed" in (r.cleanup.detail or "")
     assert r.containment.cgroup is None or not os.path.exists(r.containment.cgroup)
+
+
+async def test_subscribing_to_a_task_that_failed_to_spawn_ends_at_once(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(sup.start, ["/nonexistent/corral-cmd"])
+        r = await task.wait()
+        with trio.fail_after(HANG):
+            chunks = [c async for c in task.subscribe()]
+    assert r.outcome == "spawn_failed" and chunks == []
+
+
+async def test_unencodable_arguments_are_refused_before_anything_runs(
+        sup: supervisor.Supervisor) -> None:
+    fds = len(os.listdir("/proc/self/fd"))
+    for bad in ({"argv": ["echo", "\ud800"]}, {"env": {"X": "\ud800"}}, {"cwd": "/\ud800"}):
+        argv = bad.pop("argv", ["true"])
+        with pytest.raises(supervisor.SpecError, match="encodable"):
+            await sup.run(argv, **bad)
+    assert len(os.listdir("/proc/self/fd")) == fds and not sup.results
