@@ -35,6 +35,7 @@ class StopState:
         self.signalled_at: float | None = None
         self.killed_at: float | None = None
         self.forced = False
+        self.landed = False  # the stop signal or kill reached the main process while it lived
         self.requested = trio.Event()  # a stop was asked for (by anyone)
         self.force = trio.Event()  # kill now: skip the rest of the grace
         self.signal = int(signal.SIGTERM)
@@ -73,12 +74,6 @@ class StopState:
                 self.signalled_at = now
             elif level == "killed" and self.killed_at is None:
                 self.killed_at = now
-
-    def landed_before(self, t: float) -> bool:
-        """Did a stop signal or kill reach the leaf at or before time ``t``?"""
-        first = min((x for x in (self.signalled_at, self.killed_at) if x is not None),
-                    default=None)
-        return self.reason is not None and first is not None and first <= t
 
     def record(self, t0: float) -> StopRecord | None:
         """The result's view, times relative to ``t0`` (the task's start)."""

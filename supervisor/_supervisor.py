@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from ._errors import ConfigError, SpecError, SupervisorError
+from ._errors import ConfigError, InternalError, SpecError, SupervisorError
 from ._placement import Placement, check_limits, place_async
 from ._result import StopReason, TaskResult
 from ._spec import DEFAULT_GRACE, TaskSpec
@@ -25,7 +25,7 @@ from ._task import QueueSlot, TaskHandle
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
 
-__all__ = ["Batch", "Supervisor", "open_supervisor"]
+__all__ = ["DEFAULT_GRACE", "Batch", "Supervisor", "open_supervisor"]
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,16 @@ class Supervisor:
         ``Cancelled`` through.
         """
         handle = self._new_handle(TaskSpec.from_call(argv, options))
-        return await handle._live()
+        # The life runs in a task of its own: trio delivers Ctrl-C (KeyboardInterrupt) to the
+        # main task, which may be this one, whatever shields are up.  Here it lands on the
+        # wait below, and the life sees it as a cancellation: graceful stop, one record, then
+        # the KeyboardInterrupt continues.
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(handle._live)
+                return await handle.wait()
+        except BaseExceptionGroup as group:
+            raise _unwrapped(group) from None
 
     async def start(self, argv: Sequence[str] | TaskSpec, *,
                     task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
@@ -217,6 +226,19 @@ class Batch:
         return out  # type: ignore[return-value]
 
 
+def _unwrapped(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """What a caller of run() should see of our own nursery's group: our InternalError or a
+    KeyboardInterrupt as itself; a group of Cancelled as it is (trio knows what to do)."""
+    for kind in (InternalError, KeyboardInterrupt):
+        found, _ = group.split(kind)
+        if found is not None:
+            first: BaseException = found
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            return first
+    return group
+
+
 def _config_duration(name: str, value: Any) -> float | None:
     if value is None:
         return None
@@ -248,17 +270,21 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
     placement = await place_async(cgroup_root)
     try:
         watcher = CgroupWatcher()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watcher.run)
-            sup = Supervisor(placement, watcher, default, ceiling, retain_results)
-            try:
-                yield sup
-            finally:
-                with trio.CancelScope(shield=True):
-                    await sup._shutdown()
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watcher.run)
+                sup = Supervisor(placement, watcher, default, ceiling, retain_results)
+                try:
+                    yield sup
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await sup._shutdown()
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The nursery is ours (it only runs the watcher): what the caller's block raised
+            # comes back as itself, not wrapped in a group of ours.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
     finally:
         placement.close()
-
-
-__all__ += ["DEFAULT_GRACE"]

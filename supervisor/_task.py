@@ -340,11 +340,12 @@ class TaskHandle:
             for name, scope in pump_scopes.items():
                 if name in pipes:
                     n.start_soon(pump, pipes[name], self._captures[name], scope)
+            feeder = trio.CancelScope()
             if "stdin" in pipes:
                 assert isinstance(spec.stdin, bytes)
-                n.start_soon(_feed_stdin, pipes["stdin"], spec.stdin)
+                n.start_soon(_feed_stdin, pipes["stdin"], spec.stdin, feeder)
             control = trio.CancelScope()
-            n.start_soon(self._control, leaf, control, leftovers_event)
+            n.start_soon(self._control, leaf, spawned.pidfd, control, leftovers_event)
 
             status = await _wait_exit(spawned.pidfd)
             exited_at = trio.current_time()
@@ -362,6 +363,7 @@ class TaskHandle:
                 kill_incomplete.append("the leaf did not empty after cgroup.kill")
             self._stop.mark("gone")
             control.cancel()
+            feeder.cancel()  # whoever still holds stdin is outside the leaf: stop feeding it
             drain_at = trio.current_time() + DRAIN_DEADLINE
             for scope in pump_scopes.values():
                 scope.deadline = drain_at
@@ -370,7 +372,7 @@ class TaskHandle:
         cleanup = self._remove_leaf(leaf, leftovers, kill_incomplete)
         return self._outcome(status, exited_at, t0, started_at, stats, cleanup, spawned, leaf)
 
-    async def _control(self, leaf: Cgroup, scope: trio.CancelScope,
+    async def _control(self, leaf: Cgroup, pidfd: int, scope: trio.CancelScope,
                        leftovers_event: trio.Event) -> None:
         """The time limit and the escalation: signal, grace (maybe repeating), kill."""
         spec = self.spec
@@ -397,9 +399,11 @@ class TaskHandle:
 
             # Escalation: one pass, never restarted.
             if spec.grace_s > 0 and not stop.force.is_set():
+                main_alive = not _exited_nowait(pidfd)
                 signal_leaf(leaf, stop.signal)
                 if stop.reason is not None:
                     stop.mark("signalled")
+                    stop.landed = main_alive
                 with trio.move_on_after(spec.grace_s):
                     async with trio.open_nursery() as n:
                         async def forced() -> None:
@@ -422,9 +426,11 @@ class TaskHandle:
                         n.start_soon(emptied)
                         n.start_soon(repeat)
             if leaf.is_populated():
+                main_alive = not _exited_nowait(pidfd)
                 leaf.kill()
                 if stop.reason is not None:
                     stop.mark("killed")
+                    stop.landed = stop.landed or main_alive
                 self._killed_leftovers = True
 
     _killed_leftovers = False
@@ -456,7 +462,7 @@ class TaskHandle:
         if stats is not None and stats.memory_events is not None:
             oom_kills = stats.memory_events.oom_kill
         stop = self._stop
-        if stop.landed_before(exited_at):
+        if stop.landed:
             outcome = (Outcome.TIMED_OUT if stop.reason == StopReason.TIME_LIMIT
                        else Outcome.CANCELLED)
         elif sig == 9 and oom_kills:
@@ -469,7 +475,7 @@ class TaskHandle:
             outcome = Outcome.SUCCEEDED
         usage = _usage(stats, exited_at - t0, oom_kills)
         notes = []
-        if stop.reason is not None and not stop.landed_before(exited_at):
+        if stop.reason is not None and not stop.landed:
             notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
         if oom_kills and outcome != Outcome.OOM_KILLED:
             notes.append(f"the OOM killer ended {oom_kills} process(es) in the task's cgroup")
@@ -520,6 +526,14 @@ def _first(exc: BaseException) -> BaseException:
     return exc
 
 
+def _exited_nowait(pidfd: int) -> bool:
+    """Has the process exited (reaped or not)?  Leaves it for _wait_exit to reap."""
+    try:
+        return os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # already reaped
+
+
 async def _wait_exit(pidfd: int) -> os.waitid_result:
     while True:
         await trio.lowlevel.wait_readable(pidfd)
@@ -528,21 +542,26 @@ async def _wait_exit(pidfd: int) -> os.waitid_result:
             return status
 
 
-async def _feed_stdin(fd: int, data: bytes) -> None:
+async def _feed_stdin(fd: int, data: bytes, scope: trio.CancelScope) -> None:
     view = memoryview(data)
     try:
-        while view:
-            await trio.lowlevel.wait_writable(fd)
-            try:
-                n = os.write(fd, view)
-            except BlockingIOError:
-                continue
-            except (BrokenPipeError, ConnectionResetError):
-                return  # the task stopped reading: not our failure
-            view = view[n:]
+        with scope:
+            await _write_all(fd, view)
     finally:
         trio.lowlevel.notify_closing(fd)
         os.close(fd)
+
+
+async def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        await trio.lowlevel.wait_writable(fd)
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the task stopped reading: not our failure
+        view = view[n:]
 
 
 def _read_stats(leaf: Cgroup) -> CgroupStats | None:
