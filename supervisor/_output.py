@@ -168,7 +168,9 @@ async def pump(fd: int, capture: StreamCapture, cancel_scope: trio.CancelScope) 
     """Read ``fd`` (non-blocking) into ``capture`` until EOF or until ``cancel_scope``'s
     deadline, which the runner sets once the leaf is empty.  Closes ``fd``."""
     try:
-        with cancel_scope:
+        # Shielded: the caller's cancellation stops the task, not the reading of its output;
+        # only ``cancel_scope`` (the drain deadline) ends it early.
+        with trio.CancelScope(shield=True), cancel_scope:
             while True:
                 await trio.lowlevel.wait_readable(fd)
                 try:

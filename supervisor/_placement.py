@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 
@@ -181,13 +182,72 @@ def _place_choice(choice: _Choice) -> Placement:
     if not choice.create_instance:
         return _prepare(Cgroup.open(choice.path), choice.how, created=False,
                         move_self=choice.move_self)
+    notes: list[str] = []
     with Cgroup.open(choice.path) as parent:
+        _reap_orphaned_roots(parent, notes)
         if choice.enable_in_parent:
             # The real root cgroup has no internal-process rule; where nobody (systemd) has
             # enabled its controllers for children yet, we do, so that limits work below it.
             _enable_wanted(parent, [])
         root = parent.make_child(_instance_name())
-    return _prepare(root, choice.how, created=True, move_self=False)
+    placement = _prepare(root, choice.how, created=True, move_self=False)
+    placement.notes[:0] = notes
+    return placement
+
+
+_INSTANCE = re.compile(r"corral-(\d+)-[0-9a-f]{6}")
+
+
+def _started_after(pid: int, when: float) -> bool | None:
+    """Did process ``pid`` start after the wall-clock time ``when``?  None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return btime + start_ticks / os.sysconf("SC_CLK_TCK") > when + 1.0
+
+
+def _reap_orphaned_roots(parent: Cgroup, notes: list[str]) -> None:
+    """Roots of corral processes that died without cleaning up (SIGKILL, OOM, a crash): kill
+    what they still hold and remove them, so nothing survives a supervisor unseen.  A root
+    is orphaned when its pid is gone, or was reused by a process younger than the root."""
+    for name in parent.children():
+        m = _INSTANCE.fullmatch(name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        path = os.path.join(parent.path, name)
+        try:
+            created = os.stat(path).st_ctime
+        except FileNotFoundError:
+            continue
+        if _started_after(int(m.group(1)), created) is False:
+            continue  # its corral is alive
+        try:
+            with Cgroup.open(path) as orphan:
+                count = sum(len(_procs_in(os.path.join(path, d)))
+                            for d in ["", *orphan.descendants()])
+                if orphan.is_populated():
+                    orphan.kill()
+                    orphan.wait_unpopulated(5.0)
+                orphan.remove(recursive=True)
+        except CgroupError as e:
+            notes.append(f"could not clear {path}, left by corral process {m.group(1)}: {e}")
+            continue
+        log.warning("removed %s, left by corral process %s, killing %d process(es)", path,
+                    m.group(1), count)
+        notes.append(f"removed {path}, left by corral process {m.group(1)} that ended without "
+                     f"cleaning up; {count} process(es) in it were killed")
+
+
+def _procs_in(path: str) -> list[str]:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            return f.read().split()
+    except FileNotFoundError:
+        return []
 
 
 def _enable_wanted(cg: Cgroup, notes: list[str]) -> None:

@@ -39,6 +39,8 @@ class StopState:
         self.requested = trio.Event()  # a stop was asked for (by anyone)
         self.force = trio.Event()  # kill now: skip the rest of the grace
         self.signal = int(signal.SIGTERM)
+        # the scope the task's driver (or queue) is waiting in: a request cancels it
+        self.waker: trio.CancelScope | None = None
 
     def request(self, reason: StopReason, *, force: bool = False) -> bool:
         """Ask for a stop; True when this changed anything.
@@ -55,6 +57,7 @@ class StopState:
             self.requested.set()
             if force:
                 self._force()
+            self._wake()
             return True
         if self.force.is_set():
             return False
@@ -64,6 +67,11 @@ class StopState:
     def _force(self) -> None:
         self.forced = True
         self.force.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waker is not None:
+            self.waker.cancel()
 
     def mark(self, level: str) -> None:
         """Record that escalation reached ``level`` (never lowers it)."""

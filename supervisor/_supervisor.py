@@ -206,6 +206,7 @@ class Batch:
     def __init__(self, handles: list[TaskHandle]) -> None:
         self.handles = handles
         self._cancels = 0
+        self._failed_fast = False
 
     def cancel(self) -> None:
         self._cancels += 1
@@ -214,8 +215,11 @@ class Batch:
 
     async def _one(self, handle: TaskHandle, slot: QueueSlot, fail_fast: bool) -> None:
         result = await handle._live(slot=slot)
-        if fail_fast and result.outcome != "succeeded" and not self._cancels:
-            self.cancel()
+        if fail_fast and result.outcome != "succeeded" and not self._failed_fast:
+            # the batch's own graceful cancel: it does not count as the user's first
+            self._failed_fast = True
+            for h in self.handles:
+                h._request(StopReason.CANCEL)
 
     async def wait(self) -> list[TaskResult]:
         return [await h.wait() for h in self.handles]
@@ -279,7 +283,7 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
                 finally:
                     with trio.CancelScope(shield=True):
                         await sup._shutdown()
-                    nursery.cancel_scope.cancel()
+                    watcher.stop()
         except BaseExceptionGroup as group:
             # The nursery is ours (it only runs the watcher): what the caller's block raised
             # comes back as itself, not wrapped in a group of ours.

@@ -19,17 +19,18 @@ caller's ``Cancelled`` continue on its way.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
 
-from cgroupfs import Cgroup, CgroupError, CgroupStats
+from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
 
 from ._errors import InternalError
 from ._output import StreamCapture, enlarge_pipe, pump
@@ -55,6 +56,17 @@ log = logging.getLogger(__name__)
 
 DRAIN_DEADLINE = 0.25  # after the leaf is empty: how long a pipe held outside it may delay us
 KILL_TIMEOUT = 30.0  # after cgroup.kill: how long before we call the cleanup incomplete
+
+
+@dataclass(slots=True)
+class _Drive:
+    """What the driver found: the main process's status, leftovers, pending interruption."""
+
+    status: os.waitid_result | None = None
+    exited_at: float = 0.0
+    leftovers: list[ProcessInfo] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    pending: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,41 +159,24 @@ class TaskHandle:
 
     async def _live(self, task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
                     *, slot: QueueSlot | None = None) -> TaskResult:
+        """The whole life, in the caller's task.  Nothing here is shielded wholesale: each
+        wait handles the caller's cancellation (and Ctrl-C, which trio delivers to the main
+        task whatever the shields) itself, turning it into a stop request; the final record is
+        written before either continues on its way."""
         if trio.current_effective_deadline() == -math.inf:
             # called in an already cancelled scope: the stop comes before the spawn
             self._request(StopReason.CANCEL)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._cancel_to_stop)
-                with trio.CancelScope(shield=True):
-                    result = await self._life(task_status, slot)
-                nursery.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            # this nursery is ours, not the caller's: hand them our error, not our group
-            internal, _ = group.split(InternalError)
-            if internal is not None:
-                raise _first(internal) from None
-            raise
-        return result
-
-    async def _cancel_to_stop(self) -> None:
-        # The only unshielded waiter: the caller's cancellation lands here and becomes a
-        # graceful stop request; Cancelled then propagates once the shielded life has ended.
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            if self._result is None:
-                self._request(StopReason.CANCEL)
-            raise
-
-    async def _life(self, task_status: trio.TaskStatus[TaskHandle],
-                    slot: QueueSlot | None) -> TaskResult:
-        try:
             acquired = False
             if slot is not None:
-                with trio.CancelScope() as queue_scope:
-                    await self._wait_turn(slot, queue_scope)
-                    acquired = True
+                try:
+                    acquired = await self._wait_turn(slot)
+                except BaseException:  # the caller's cancellation, Ctrl-C: never started
+                    slot.turn.set()
+                    self._request(StopReason.CANCEL)
+                    task_status.started(self)
+                    self._finish_unstarted()
+                    raise
                 slot.turn.set()  # admitted or given up: the next in line may queue now
                 if not acquired or self._stop.reason is not None:
                     if acquired:
@@ -197,16 +192,18 @@ class TaskHandle:
         finally:
             self._sup._forget(self)
 
-    async def _wait_turn(self, slot: QueueSlot, scope: trio.CancelScope) -> None:
-        async with trio.open_nursery() as n:
-            async def stop_waiting() -> None:
-                await self._stop.requested.wait()
-                scope.cancel()
-            n.start_soon(stop_waiting)
-            if slot.after is not None:
-                await slot.after.wait()
-            await slot.limiter.acquire_on_behalf_of(self)
-            n.cancel_scope.cancel()
+    async def _wait_turn(self, slot: QueueSlot) -> bool:
+        """Queue for a place; False when a stop request came first."""
+        with trio.CancelScope() as scope:
+            self._stop.waker = scope  # a stop request cancels the wait
+            if self._stop.reason is None:
+                if slot.after is not None:
+                    await slot.after.wait()
+                await slot.limiter.acquire_on_behalf_of(self)
+                self._stop.waker = None
+                return True
+        self._stop.waker = None
+        return False
 
     def _finish_unstarted(self) -> TaskResult:
         reason = self._stop.reason or StopReason.CANCEL
@@ -275,7 +272,7 @@ class TaskHandle:
         try:
             if leaf.is_populated():
                 leaf.kill()
-                if not leaf.wait_unpopulated(KILL_TIMEOUT):
+                if not leaf.wait_unpopulated(5.0):  # blocks: a bug's path, not a normal one
                     problems.append("the leaf did not empty after cgroup.kill")
         except CgroupError as e:
             problems.append(str(e))
@@ -329,125 +326,166 @@ class TaskHandle:
 
     async def _supervise(self, leaf: Cgroup, spawned: Spawned, pipes: dict[str, int],
                          t0: float, started_at: float) -> TaskResult:
-        sup = self._sup
         spec = self.spec
-        leftovers: list[ProcessInfo] = []
-        leftovers_event = trio.Event()
-        pump_scopes = {name: trio.CancelScope() for name in ("stdout", "stderr")}
-        kill_incomplete: list[str] = []
-
-        async with trio.open_nursery() as n:
-            for name, scope in pump_scopes.items():
-                if name in pipes:
-                    n.start_soon(pump, pipes[name], self._captures[name], scope)
-            feeder = trio.CancelScope()
-            if "stdin" in pipes:
-                assert isinstance(spec.stdin, bytes)
-                n.start_soon(_feed_stdin, pipes["stdin"], spec.stdin, feeder)
-            control = trio.CancelScope()
-            n.start_soon(self._control, leaf, spawned.pidfd, control, leftovers_event)
-
-            status = await _wait_exit(spawned.pidfd)
-            exited_at = trio.current_time()
-            self.state = "stopping"
-            killed_first = self._stop.killed_at is not None
-            if leaf.is_populated() and not killed_first:
-                # (after a kill, what is still listed is dying with the main process, not
-                # left behind by it)
-                leftovers = [ProcessInfo(pid, _comm(pid)) for pid in leaf.procs()]
-                if leftovers:
-                    leftovers_event.set()
-            with trio.move_on_after(spec.grace_s + KILL_TIMEOUT) as empty_scope:
-                await sup._watcher.wait_empty(leaf)
-            if empty_scope.cancelled_caught:
-                kill_incomplete.append("the leaf did not empty after cgroup.kill")
-            self._stop.mark("gone")
-            control.cancel()
-            feeder.cancel()  # whoever still holds stdin is outside the leaf: stop feeding it
-            drain_at = trio.current_time() + DRAIN_DEADLINE
-            for scope in pump_scopes.values():
-                scope.deadline = drain_at
-
-        stats = _read_stats(leaf)
-        cleanup = self._remove_leaf(leaf, leftovers, kill_incomplete)
-        return self._outcome(status, exited_at, t0, started_at, stats, cleanup, spawned, leaf)
-
-    async def _control(self, leaf: Cgroup, pidfd: int, scope: trio.CancelScope,
-                       leftovers_event: trio.Event) -> None:
-        """The time limit and the escalation: signal, grace (maybe repeating), kill."""
-        spec = self.spec
-        stop = self._stop
-        with scope:
+        pump_scopes = {name: trio.CancelScope() for name in pipes if name != "stdin"}
+        feeder = trio.CancelScope()
+        drive: _Drive | None = None
+        try:
             async with trio.open_nursery() as n:
-                if self.time_limit is not None:
-                    async def time_limit() -> None:
-                        await trio.sleep(self.time_limit)  # type: ignore[arg-type]
-                        self._request(StopReason.TIME_LIMIT)
-                    n.start_soon(time_limit)
+                for name, scope in pump_scopes.items():
+                    n.start_soon(pump, pipes[name], self._captures[name], scope)
+                if "stdin" in pipes:
+                    assert isinstance(spec.stdin, bytes)
+                    n.start_soon(_feed_stdin, pipes["stdin"], spec.stdin, feeder)
+                try:
+                    drive = await self._drive(leaf, spawned.pidfd, t0)
+                except BaseException:
+                    # the driver itself failed (a bug): nothing may outlive it, and the
+                    # shielded pumps must not wait for an EOF that a live task withholds
+                    with contextlib.suppress(CgroupError):
+                        leaf.kill()
+                    raise
+                finally:
+                    # Whoever still holds a pipe now is outside the leaf: EOF may never come.
+                    feeder.cancel()
+                    drain_at = trio.current_time() + DRAIN_DEADLINE
+                    for scope in pump_scopes.values():
+                        scope.deadline = drain_at
+        except BaseException as e:
+            # Ctrl-C while the nursery waited for the pumps (they are shielded and finish at
+            # their deadline): record first, then let it go on.  Anything earlier is a bug.
+            if drive is None or drive.status is None:
+                raise
+            drive.pending = drive.pending or _first(e)
+        assert drive is not None and drive.status is not None
+        stats = _read_stats(leaf)
+        cleanup = await self._remove_leaf_async(leaf, drive.leftovers, drive.problems)
+        result = self._outcome(drive.status, drive.exited_at, t0, started_at, stats, cleanup,
+                               spawned, leaf)
+        if drive.pending is not None:
+            raise drive.pending
+        return result
 
-                async def leftovers() -> None:
-                    await leftovers_event.wait()
-                    # the main process is gone: its stragglers get the same treatment
-                    n.cancel_scope.cancel()
+    async def _drive(self, leaf: Cgroup, pidfd: int, t0: float) -> _Drive:
+        """Wait for the main process, enforce the time limit, escalate a stop; then wait for
+        the leaf to empty, stopping what the main process left the same way.
 
-                async def requested() -> None:
-                    await stop.requested.wait()
-                    n.cancel_scope.cancel()
-
-                n.start_soon(leftovers)
-                n.start_soon(requested)
-
-            # Escalation: one pass, never restarted.
-            if spec.grace_s > 0 and not stop.force.is_set():
-                main_alive = not _exited_nowait(pidfd)
-                signal_leaf(leaf, stop.signal)
-                if stop.reason is not None:
-                    stop.mark("signalled")
-                    stop.landed = main_alive
-                with trio.move_on_after(spec.grace_s):
-                    async with trio.open_nursery() as n:
-                        async def forced() -> None:
-                            await stop.force.wait()
-                            n.cancel_scope.cancel()
-
-                        async def emptied() -> None:
-                            await self._sup._watcher.wait_empty(leaf)
-                            n.cancel_scope.cancel()
-
-                        async def repeat() -> None:
-                            interval = spec.repeat_s
-                            if interval is None:
-                                return
-                            while True:
-                                await trio.sleep(interval)
-                                signal_leaf(leaf, stop.signal)
-
-                        n.start_soon(forced)
-                        n.start_soon(emptied)
-                        n.start_soon(repeat)
-            if leaf.is_populated():
-                main_alive = not _exited_nowait(pidfd)
+        One loop, one wait at a time, woken by the pidfd, the watcher, a deadline (time limit,
+        end of grace, next repeat) or a stop request (``StopState.waker``).  After the
+        caller's cancellation or a Ctrl-C the waits are shielded and the interruption is kept
+        in ``pending``, to be raised once the task has its record.
+        """
+        spec, stop, watcher = self.spec, self._stop, self._sup._watcher
+        d = _Drive()
+        limit_at = math.inf if self.time_limit is None else t0 + self.time_limit
+        grace_end = repeat_at = kill_by = math.inf
+        escalating = killed = False
+        while True:
+            wake_at = min(limit_at if stop.reason is None and d.status is None else math.inf,
+                          grace_end, repeat_at, kill_by)
+            try:
+                with trio.CancelScope(deadline=wake_at, shield=d.pending is not None) as waker:
+                    stop.waker = waker
+                    if not stop.requested.is_set() or escalating:
+                        if d.status is None:
+                            await trio.lowlevel.wait_readable(pidfd)
+                        else:
+                            await watcher.wait_empty(leaf)
+            except (trio.Cancelled, KeyboardInterrupt) as e:
+                # the caller's scope was cancelled, or Ctrl-C: first a graceful stop, then
+                # (a second Ctrl-C) a kill
+                d.pending = d.pending or e
+                if self._result is None:
+                    self._request(StopReason.CANCEL)
+            finally:
+                stop.waker = None
+            now = trio.current_time()
+            if d.status is None and _exited_nowait(pidfd):
+                d.status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+                d.exited_at = now
+                self.state = "stopping"
+                if leaf.is_populated() and not killed:
+                    # (after a kill, what is still listed is dying with the main process,
+                    # not left behind by it)
+                    d.leftovers = [ProcessInfo(pid, _comm(pid)) for pid in leaf.procs()]
+            if d.status is not None and not leaf.is_populated():
+                break
+            if stop.reason is None and d.status is None and now >= limit_at:
+                stop.request(StopReason.TIME_LIMIT)
+            if not escalating and (stop.reason is not None or d.status is not None):
+                # one pass, never restarted: the stop signal now, the kill at the grace's end
+                escalating = True
+                if spec.grace_s > 0 and not stop.force.is_set():
+                    main_alive = d.status is None and not _exited_nowait(pidfd)
+                    signal_leaf(leaf, stop.signal)
+                    if stop.reason is not None:
+                        stop.mark("signalled")
+                        stop.landed = main_alive
+                    grace_end = now + spec.grace_s
+                    if spec.repeat_s is not None:
+                        repeat_at = now + spec.repeat_s
+                    continue
+            if escalating and not killed and (stop.force.is_set() or now >= grace_end
+                                              or spec.grace_s == 0):
+                main_alive = d.status is None and not _exited_nowait(pidfd)
                 leaf.kill()
+                killed = self._killed_leftovers = True
                 if stop.reason is not None:
                     stop.mark("killed")
                     stop.landed = stop.landed or main_alive
-                self._killed_leftovers = True
+                grace_end = repeat_at = math.inf
+                kill_by = now + KILL_TIMEOUT
+            elif now >= repeat_at:
+                signal_leaf(leaf, stop.signal)
+                assert spec.repeat_s is not None
+                repeat_at = now + spec.repeat_s
+            if killed and now >= kill_by:
+                d.problems.append("the leaf did not empty within "
+                                  f"{KILL_TIMEOUT:.0f}s of cgroup.kill")
+                if d.status is None:  # the main process itself is stuck (D state?): keep
+                    kill_by = math.inf  # waiting for it, the problem is on record
+                    continue
+                break
+        stop.mark("gone")
+        return d
 
     _killed_leftovers = False
 
-    def _remove_leaf(self, leaf: Cgroup, leftovers: list[ProcessInfo] | None = None,
-                     problems: list[str] | None = None) -> Cleanup:
+    async def _remove_leaf_async(self, leaf: Cgroup, leftovers: list[ProcessInfo],
+                                 problems: list[str]) -> Cleanup:
+        """rmdir the empty leaf.  The kernel may answer EBUSY for a moment after ``populated
+        0``: retry with trio sleeps (never blocking the other tasks), a second at most."""
+        delay = 0.001
+        deadline = trio.current_time() + 1.0
+        while True:
+            try:
+                leaf.remove(busy_timeout=0)
+                return self._cleanup(leftovers, problems)
+            except CgroupBusy as e:
+                if trio.current_time() >= deadline:
+                    return self._cleanup(leftovers, [*problems, str(e)])
+            except CgroupError as e:
+                return self._cleanup(leftovers, [*problems, str(e)])
+            with trio.CancelScope(shield=True):
+                await trio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _remove_leaf(self, leaf: Cgroup, problems: list[str] | None = None) -> Cleanup:
+        """rmdir a leaf that never held a process (or whose processes were killed)."""
         problems = list(problems or [])
         try:
             leaf.remove()
         except CgroupError as e:
             problems.append(str(e))
+        return self._cleanup([], problems)
+
+    def _cleanup(self, leftovers: list[ProcessInfo], problems: list[str]) -> Cleanup:
         ended_by = None
         if leftovers:
             ended_by = "killed" if self._killed_leftovers else "exited"
         if problems:
-            return Cleanup("incomplete", tuple(leftovers or ()), ended_by, "; ".join(problems))
-        return Cleanup("clean", tuple(leftovers or ()), ended_by)
+            return Cleanup("incomplete", tuple(leftovers), ended_by, "; ".join(problems))
+        return Cleanup("clean", tuple(leftovers), ended_by)
 
     def _outcome(self, status: os.waitid_result, exited_at: float, t0: float, started_at: float,
                  stats: CgroupStats | None, cleanup: Cleanup, spawned: Spawned,
@@ -545,7 +583,7 @@ async def _wait_exit(pidfd: int) -> os.waitid_result:
 async def _feed_stdin(fd: int, data: bytes, scope: trio.CancelScope) -> None:
     view = memoryview(data)
     try:
-        with scope:
+        with trio.CancelScope(shield=True), scope:  # as the pumps: only ``scope`` ends it
             await _write_all(fd, view)
     finally:
         trio.lowlevel.notify_closing(fd)

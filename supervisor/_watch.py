@@ -23,6 +23,7 @@ __all__ = ["CgroupWatcher"]
 
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
 _IN_IGNORED = 0x8000
+_IN_Q_OVERFLOW = 0x4000
 
 
 class CgroupWatcher:
@@ -32,6 +33,7 @@ class CgroupWatcher:
         self._fd = inotify_init()
         self._changed: dict[int, trio.Event] = {}
         self._closed = False
+        self._scope = trio.CancelScope(shield=True)
 
     async def wait_empty(self, cg: Cgroup) -> None:
         """Return once ``cg`` has ``populated 0`` (at once if it has already)."""
@@ -42,19 +44,29 @@ class CgroupWatcher:
                 return  # the cgroup is gone: nothing can be in it
             raise
         while cg.read_events().populated:
+            if self._closed:
+                raise RuntimeError("the cgroup watcher is closed; the supervisor is gone")
             event = self._changed.get(wd)
             if event is None:
                 event = self._changed[wd] = trio.Event()
             await event.wait()
 
     async def run(self) -> None:
-        """Dispatch inotify events until cancelled; then release the fd."""
+        """Dispatch inotify events until :meth:`stop`; then release the fd.
+
+        Shielded: a cancellation around the supervisor must not take the watcher away from
+        tasks still cleaning up (shielded) below it; the supervisor stops it last.
+        """
         try:
-            while True:
-                await trio.lowlevel.wait_readable(self._fd)
-                self._dispatch()
+            with self._scope:
+                while True:
+                    await trio.lowlevel.wait_readable(self._fd)
+                    self._dispatch()
         finally:
             self.close()
+
+    def stop(self) -> None:
+        self._scope.cancel()
 
     def _dispatch(self) -> None:
         while True:
@@ -66,6 +78,12 @@ class CgroupWatcher:
             while offset < len(buf):
                 wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
                 offset += _EVENT.size + length
+                if mask & _IN_Q_OVERFLOW:
+                    # events were lost: wake every waiter to re-read its file
+                    for waiting in self._changed.values():
+                        waiting.set()
+                    self._changed.clear()
+                    continue
                 event = self._changed.pop(wd, None)
                 if event is not None:
                     event.set()  # waiters re-read the file; a fresh Event is made on demand

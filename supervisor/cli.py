@@ -7,7 +7,7 @@ task's status.  Exit statuses (as coreutils ``timeout`` and ``env``):
     the task's own     it exited
     128+N              a signal N ended it (137 for an OOM kill)
     124                stopped at its time limit
-    130                cancelled from the terminal (SIGINT); 143 for SIGTERM to corral
+    130                cancelled from the terminal (SIGINT); 143 for SIGTERM, 129 for SIGHUP
     125                corral itself failed, bad arguments included (nothing was started)
     126 / 127          the command cannot be run / was not found
 
@@ -148,9 +148,13 @@ def exit_status(result: TaskResult, interrupted_by: int | None) -> int:
 
 async def _run(spec: TaskSpec, args: argparse.Namespace) -> tuple[TaskResult, int | None]:
     interrupted_by: int | None = None
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    # SIGHUP too: a closed terminal must not kill corral and orphan the task's cgroup
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with open_supervisor(cgroup_root=args.cgroup_root) as sup, \
                 trio.open_nursery() as nursery:
+            if not args.quiet:
+                for note in sup.placement_notes:
+                    print(f"corral: note: {note}", file=sys.stderr)
             task = await nursery.start(sup.start, spec)
 
             async def watch_signals() -> None:
@@ -166,12 +170,13 @@ async def _run(spec: TaskSpec, args: argparse.Namespace) -> tuple[TaskResult, in
     return result, interrupted_by
 
 
-def _write_json(args: argparse.Namespace, result: TaskResult, status: int) -> None:
+def _write_json(args: argparse.Namespace, json_file: Any, result: TaskResult,
+                status: int) -> None:
     data = {"exit_status": status, **result.to_dict()}
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    if args.json_file:
-        with open(args.json_file, "w") as f:
-            f.write(text)
+    if json_file is not None:
+        with json_file:
+            json_file.write(text)
     if args.json_fd is not None:
         with os.fdopen(args.json_fd, "w", closefd=False) as f:
             f.write(text)
@@ -191,6 +196,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
             os.fstat(args.json_fd)
         except OSError as e:
             _die(f"--json-fd {args.json_fd}: {e.strerror}; open it first, e.g. 3>result.json")
+    json_file = None
+    if args.json_file:
+        # opened now: a result that cannot be written must not be found out after the run
+        try:
+            json_file = open(args.json_file, "w")  # noqa: SIM115 (closed in _write_json)
+        except OSError as e:
+            _die(f"--json-file {args.json_file}: {e.strerror}; give a writable path")
     try:
         result, interrupted_by = trio.run(_run, spec, args)
     except* (PlacementError, SupervisorError, CgroupError, ValueError) as eg:
@@ -201,8 +213,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet and (args.summary or result.outcome != Outcome.SUCCEEDED):
         for line in summary_lines(result, status):
             print(line, file=sys.stderr)
-    if args.json_file or args.json_fd is not None:
-        _write_json(args, result, status)
+    if json_file is not None or args.json_fd is not None:
+        _write_json(args, json_file, result, status)
     return status
 
 

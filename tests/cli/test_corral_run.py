@@ -239,3 +239,55 @@ def test_discovered_root_is_removed_afterwards() -> None:
     instance = leaf.split("/tasks/")[0]
     mount = cgroupfs.find_cgroup2_mount()
     assert not os.path.exists(cgroupfs.cgroup_fs_path(mount, instance))
+
+
+def test_a_killed_corral_leaves_nothing_for_long(tmp_path: pathlib.Path) -> None:
+    # corral itself dies by SIGKILL (nothing can catch that): its task and cgroup outlive it,
+    # and the next corral on this machine finds them, kills the processes, removes the cgroup
+    ready = tmp_path / "ready"
+    p = subprocess.Popen([CORRAL, "run", "--", "sh", "-c",
+                          f"setsid sleep 600 & cat /proc/self/cgroup > {ready}; sleep 600"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + HANG
+    while not (ready.exists() and ready.read_text().strip()):
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.01)
+    leaf = next(line[3:] for line in ready.read_text().splitlines() if line.startswith("0::"))
+    mount = cgroupfs.find_cgroup2_mount()
+    orphan_root = cgroupfs.cgroup_fs_path(mount, leaf.split("/tasks/")[0])
+    p.kill()
+    p.wait(HANG)
+    with open(os.path.join(orphan_root, "tasks", leaf.split("/tasks/")[1], "cgroup.procs")) as f:
+        survivors = [int(x) for x in f.read().split()]
+    assert len(survivors) == 3  # the shell, its sleep and the escapee outlived corral
+    r = subprocess.run([CORRAL, "run", "--", "true"], capture_output=True, text=True,
+                       timeout=HANG)
+    assert r.returncode == 0
+    assert f"removed {orphan_root}, left by corral process {p.pid}" in r.stderr
+    assert "3 process(es) in it were killed" in r.stderr
+    assert not os.path.exists(orphan_root)
+    for pid in survivors:
+        try:
+            state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        assert state == "Z"  # dead, waiting for init to reap it
+
+
+def test_unwritable_json_file_is_refused_before_the_run(root: str, tmp_path: pathlib.Path) -> None:
+    marker = tmp_path / "ran"
+    r = corral("run", "--json-file", "/nonexistent-dir/r.json", "--", "touch", str(marker),
+               root=root)
+    assert r.returncode == 125 and "--json-file /nonexistent-dir/r.json" in r.stderr
+    assert not marker.exists()
+
+
+def test_sighup_to_corral_stops_the_task_gracefully(root: str) -> None:
+    p = subprocess.Popen([CORRAL, "run", "--cgroup-root", root, "--", "sh", "-c",
+                          "trap '' HUP; echo ready; sleep 60"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    wait_ready(p)
+    p.send_signal(signal.SIGHUP)
+    _, err = p.communicate(timeout=HANG)
+    assert p.returncode == 128 + signal.SIGHUP
+    assert b"result: cancelled" in err

@@ -58,7 +58,7 @@ async def test_one_kill_ends_an_escaping_tree_and_inotify_sees_it_empty(
         with trio.fail_after(HANG):
             assert leaf.kill() == "cgroup.kill"
             await watcher.wait_empty(leaf)
-        n.cancel_scope.cancel()
+        watcher.stop()
     assert not leaf.is_populated()
     os.waitid(os.P_PIDFD, sp.pidfd, os.WEXITED)
     os.close(sp.pidfd)
@@ -76,7 +76,7 @@ async def test_wait_empty_returns_at_once_for_an_empty_or_removed_leaf(
             await watcher.wait_empty(leaf)
             leaf.remove()
             await watcher.wait_empty(leaf)
-        n.cancel_scope.cancel()
+        watcher.stop()
 
 
 SEND_STDOUT_AWAY = """

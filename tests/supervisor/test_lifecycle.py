@@ -308,12 +308,12 @@ async def test_an_internal_failure_still_gives_one_record_and_kills_the_leaf(
         sup: supervisor.Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
     import supervisor._task as task_module
 
-    async def broken_wait_exit(pidfd: int) -> os.waitid_result:
+    def broken(pidfd: int) -> bool:
         raise RuntimeError("simulated bug in the supervisor")
 
-    monkeypatch.setattr(task_module, "_wait_exit", broken_wait_exit)  # the one seam
+    monkeypatch.setattr(task_module, "_exited_nowait", broken)  # the one seam
     with pytest.raises(supervisor.InternalError, match="simulated bug"):
-        await sup.run(["sleep", "60"])
+        await sup.run(["sleep", "60"], time_limit="0.2s")  # wakes the driver
     r = next(reversed(sup.results.values()))
     assert r.outcome == "lost" and r.started and "simulated bug" in (r.error or "")
     assert r.cleanup == "incomplete" and "supervision failed" in (r.cleanup.detail or "")
@@ -338,3 +338,16 @@ async def test_unencodable_arguments_are_refused_before_anything_runs(
         with pytest.raises(supervisor.SpecError, match="encodable"):
             await sup.run(argv, **bad)
     assert len(os.listdir("/proc/self/fd")) == fds and not sup.results
+
+
+async def test_cancelling_around_the_supervisor_still_stops_and_records(
+        test_cgroup: object) -> None:
+    import cgroupfs
+    assert isinstance(test_cgroup, cgroupfs.Cgroup)
+    with trio.move_on_after(0.3) as scope:
+        async with supervisor.open_supervisor(cgroup_root=test_cgroup.path) as s:
+            await s.run(["sleep", "60"])
+    assert scope.cancelled_caught
+    (r,) = s.results.values()
+    assert r.outcome == "cancelled" and r.signal == signal.SIGTERM and r.cleanup == "clean"
+    assert test_cgroup.children() == []
