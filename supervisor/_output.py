@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import select
 import threading
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ import trio
 
 from ._result import StreamOutput
 
-__all__ = ["StreamCapture", "pump"]
+__all__ = ["OutputReactor", "StreamCapture"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def enlarge_pipe(fd: int) -> None:
         pass  # above /proc/sys/fs/pipe-max-size for an unprivileged user: keep the default
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Subscriber:
     """A live reader of one stream.  Never grows memory: when it lags more than
     ``SUBSCRIBER_BUFFER`` chunks, chunks are dropped for it and counted in ``missed``."""
@@ -48,7 +49,7 @@ class Subscriber:
     missed: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class StreamCapture:
     """What we keep of one stream: head, tail ring, total, and optionally a capped log file."""
 
@@ -164,30 +165,73 @@ def _read_into(fd: int, capture: StreamCapture) -> bool:
         return True
 
 
-async def pump(fd: int, capture: StreamCapture, cancel_scope: trio.CancelScope) -> None:
-    """Read ``fd`` (non-blocking) into ``capture`` until EOF or until ``cancel_scope``'s
-    deadline, which the runner sets once the leaf is empty.  Closes ``fd``."""
-    try:
-        # Shielded: the caller's cancellation stops the task, not the reading of its output;
-        # only ``cancel_scope`` (the drain deadline) ends it early.
-        with trio.CancelScope(shield=True), cancel_scope:
-            while True:
-                await trio.lowlevel.wait_readable(fd)
-                try:
-                    while _read_into(fd, capture):
-                        pass
-                    return  # EOF
-                except BlockingIOError:
-                    continue
-        # The deadline passed: whoever still holds the write end is outside the leaf.  Take
-        # what it already wrote, without waiting for more (bounded: it may still be writing).
-        for _ in range(4):
+class OutputReactor:
+    """One epoll set for the pipes of every task of a supervisor, read by one trio task.
+
+    A task costs no trio task of its own for its output: it registers its pipes and waits on
+    an Event per stream.  Level-triggered: each round reads every ready pipe (a few MiB at
+    most per pipe per round, so one chatty task cannot starve the others) into the shared
+    buffer, and each read is copied out (head, tail, log, subscribers) before the next.
+    Run :meth:`run` in a nursery; :meth:`stop` ends it (it is shielded, like the watcher:
+    tasks still draining below a cancelled supervisor need it).
+    """
+
+    _ROUND = 4  # reads per pipe per round
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._streams: dict[int, tuple[StreamCapture, trio.Event]] = {}
+        self._scope = trio.CancelScope(shield=True)
+
+    def add(self, fd: int, capture: StreamCapture) -> trio.Event:
+        """Read non-blocking ``fd`` into ``capture`` from now on; the Event is set at EOF
+        (or at :meth:`remove`), when ``fd`` is closed and the capture ended."""
+        done = trio.Event()
+        self._streams[fd] = (capture, done)
+        self._epoll.register(fd, select.EPOLLIN)
+        return done
+
+    def remove(self, fd: int) -> None:
+        """Stop reading ``fd`` now: take what is already buffered (bounded: a writer outside
+        the leaf may still be writing), close it, end the capture.  Idempotent."""
+        entry = self._streams.get(fd)
+        if entry is None:
+            return
+        for _ in range(self._ROUND):
             try:
-                if not _read_into(fd, capture):
+                if not _read_into(fd, entry[0]):
                     break
             except BlockingIOError:
                 break
-    finally:
-        trio.lowlevel.notify_closing(fd)
+        self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        capture, done = self._streams.pop(fd)
+        self._epoll.unregister(fd)
         os.close(fd)
         capture.close()
+        done.set()
+
+    async def run(self) -> None:
+        try:
+            with self._scope:
+                while True:
+                    await trio.lowlevel.wait_readable(self._epoll.fileno())
+                    for fd, _events in self._epoll.poll(0):
+                        entry = self._streams.get(fd)
+                        if entry is None:
+                            continue
+                        try:
+                            for _ in range(self._ROUND):
+                                if not _read_into(fd, entry[0]):
+                                    self._close(fd)  # EOF
+                                    break
+                        except BlockingIOError:
+                            pass
+        finally:
+            for fd in list(self._streams):
+                self._close(fd)
+            self._epoll.close()
+
+    def stop(self) -> None:
+        self._scope.cancel()

@@ -28,6 +28,9 @@ LEVELS = ("none", "requested", "signalled", "killed", "gone")
 class StopState:
     """The stop state of one task.  Times are ``trio.current_time()`` values."""
 
+    __slots__ = ("force", "forced", "killed_at", "landed", "level", "reason", "requested",
+                 "requested_at", "signal", "signalled_at", "waker")
+
     def __init__(self) -> None:
         self.reason: StopReason | None = None
         self.level = "none"

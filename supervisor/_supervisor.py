@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from ._errors import ConfigError, InternalError, SpecError, SupervisorError
+from ._output import OutputReactor
 from ._placement import Placement, check_limits, place_async
 from ._result import StopReason, TaskResult
 from ._spec import DEFAULT_GRACE, TaskSpec
@@ -32,13 +33,14 @@ log = logging.getLogger(__name__)
 class Supervisor:
     """Runs tasks; made by :func:`open_supervisor`."""
 
-    def __init__(self, placement: Placement, watcher: CgroupWatcher,
+    def __init__(self, placement: Placement, watcher: CgroupWatcher, reactor: OutputReactor,
                  default_time_limit: float | None, max_time_limit: float | None,
                  retain_results: int) -> None:
         self._placement = placement
         self._tasks = placement.tasks
         self._controllers = placement.controllers
         self._watcher = watcher
+        self._reactor = reactor
         self.default_time_limit = default_time_limit
         self.max_time_limit = max_time_limit
         self._prefix = secrets.token_hex(3)
@@ -274,16 +276,20 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
     placement = await place_async(cgroup_root)
     try:
         watcher = CgroupWatcher()
+        reactor = OutputReactor()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watcher.run)
-                sup = Supervisor(placement, watcher, default, ceiling, retain_results)
+                nursery.start_soon(reactor.run)
+                sup = Supervisor(placement, watcher, reactor, default, ceiling,
+                                 retain_results)
                 try:
                     yield sup
                 finally:
                     with trio.CancelScope(shield=True):
                         await sup._shutdown()
                     watcher.stop()
+                    reactor.stop()
         except BaseExceptionGroup as group:
             # The nursery is ours (it only runs the watcher): what the caller's block raised
             # comes back as itself, not wrapped in a group of ours.

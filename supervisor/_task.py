@@ -5,10 +5,11 @@ caller's task (``run``) or in the caller's nursery (``start``).  Its order of op
 
 1. A stop requested before the spawn means the task never starts (``cancelled``, not started).
 2. The leaf is made and its limits written before the spawn; the child is born in it.
-3. Running: both pipes are pumped, the main process is awaited on its pidfd, the time limit and
+3. Running: both pipes are read by the supervisor's output reactor, the main process is
+   awaited on its pidfd, the time limit and
    any stop request drive the escalation (signal every process in the leaf, grace, cgroup.kill).
 4. The main process's exit ends the command; what it left in the leaf is stopped the same way.
-5. Once the leaf is empty (inotify, not EOF), the pumps get a short drain deadline, usage is
+5. Once the leaf is empty (inotify, not EOF), the output gets a short drain deadline, usage is
    read, the leaf removed, and the result recorded: exactly once, whatever happened.
 
 Cancellation: everything from the spawn on runs in a shielded scope.  A sibling task notices the
@@ -33,7 +34,7 @@ import trio
 from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
 
 from ._errors import InternalError
-from ._output import StreamCapture, enlarge_pipe, pump
+from ._output import StreamCapture, enlarge_pipe
 from ._result import (
     Cleanup,
     Containment,
@@ -94,6 +95,9 @@ class TaskHandle:
     a kill; ``wait()`` returns the final :class:`TaskResult`, the same one every time.
     """
 
+    __slots__ = ("_captures", "_created_at", "_done", "_killed_leftovers", "_notes", "_result",
+                 "_stop", "_sup", "id", "pid", "spec", "state", "time_limit")
+
     def __init__(self, sup: Supervisor, task_id: str, spec: TaskSpec, time_limit: float | None,
                  notes: list[str]) -> None:
         self._sup = sup
@@ -109,6 +113,7 @@ class TaskHandle:
         self._result: TaskResult | None = None
         self._created_at = time.time()
         self._captures: dict[str, StreamCapture] = {}
+        self._killed_leftovers = False
 
     def __repr__(self) -> str:
         return f"<TaskHandle {self.id} {self.state} pid={self.pid} argv={list(self.spec.argv)}>"
@@ -327,36 +332,42 @@ class TaskHandle:
     async def _supervise(self, leaf: Cgroup, spawned: Spawned, pipes: dict[str, int],
                          t0: float, started_at: float) -> TaskResult:
         spec = self.spec
-        pump_scopes = {name: trio.CancelScope() for name in pipes if name != "stdin"}
+        reactor = self._sup._reactor
+        outputs = {name: reactor.add(pipes[name], self._captures[name])
+                   for name in ("stdout", "stderr") if name in pipes}
         feeder = trio.CancelScope()
         drive: _Drive | None = None
         try:
-            async with trio.open_nursery() as n:
-                for name, scope in pump_scopes.items():
-                    n.start_soon(pump, pipes[name], self._captures[name], scope)
-                if "stdin" in pipes:
-                    assert isinstance(spec.stdin, bytes)
+            # a nursery only for a stdin feeder: most tasks need none, and every running
+            # task's memory counts when a supervisor holds thousands
+            feeding = "stdin" in pipes
+            async with trio.open_nursery() if feeding else contextlib.nullcontext() as n:
+                if feeding:
+                    assert isinstance(spec.stdin, bytes) and n is not None
                     n.start_soon(_feed_stdin, pipes["stdin"], spec.stdin, feeder)
                 try:
                     drive = await self._drive(leaf, spawned.pidfd, t0)
                 except BaseException:
-                    # the driver itself failed (a bug): nothing may outlive it, and the
-                    # shielded pumps must not wait for an EOF that a live task withholds
+                    # the driver itself failed (a bug): nothing may outlive it
                     with contextlib.suppress(CgroupError):
                         leaf.kill()
                     raise
                 finally:
-                    # Whoever still holds a pipe now is outside the leaf: EOF may never come.
-                    feeder.cancel()
-                    drain_at = trio.current_time() + DRAIN_DEADLINE
-                    for scope in pump_scopes.values():
-                        scope.deadline = drain_at
+                    feeder.cancel()  # whoever still holds stdin now is outside the leaf
+                # End of output: EOF, or the drain deadline (the leaf is empty, so whoever
+                # still holds a pipe is outside it and EOF may never come).
+                with trio.move_on_after(DRAIN_DEADLINE, shield=True):
+                    for done in outputs.values():
+                        await done.wait()
         except BaseException as e:
-            # Ctrl-C while the nursery waited for the pumps (they are shielded and finish at
-            # their deadline): record first, then let it go on.  Anything earlier is a bug.
+            # Ctrl-C at the nursery's exit (main task only): record first, then let it go
+            # on.  Anything before the driver's end is a bug, for _run to handle.
             if drive is None or drive.status is None:
                 raise
             drive.pending = drive.pending or _first(e)
+        finally:
+            for name in outputs:
+                reactor.remove(pipes[name])
         assert drive is not None and drive.status is not None
         stats = _read_stats(leaf)
         cleanup = await self._remove_leaf_async(leaf, drive.leftovers, drive.problems)
@@ -448,8 +459,6 @@ class TaskHandle:
                 break
         stop.mark("gone")
         return d
-
-    _killed_leftovers = False
 
     async def _remove_leaf_async(self, leaf: Cgroup, leftovers: list[ProcessInfo],
                                  problems: list[str]) -> Cleanup:
