@@ -18,7 +18,8 @@ the supervisor lets them through only where no task result can carry them (openi
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "InternalError", "PlacementError", "SpecError", "SupervisorError"]
+__all__ = ["ConfigError", "InternalError", "PlacementError", "SpecError", "SupervisorError",
+           "first_leaf"]
 
 
 class SupervisorError(Exception):
@@ -43,3 +44,10 @@ class PlacementError(SupervisorError):
 
 class InternalError(SupervisorError):
     """Something corral believed impossible happened: a bug, to be reported."""
+
+
+def first_leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups, or ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from ._errors import ConfigError, InternalError, SpecError, SupervisorError
+from ._errors import ConfigError, InternalError, SpecError, SupervisorError, first_leaf
 from ._output import OutputReactor
 from ._placement import Placement, check_limits, place_async
 from ._result import StopReason, TaskResult
@@ -238,10 +238,7 @@ def _unwrapped(group: BaseExceptionGroup[BaseException]) -> BaseException:
     for kind in (InternalError, KeyboardInterrupt):
         found, _ = group.split(kind)
         if found is not None:
-            first: BaseException = found
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            return first
+            return first_leaf(found)
     return group
 
 

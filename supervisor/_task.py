@@ -33,7 +33,7 @@ import trio
 
 from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
 
-from ._errors import InternalError
+from ._errors import InternalError, first_leaf
 from ._output import StreamCapture, enlarge_pipe
 from ._result import (
     Cleanup,
@@ -258,7 +258,7 @@ class TaskHandle:
         try:
             return await self._supervise(leaf, spawned, pipes, t0, started_at)
         except Exception as group:
-            cause = _first(group)
+            cause = first_leaf(group)
             # A bug or an OS failure nobody planned for: the task still ends with its one
             # record, and nothing it started is left running.
             log.exception("task %s: supervising failed", self.id)
@@ -364,7 +364,7 @@ class TaskHandle:
             # on.  Anything before the driver's end is a bug, for _run to handle.
             if drive is None or drive.status is None:
                 raise
-            drive.pending = drive.pending or _first(e)
+            drive.pending = drive.pending or first_leaf(e)
         finally:
             for name in outputs:
                 reactor.remove(pipes[name])
@@ -564,13 +564,6 @@ class TaskHandle:
         self._done.set()
         self._sup._recorded(result)
         return result
-
-
-def _first(exc: BaseException) -> BaseException:
-    """The first leaf of an exception group (or the exception itself)."""
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _exited_nowait(pidfd: int) -> bool:

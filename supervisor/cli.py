@@ -30,7 +30,7 @@ import trio
 
 from cgroupfs import CgroupError, Limits
 
-from ._errors import PlacementError, SupervisorError
+from ._errors import PlacementError, SupervisorError, first_leaf
 from ._placement import check_limits, planned_controllers
 from ._properties import SUPPORTED, parse_properties
 from ._result import Outcome, TaskResult
@@ -84,12 +84,6 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print JSON")
     check.add_argument("--cgroup-root", metavar="PATH", help="check this root instead")
     return p
-
-
-def _first_leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _die(message: str) -> NoReturn:
@@ -206,7 +200,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         result, interrupted_by = trio.run(_run, spec, args)
     except* (PlacementError, SupervisorError, CgroupError, ValueError) as eg:
-        _die(str(_first_leaf(eg)))
+        _die(str(first_leaf(eg)))
     status = exit_status(result, interrupted_by)
     if result.outcome == Outcome.SPAWN_FAILED:
         print(f"corral: {result.error}", file=sys.stderr)
