@@ -17,7 +17,7 @@ import logging
 import os
 import select
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
@@ -58,12 +58,14 @@ class StreamCapture:
     log_fd: int | None = None
     log_limit: int | None = None
     log_path: str | None = None
-    head: bytearray = field(default_factory=bytearray)
-    tail: bytearray = field(default_factory=bytearray)
+    # made on the first byte (and subscribers on the first subscriber): a supervisor may hold
+    # thousands of quiet tasks
+    head: bytearray | None = None
+    tail: bytearray | None = None
     total: int = 0
     log_written: int = 0
     log_truncated: bool = False
-    subscribers: list[Subscriber] = field(default_factory=list)
+    subscribers: list[Subscriber] | None = None
     closed: bool = False
     mode: str = "capture"
 
@@ -71,6 +73,9 @@ class StreamCapture:
         """Take one chunk.  ``data`` may be a view of a reused buffer: it is copied here."""
         self.total += len(data)
         view = memoryview(data)
+        if self.head is None:
+            self.head, self.tail = bytearray(), bytearray()
+        assert self.tail is not None
         room = self.head_limit - len(self.head)
         if room > 0:
             self.head += view[:room]
@@ -84,7 +89,7 @@ class StreamCapture:
         if self.log_fd is not None:
             self._log(data)
         chunk = bytes(data) if self.subscribers else b""
-        for sub in self.subscribers:
+        for sub in self.subscribers or ():
             try:
                 sub.send.send_nowait(chunk)
             except trio.WouldBlock:
@@ -119,22 +124,25 @@ class StreamCapture:
         if self.closed:
             send.close()
         else:
+            if self.subscribers is None:
+                self.subscribers = []
             self.subscribers.append(Subscriber(send))
         return recv
 
     def close(self) -> None:
         """End of stream: subscribers see the channel close; the log file is closed."""
         self.closed = True
-        for sub in self.subscribers:
+        for sub in self.subscribers or ():
             sub.send.close()
         if self.log_fd is not None:
             os.close(self.log_fd)
             self.log_fd = None
 
     def result(self) -> StreamOutput:
-        tail = bytes(self.tail[-self.tail_limit:]) if self.tail_limit else b""
-        dropped = self.total - len(self.head) - len(tail)
-        return StreamOutput(bytes(self.head), tail, self.total, dropped, self.log_path,
+        head = bytes(self.head or b"")
+        tail = bytes(self.tail[-self.tail_limit:]) if self.tail and self.tail_limit else b""
+        dropped = self.total - len(head) - len(tail)
+        return StreamOutput(head, tail, self.total, dropped, self.log_path,
                             self.log_truncated, self.mode)
 
 

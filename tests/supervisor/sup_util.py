@@ -47,4 +47,5 @@ IGNORE_TERM_READY = "trap '' TERM; echo ready; sleep 60"
 
 async def wait_ready(task: supervisor.TaskHandle) -> None:
     """Wait until a task running IGNORE_TERM_READY has installed its trap (said "ready")."""
-    await wait_for(lambda: b"ready" in bytes(task._captures["stdout"].head), what="ready")
+    await wait_for(lambda: b"ready" in bytes(task._captures["stdout"].head or b""),
+                   what="ready")
