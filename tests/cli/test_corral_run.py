@@ -139,7 +139,11 @@ def wait_ready(p: subprocess.Popen[bytes]) -> None:
 
 def test_sigint_once_stops_gracefully(root: str) -> None:
     p = subprocess.Popen([CORRAL, "run", "--cgroup-root", root, "--", "sh", "-c",
-                          "trap 'echo stopping; exit 0' TERM; echo ready; sleep 60 & wait"],
+                          # "ready" once the background sleep really runs: a stop that
+                          # came while it was being forked would miss it
+                          "trap 'echo stopping; exit 0' TERM; sleep 60 & "
+                          "until [ \"$(cat /proc/$!/comm)\" = sleep ]; do :; done; "
+                          "echo ready; wait"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_ready(p)
     p.send_signal(signal.SIGINT)

@@ -31,8 +31,9 @@ except KeyboardInterrupt:
 
 
 def test_ctrl_c_stops_records_and_then_propagates(test_cgroup: cgroupfs.Cgroup) -> None:
-    r = subprocess.run([sys.executable, "-c", PROGRAM, test_cgroup.path], capture_output=True,
-                       text=True, timeout=60)
+    # -P: the installed package, not the checkout's uncompiled supervisor/ in the cwd
+    r = subprocess.run([sys.executable, "-P", "-c", PROGRAM, test_cgroup.path],
+                       capture_output=True, text=True, timeout=60)
     record, last = r.stdout.splitlines()
     assert last == "KeyboardInterrupt", r.stderr  # as itself, not wrapped in a group
     data = json.loads(record)
