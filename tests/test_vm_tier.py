@@ -141,9 +141,12 @@ def _run_guest() -> GuestRun:
     # The guest runs this very interpreter (not a pyenv shim: ~5 s per start in the guest),
     # through the host's / that it sees read-only, less the directories it mounts over.
     exe = Path(os.path.realpath(sys.executable))
-    for prefix in GUEST_PRIVATE:
-        if exe.is_relative_to(prefix) and not exe.is_relative_to(REPO):
-            pytest.skip(f"the interpreter {exe} is under {prefix}, which the guest does not see")
+    for needed in (exe, Path(sys.executable), PACKAGE_ROOT):
+        for prefix in GUEST_PRIVATE:
+            if needed.is_relative_to(prefix) and not needed.is_relative_to(REPO):
+                pytest.skip(f"{needed} (the interpreter, its venv or corral's package) is "
+                            f"under {prefix}, which the guest mounts privately: install corral "
+                            f"elsewhere to run this tier")
 
     workdir = Path(tempfile.mkdtemp(prefix=".vm-tier-", dir=REPO))
     try:
