@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TypeVar
 
 __all__ = [
@@ -165,15 +165,25 @@ def _parsed(text: str | None, parse: Callable[[str], _T]) -> _T | None:
     return None if text is None else parse(text)
 
 
-def read_stats(read_optional: Callable[[str], str | None]) -> CgroupStats:
-    """Gather ``CgroupStats`` with ``read_optional(name)`` (``None`` if absent)."""
+def read_stats(read_optional: Callable[[str], str | None],
+               controllers: Collection[str] | None = None) -> CgroupStats:
+    """Gather ``CgroupStats`` with ``read_optional(name)`` (``None`` if absent).
+
+    With ``controllers`` (those enabled for this cgroup), the files of the others are not even
+    tried: they cannot exist, and each miss costs a failed open.
+    """
+    def absent(name: str) -> None:
+        return None
+
+    mem = read_optional if controllers is None or "memory" in controllers else absent
+    pids = read_optional if controllers is None or "pids" in controllers else absent
     return CgroupStats(
         cpu=_parsed(read_optional("cpu.stat"), CpuStat.parse),
-        memory_current=_single_int(read_optional("memory.current")),
-        memory_peak=_single_int(read_optional("memory.peak")),
-        memory_events=_parsed(read_optional("memory.events"), MemoryEvents.parse),
-        pids_current=_single_int(read_optional("pids.current")),
-        pids_peak=_single_int(read_optional("pids.peak")),
-        pids_events=_parsed(read_optional("pids.events"), PidsEvents.parse),
+        memory_current=_single_int(mem("memory.current")),
+        memory_peak=_single_int(mem("memory.peak")),
+        memory_events=_parsed(mem("memory.events"), MemoryEvents.parse),
+        pids_current=_single_int(pids("pids.current")),
+        pids_peak=_single_int(pids("pids.peak")),
+        pids_events=_parsed(pids("pids.events"), PidsEvents.parse),
         cgroup=_parsed(read_optional("cgroup.stat"), CgroupStat.parse),
     )

@@ -119,14 +119,25 @@ class StreamCapture:
             view = view[n:]
 
     def subscribe(self) -> trio.MemoryReceiveChannel[bytes]:
-        """Chunks from now on; the channel is closed at the end of the stream."""
+        """The stream from its start as far as it is kept, then live.
+
+        First what is kept so far (the head, then the tail; bytes dropped between them are
+        counted in the subscriber's ``missed``), then every new chunk; the channel closes at
+        the end of the stream.  So a subscriber that comes late still sees the first line.
+        """
         send, recv = trio.open_memory_channel[bytes](SUBSCRIBER_BUFFER)
+        sub = Subscriber(send)
+        kept = self.result()
+        sub.missed = kept.dropped
+        for part in (kept.head, kept.tail):
+            if part:
+                send.send_nowait(part)
         if self.closed:
             send.close()
         else:
             if self.subscribers is None:
                 self.subscribers = []
-            self.subscribers.append(Subscriber(send))
+            self.subscribers.append(sub)
         return recv
 
     def close(self) -> None:

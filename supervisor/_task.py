@@ -142,9 +142,9 @@ class TaskHandle:
         return self._result
 
     def subscribe(self, stream: str = "stdout") -> trio.MemoryReceiveChannel[bytes]:
-        """Live output of ``stream`` from now on; the channel closes at the end of output.
-
-        A subscriber that falls behind misses chunks (counted) rather than growing memory.
+        """``stream`` as kept so far (head, then tail), then live; the channel closes at the
+        end of output.  A subscriber that falls behind misses chunks (counted) rather than
+        growing memory.
         """
         if stream not in ("stdout", "stderr"):
             raise ValueError(f"stream must be \"stdout\" or \"stderr\", got {stream!r}")
@@ -369,7 +369,7 @@ class TaskHandle:
             for name in outputs:
                 reactor.remove(pipes[name])
         assert drive is not None and drive.status is not None
-        stats = _read_stats(leaf)
+        stats = _read_stats(leaf, self._sup._controllers)
         cleanup = await self._remove_leaf_async(leaf, drive.leftovers, drive.problems)
         result = self._outcome(drive.status, drive.exited_at, t0, started_at, stats, cleanup,
                                spawned, leaf)
@@ -604,9 +604,9 @@ async def _write_all(fd: int, view: memoryview) -> None:
         view = view[n:]
 
 
-def _read_stats(leaf: Cgroup) -> CgroupStats | None:
+def _read_stats(leaf: Cgroup, controllers: frozenset[str]) -> CgroupStats | None:
     try:
-        return leaf.read_stats()
+        return leaf.read_stats(controllers)
     except CgroupError as e:
         log.warning("reading the usage of %s: %s", leaf.path, e)
         return None

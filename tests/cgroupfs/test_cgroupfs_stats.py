@@ -81,6 +81,21 @@ def test_read_stats_gives_none_for_each_absent_file() -> None:
     assert stats.cgroup == CgroupStat(2, 1)
 
 
+def test_read_stats_skips_the_files_of_controllers_not_enabled() -> None:
+    files = {"cpu.stat": CPU_STAT, "memory.current": "4096\n", "pids.current": "3\n",
+             "cgroup.stat": CGROUP_STAT}
+    asked: list[str] = []
+
+    def read(name: str) -> str | None:
+        asked.append(name)
+        return files.get(name)
+
+    stats = read_stats(read, controllers={"pids"})
+    assert stats.memory_current is None and stats.pids_current == 3
+    assert not [n for n in asked if n.startswith("memory.")]
+    assert read_stats(files.get, controllers=None).memory_current == 4096
+
+
 def test_read_stats_on_a_real_cgroup(test_cgroup: cgroupfs.Cgroup) -> None:
     stats = test_cgroup.read_stats()
     assert stats.cpu is not None  # cpu.stat's usage figures exist without the cpu controller

@@ -351,3 +351,15 @@ async def test_cancelling_around_the_supervisor_still_stops_and_records(
     (r,) = s.results.values()
     assert r.outcome == "cancelled" and r.signal == signal.SIGTERM and r.cleanup == "clean"
     assert test_cgroup.children() == []
+
+
+async def test_a_late_subscriber_gets_the_kept_output_first(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(sup.start, ["sh", "-c", "echo early; sleep 60"])
+        await wait_for(lambda: task._captures["stdout"].total == 6, what="early output read")
+        stream = task.subscribe("stdout")
+        with trio.fail_after(HANG):
+            assert await stream.receive() == b"early\n"
+        task.stop()
+    r = await task.wait()
+    assert r.outcome == "cancelled" and [c async for c in stream] == []
