@@ -201,6 +201,11 @@ class Supervisor:
         self._closing = True
         self.stop_all(reason=StopReason.SHUTDOWN)
         for handle in list(self._live.values()):
+            if not handle._began:
+                # start()'s coroutine was made but never run (dropped by its caller): nothing
+                # was created, and nothing else will ever end it
+                handle._finish_unstarted()
+                self._forget(handle)
             await handle._done.wait()
 
 

@@ -95,8 +95,8 @@ class TaskHandle:
     a kill; ``wait()`` returns the final :class:`TaskResult`, the same one every time.
     """
 
-    __slots__ = ("_captures", "_created_at", "_done", "_killed_leftovers", "_notes", "_result",
-                 "_stop", "_sup", "id", "pid", "spec", "state", "time_limit")
+    __slots__ = ("_began", "_captures", "_created_at", "_done", "_killed_leftovers", "_notes",
+                 "_result", "_stop", "_sup", "id", "pid", "spec", "state", "time_limit")
 
     def __init__(self, sup: Supervisor, task_id: str, spec: TaskSpec, time_limit: float | None,
                  notes: list[str]) -> None:
@@ -114,6 +114,7 @@ class TaskHandle:
         self._created_at = time.time()
         self._captures: dict[str, StreamCapture] = {}
         self._killed_leftovers = False
+        self._began = False  # the life has run (start() hands out a coroutine that might not)
 
     def __repr__(self) -> str:
         return f"<TaskHandle {self.id} {self.state} pid={self.pid} argv={list(self.spec.argv)}>"
@@ -168,6 +169,7 @@ class TaskHandle:
         wait handles the caller's cancellation (and Ctrl-C, which trio delivers to the main
         task whatever the shields) itself, turning it into a stop request; the final record is
         written before either continues on its way."""
+        self._began = True
         if trio.current_effective_deadline() == -math.inf:
             # called in an already cancelled scope: the stop comes before the spawn
             self._request(StopReason.CANCEL)

@@ -363,3 +363,15 @@ async def test_a_late_subscriber_gets_the_kept_output_first(sup: supervisor.Supe
         task.stop()
     r = await task.wait()
     assert r.outcome == "cancelled" and [c async for c in stream] == []
+
+
+async def test_a_start_coroutine_never_run_does_not_hold_the_supervisor(
+        test_cgroup: object) -> None:
+    import cgroupfs
+    assert isinstance(test_cgroup, cgroupfs.Cgroup)
+    with trio.fail_after(HANG):
+        async with supervisor.open_supervisor(cgroup_root=test_cgroup.path) as s:
+            dropped = s.start(["true"])  # made, never awaited nor given to a nursery
+            dropped.close()
+    (r,) = s.results.values()
+    assert r.outcome == "cancelled" and not r.started
