@@ -61,8 +61,9 @@ class Cleanup:
 
     Compares equal to its state string, so ``result.cleanup == "clean"`` reads naturally.
     ``leftovers`` are the processes still in the leaf when the main process ended (background
-    jobs, setsid escapees); ``leftovers_ended_by`` says how they went: ``"exited"`` (on their own
-    or on the stop signal) or ``"killed"`` (cgroup.kill).  ``detail`` says why it is incomplete.
+    jobs, setsid escapees); ``leftovers_ended_by`` says how they went: ``"stop signal"`` (they
+    ended within the grace after the stop signal), ``"killed"`` (cgroup.kill at the grace's end)
+    or ``"exited"`` (on their own, before any signal).  ``detail`` says why it is incomplete.
     """
 
     state: str

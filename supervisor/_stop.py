@@ -29,7 +29,7 @@ class StopState:
     """The stop state of one task.  Times are ``trio.current_time()`` values."""
 
     __slots__ = ("force", "forced", "killed_at", "landed", "level", "reason", "requested",
-                 "requested_at", "signal", "signalled_at", "waker")
+                 "requested_at", "signal", "signalled_at", "signalled_leaf", "waker")
 
     def __init__(self) -> None:
         self.reason: StopReason | None = None
@@ -39,6 +39,7 @@ class StopState:
         self.killed_at: float | None = None
         self.forced = False
         self.landed = False  # the stop signal or kill reached the main process while it lived
+        self.signalled_leaf = False  # the stop signal went to the leaf (a stop, or leftovers)
         self.requested = trio.Event()  # a stop was asked for (by anyone)
         self.force = trio.Event()  # kill now: skip the rest of the grace
         self.signal = int(signal.SIGTERM)

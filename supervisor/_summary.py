@@ -57,8 +57,10 @@ def summary_lines(r: TaskResult, exit_status: int) -> list[str]:
     if c.leftovers:
         names = ", ".join(f"{p.comm}[{p.pid}]" for p in c.leftovers[:5])
         more = f" and {len(c.leftovers) - 5} more" if len(c.leftovers) > 5 else ""
+        how = {"stop signal": "ended on the stop signal", "killed": "killed",
+               "exited": "exited on their own"}.get(c.leftovers_ended_by or "", "")
         text += (f"; {len(c.leftovers)} process(es) left behind by the main process "
-                 f"({names}{more}) {c.leftovers_ended_by}")
+                 f"({names}{more}) {how}")
     if c.detail:
         text += f": {c.detail}"
     lines.append(f"  Cleanup: {text}")

@@ -431,6 +431,7 @@ class TaskHandle:
                 if spec.grace_s > 0 and not stop.force.is_set():
                     main_alive = d.status is None and not _exited_nowait(pidfd)
                     signal_leaf(leaf, stop.signal)
+                    stop.signalled_leaf = True
                     if stop.reason is not None:
                         stop.mark("signalled")
                         stop.landed = main_alive
@@ -493,7 +494,8 @@ class TaskHandle:
     def _cleanup(self, leftovers: list[ProcessInfo], problems: list[str]) -> Cleanup:
         ended_by = None
         if leftovers:
-            ended_by = "killed" if self._killed_leftovers else "exited"
+            ended_by = ("killed" if self._killed_leftovers else
+                        "stop signal" if self._stop.signalled_leaf else "exited")
         if problems:
             return Cleanup("incomplete", tuple(leftovers), ended_by, "; ".join(problems))
         return Cleanup("clean", tuple(leftovers), ended_by)

@@ -138,7 +138,7 @@ async def test_main_exit_ends_the_command_and_leftovers_are_stopped(
     r = await sup.run(["sh", "-c", "setsid sleep 60 >/dev/null 2>&1 & sleep 60 & echo bg=$!"],
                       grace="20s")
     assert r.outcome == "succeeded" and r.exit_code == 0
-    assert len(r.cleanup.leftovers) == 2 and r.cleanup.leftovers_ended_by == "exited"
+    assert len(r.cleanup.leftovers) == 2 and r.cleanup.leftovers_ended_by == "stop signal"
     assert r.cleanup == "clean"
     for p in r.cleanup.leftovers:
         assert not alive(p.pid)
