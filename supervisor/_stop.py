@@ -28,8 +28,8 @@ LEVELS = ("none", "requested", "signalled", "killed", "gone")
 class StopState:
     """The stop state of one task.  Times are ``trio.current_time()`` values."""
 
-    __slots__ = ("force", "forced", "killed_at", "landed", "level", "reason", "requested",
-                 "requested_at", "signal", "signalled_at", "signalled_leaf", "waker")
+    __slots__ = ("forced", "killed_at", "landed", "level", "reason", "requested_at", "signal",
+                 "signalled_at", "signalled_leaf", "waker")
 
     def __init__(self) -> None:
         self.reason: StopReason | None = None
@@ -40,8 +40,6 @@ class StopState:
         self.forced = False
         self.landed = False  # the stop signal or kill reached the main process while it lived
         self.signalled_leaf = False  # the stop signal went to the leaf (a stop, or leftovers)
-        self.requested = trio.Event()  # a stop was asked for (by anyone)
-        self.force = trio.Event()  # kill now: skip the rest of the grace
         self.signal = int(signal.SIGTERM)
         # the scope the task's driver (or queue) is waiting in: a request cancels it
         self.waker: trio.CancelScope | None = None
@@ -58,19 +56,17 @@ class StopState:
             self.requested_at = trio.current_time()
             if self.level == "none":
                 self.level = "requested"
-            self.requested.set()
             if force:
                 self._force()
             self._wake()
             return True
-        if self.force.is_set():
+        if self.forced:
             return False
         self._force()
         return True
 
     def _force(self) -> None:
-        self.forced = True
-        self.force.set()
+        self.forced = True  # kill now: skip the rest of the grace
         self._wake()
 
     def _wake(self) -> None:

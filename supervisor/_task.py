@@ -399,7 +399,7 @@ class TaskHandle:
             try:
                 with trio.CancelScope(deadline=wake_at, shield=d.pending is not None) as waker:
                     stop.waker = waker
-                    if not stop.requested.is_set() or escalating:
+                    if stop.reason is None or escalating:
                         if d.status is None:
                             await trio.lowlevel.wait_readable(pidfd)
                         else:
@@ -428,7 +428,7 @@ class TaskHandle:
             if not escalating and (stop.reason is not None or d.status is not None):
                 # one pass, never restarted: the stop signal now, the kill at the grace's end
                 escalating = True
-                if spec.grace_s > 0 and not stop.force.is_set():
+                if spec.grace_s > 0 and not stop.forced:
                     main_alive = d.status is None and not _exited_nowait(pidfd)
                     signal_leaf(leaf, stop.signal)
                     stop.signalled_leaf = True
@@ -439,7 +439,7 @@ class TaskHandle:
                     if spec.repeat_s is not None:
                         repeat_at = now + spec.repeat_s
                     continue
-            if escalating and not killed and (stop.force.is_set() or now >= grace_end
+            if escalating and not killed and (stop.forced or now >= grace_end
                                               or spec.grace_s == 0):
                 main_alive = d.status is None and not _exited_nowait(pidfd)
                 leaf.kill()
