@@ -106,7 +106,7 @@ class TaskHandle:
         self.time_limit = time_limit
         self.pid: int | None = None
         self.state = "queued"
-        self._notes = notes
+        self._notes = tuple(notes)  # () for most: shared, costs nothing per task
         self._stop = StopState()
         self._stop.signal = int(spec.stop_signal)
         self._done = trio.Event()
@@ -559,7 +559,7 @@ class TaskHandle:
             else empty,
             containment=containment or Containment("cgroup"),
             time_limit=self.time_limit, created_at=self._created_at, started_at=started_at,
-            ended_at=time.time(), notes=tuple(self._notes + (notes or [])),
+            ended_at=time.time(), notes=(*self._notes, *(notes or ())),
             error=None if error is None else str(error),
             error_errno=getattr(error, "errno", None), error_step=step,
         )
