@@ -158,8 +158,8 @@ class StreamCapture:
 
 
 class _ReadBuffer(threading.local):
-    """One read buffer per thread, shared by every pump of that thread's trio run: a read and
-    the copy out of it happen with no checkpoint between them, so pumps never interleave on
+    """One read buffer per thread, shared by every read of that thread's trio run: a read and
+    the copy out of it happen with no checkpoint between them, so reads never interleave on
     it, and a thousand tasks do not cost a thousand buffers (nor an mmap per read)."""
 
     def __init__(self) -> None:

@@ -35,7 +35,7 @@ from cgroupfs import (
 
 from ._errors import PlacementError, SpecError
 
-__all__ = ["Placement", "check_limits", "place", "place_async", "planned_controllers"]
+__all__ = ["Placement", "check_limits", "place_async", "planned_controllers"]
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,9 @@ def _systemd_running() -> bool:
 
 
 async def place_async(cgroup_root: str | None) -> Placement:
-    """:func:`place`, including the one asynchronous way: a delegated systemd scope.
+    """Find and prepare the root; PlacementError says what was found and what to change.
+
+    Asynchronous for one way only: a delegated systemd scope.
 
     On a systemd host where we are not delegated already, systemd makes a transient scope with
     ``Delegate=yes`` holding our own process (one per supervisor, never one per task), and that
@@ -165,17 +167,6 @@ async def place_async(cgroup_root: str | None) -> Placement:
                                  f"--cgroup-root a cgroup delegated to us") from e
         choice = _Choice(f"systemd scope {scope.unit}", scope.cgroup, False, True)
     return await trio.to_thread.run_sync(_place_choice, choice)
-
-
-def place(cgroup_root: str | None) -> Placement:
-    """Find and prepare the root; raises PlacementError saying what was found and what to do.
-
-    Synchronous: where the root would be a systemd scope, use :func:`place_async`.
-    """
-    choice = _choose(cgroup_root)
-    if choice.via_systemd:
-        raise PlacementError("the root here is a systemd scope, which needs place_async()")
-    return _place_choice(choice)
 
 
 def _place_choice(choice: _Choice) -> Placement:
@@ -227,8 +218,10 @@ def _reap_orphaned_roots(parent: Cgroup, notes: list[str]) -> None:
             continue  # its corral is alive
         try:
             with Cgroup.open(path) as orphan:
-                count = sum(len(_procs_in(os.path.join(path, d)))
-                            for d in ["", *orphan.descendants()])
+                count = len(orphan.procs())
+                for rel in orphan.descendants():
+                    with Cgroup.open(os.path.join(path, rel)) as below:
+                        count += len(below.procs())
                 if orphan.is_populated():
                     orphan.kill()
                     orphan.wait_unpopulated(5.0)
@@ -240,14 +233,6 @@ def _reap_orphaned_roots(parent: Cgroup, notes: list[str]) -> None:
                     m.group(1), count)
         notes.append(f"removed {path}, left by corral process {m.group(1)} that ended without "
                      f"cleaning up; {count} process(es) in it were killed")
-
-
-def _procs_in(path: str) -> list[str]:
-    try:
-        with open(os.path.join(path, "cgroup.procs")) as f:
-            return f.read().split()
-    except FileNotFoundError:
-        return []
 
 
 def _enable_wanted(cg: Cgroup, notes: list[str]) -> None:

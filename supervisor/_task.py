@@ -589,7 +589,8 @@ async def _wait_exit(pidfd: int) -> os.waitid_result:
 async def _feed_stdin(fd: int, data: bytes, scope: trio.CancelScope) -> None:
     view = memoryview(data)
     try:
-        with trio.CancelScope(shield=True), scope:  # as the pumps: only ``scope`` ends it
+        # the caller's cancellation is the driver's to handle: only ``scope`` ends this
+        with trio.CancelScope(shield=True), scope:
             await _write_all(fd, view)
     finally:
         trio.lowlevel.notify_closing(fd)

@@ -45,7 +45,7 @@ def test_text_report_says_it_works_and_cleans_up() -> None:
     assert "/corral-" in root and not os.path.exists(root)
 
 
-def test_unusable_root_exits_1_and_says_why(tmp_path: object) -> None:
+def test_unusable_root_exits_1_and_says_why() -> None:
     r = check("--cgroup-root", "/proc")
     assert r.returncode == 1
     assert "not a cgroup v2 directory" in r.stdout and "cannot work here" in r.stdout
