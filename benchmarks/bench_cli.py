@@ -3,7 +3,7 @@
 1. On the host: ``corral run -- /bin/true`` against ``python -c "import trio"`` with the same
    interpreter, interleaved in rounds (target: <= 1.25x: corral's own start-up, placement,
    spawn and cleanup add little over the interpreter and trio).
-2. In a systemd booted in namespaces (the tests' fixture, tests/systemd/systemd_sandbox.py):
+2. In a systemd booted in namespaces (the tests' fixture, tests/systemd_tier/systemd_sandbox.py):
    ``corral run -- /bin/true`` (which asks systemd for a delegated scope over D-Bus) against
    ``systemd-run --scope /bin/true``.  Both start the same way: ``nsenter`` into the sandbox,
    a shell that moves itself into a plain cgroup there (as a login session would be: not
@@ -60,7 +60,7 @@ def main() -> int:
             [sys.executable, "-c", "import trio"], 'python -c "import trio"', rounds, "<= 1.25x")
     if args.quick or args.no_systemd:
         return 0
-    sys.path.insert(0, str(HERE.parent / "tests" / "systemd"))
+    sys.path.insert(0, str(HERE.parent / "tests" / "systemd_tier"))
     from systemd_sandbox import SandboxUnavailable, SystemdSandbox
 
     try:

@@ -27,6 +27,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/ioctl.h>
+#include <sys/signalfd.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -199,6 +201,10 @@ static int child_main(void *arg)
         child_fail(c, CORRAL_STEP_FDS, err);
     if ((err = child_close_other_fds(a)) != 0)
         child_fail(c, CORRAL_STEP_FDS, err);
+    /* A new session's leader takes fd 0 (a pseudo-terminal's slave) as its controlling
+     * terminal, so that the terminal's job control and signals reach the task. */
+    if ((a->flags & CORRAL_SPAWN_SETCTTY) && ioctl(0, TIOCSCTTY, 0) < 0)
+        child_fail(c, CORRAL_STEP_CTTY, errno);
 
     /* Dispositions back to default (handlers make no sense after exec anyway, but ignored
      * signals would be inherited: a task started with SIGTERM ignored could not be stopped
@@ -462,4 +468,15 @@ int corral_inotify_add_watch(int fd, const char *path, unsigned int mask)
 int corral_inotify_rm_watch(int fd, int wd)
 {
     return inotify_rm_watch(fd, wd) < 0 ? -errno : 0;
+}
+
+int corral_signalfd(const int *signals, int n)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    for (int i = 0; i < n; i++)
+        if (sigaddset(&set, signals[i]) < 0)
+            return -errno;
+    int fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    return fd < 0 ? -errno : fd;
 }

@@ -15,6 +15,7 @@
 #define CORRAL_SPAWN_SETGID          8
 #define CORRAL_SPAWN_SETUID          16
 #define CORRAL_SPAWN_FORCE_FALLBACK  32
+#define CORRAL_SPAWN_SETCTTY         64  /* make fd 0 (a terminal) the controlling terminal: needs SETSID */
 
 /* how the child was created (corral_spawn_result.method) */
 #define CORRAL_METHOD_CLONE3_VFORK   1  /* clone3(CLONE_INTO_CGROUP|CLONE_PIDFD|CLONE_VM|CLONE_VFORK) */
@@ -37,6 +38,7 @@
 #define CORRAL_STEP_SETUID     12
 #define CORRAL_STEP_CHDIR      13
 #define CORRAL_STEP_EXEC       14
+#define CORRAL_STEP_CTTY       15
 
 struct corral_rlimit {
     int resource;
@@ -82,5 +84,11 @@ int corral_spawn(const struct corral_spawn_args *args, struct corral_spawn_resul
 int corral_inotify_init(void);
 int corral_inotify_add_watch(int fd, const char *path, unsigned int mask);
 int corral_inotify_rm_watch(int fd, int wd);
+
+/* signalfd for the signals listed (they must already be blocked in every thread): a
+ * non-blocking, close-on-exec fd whose reads give struct signalfd_siginfo (128 bytes: signo,
+ * errno, code, pid, uid, ...), so that a reader can tell who sent a signal (si_code SI_USER
+ * from kill(2), SI_KERNEL from a terminal's Ctrl-C).  -errno on failure. */
+int corral_signalfd(const int *signals, int n);
 
 #endif

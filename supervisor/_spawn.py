@@ -28,7 +28,9 @@ __all__ = [
     "Spawned",
     "inotify_add_watch",
     "inotify_init",
+    "inotify_rm_watch",
     "resolve_executable",
+    "signalfd",
     "spawn",
 ]
 
@@ -47,6 +49,7 @@ _STEPS = {
     lib.CORRAL_STEP_SETUID: "setuid",
     lib.CORRAL_STEP_CHDIR: "chdir",
     lib.CORRAL_STEP_EXEC: "exec",
+    lib.CORRAL_STEP_CTTY: "ctty",
 }
 
 
@@ -133,6 +136,7 @@ def spawn(
     umask: int | None = None,
     new_session: bool = False,
     new_netns: bool = False,
+    controlling_tty: bool = False,
     uid: int | None = None,
     gid: int | None = None,
     groups: Sequence[int] | None = None,
@@ -179,6 +183,8 @@ def spawn(
         flags |= lib.CORRAL_SPAWN_SETSID
     if new_netns:
         flags |= lib.CORRAL_SPAWN_NEWNET
+    if controlling_tty:
+        flags |= lib.CORRAL_SPAWN_SETCTTY
     if groups is not None:
         g = ffi.new("unsigned int[]", list(groups))
         keep.append(g)
@@ -220,6 +226,26 @@ def inotify_init() -> int:
 
 
 IN_MODIFY = 0x00000002
+
+
+def inotify_rm_watch(fd: int, wd: int) -> None:
+    """Remove watch ``wd``; OSError(EINVAL) when the kernel already dropped it."""
+    rc: int = lib.corral_inotify_rm_watch(fd, wd)
+    if rc < 0:
+        raise OSError(-rc, os.strerror(-rc), "inotify_rm_watch")
+
+
+SIGNALFD_SIGINFO_SIZE = 128
+
+
+def signalfd(signals: Sequence[int]) -> int:
+    """A non-blocking, close-on-exec signalfd for ``signals`` (block them first, in every
+    thread); each read of 128 bytes is one ``struct signalfd_siginfo``."""
+    arr = ffi.new("int[]", [int(s) for s in signals])
+    fd: int = lib.corral_signalfd(arr, len(signals))
+    if fd < 0:
+        raise OSError(-fd, os.strerror(-fd), "signalfd")
+    return fd
 
 
 def inotify_add_watch(fd: int, path: str, mask: int = IN_MODIFY) -> int:

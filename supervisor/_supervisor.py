@@ -19,12 +19,12 @@ import trio
 
 from ._errors import ConfigError, InternalError, SpecError, SupervisorError, first_leaf
 from ._output import OutputReactor
-from ._placement import Placement, check_limits, place_async
 from ._result import StopReason, TaskResult
 from ._spec import DEFAULT_GRACE, TaskSpec
 from ._task import QueueSlot, TaskHandle
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
+from .placement import Placement, check_limits, place_async
 
 __all__ = ["DEFAULT_GRACE", "Batch", "Supervisor", "open_supervisor"]
 

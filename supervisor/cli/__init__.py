@@ -30,13 +30,13 @@ import trio
 
 from cgroupfs import CgroupError, Limits
 
-from ._errors import PlacementError, SupervisorError, first_leaf
-from ._placement import check_limits, planned_controllers
-from ._properties import SUPPORTED, parse_properties
-from ._result import Outcome, TaskResult
-from ._spec import TaskSpec
-from ._summary import summary_lines
-from ._supervisor import open_supervisor
+from .._errors import PlacementError, SupervisorError, first_leaf
+from .._properties import SUPPORTED, parse_properties
+from .._result import Outcome, TaskResult
+from .._spec import TaskSpec
+from .._supervisor import open_supervisor
+from ..placement import check_limits, planned_controllers
+from .summary import summary_lines
 
 __all__ = ["main"]
 
@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "run":
         return _cmd_run(args)
-    from ._check import run_check
+    from .check import run_check
 
     return run_check(json_output=args.json, cgroup_root=args.cgroup_root)
 

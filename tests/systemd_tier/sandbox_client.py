@@ -1,4 +1,4 @@
-"""Runs inside the systemd sandbox: asks for scopes through supervisor._systemd, reports JSON.
+"""Runs inside the systemd sandbox: asks for scopes through supervisor.placement.systemd, reports JSON.
 
     python sandbox_client.py create [--bus B] [--name N] [--layout] [--stray] [--hold]
     python sandbox_client.py twice  [--bus B]         # the same name twice: the error, as JSON
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from supervisor import _systemd
+from supervisor.placement import systemd as _systemd
 
 
 def _v2_line() -> str:

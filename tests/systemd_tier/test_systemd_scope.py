@@ -1,4 +1,4 @@
-"""supervisor._systemd and systemd/corral.service against a real systemd (252 on Debian 12).
+"""supervisor.placement.systemd and systemd/corral.service against a real systemd (252 on Debian 12).
 
 The sandbox (conftest.py, systemd_sandbox.py) boots systemd as PID 1 of new namespaces; the
 code under test runs inside it as ``nsenter ... <this venv's python> sandbox_client.py``, the
@@ -23,7 +23,7 @@ import pytest
 import trio
 from systemd_sandbox import INSIDE_DIR, SystemdSandbox
 
-from supervisor._systemd import SystemdError, create_delegated_scope, probe
+from supervisor.placement.systemd import SystemdError, create_delegated_scope, probe
 
 pytestmark = pytest.mark.systemd
 

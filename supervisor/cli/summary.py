@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ._result import TaskResult
-from ._units import format_duration
+from .._result import TaskResult
+from .._units import format_duration
 
 __all__ = ["format_bytes", "summary_lines"]
 

@@ -25,9 +25,9 @@ from cgroupfs import (
     parse_mountinfo,
 )
 
-from ._errors import PlacementError
-from ._placement import place_async
-from ._spawn import SpawnError, spawn
+from .._errors import PlacementError
+from .._spawn import SpawnError, spawn
+from ..placement import place_async
 
 __all__ = ["collect", "run_check"]
 
@@ -118,7 +118,7 @@ def _systemd_report() -> dict[str, Any]:
     running = os.path.isdir("/run/systemd/system")  # what sd_booted() checks
     report: dict[str, Any] = {"running": running}
     if running:
-        from ._systemd import probe
+        from ..placement.systemd import probe
 
         version = trio.run(probe)
         report["reachable"] = version is not None

@@ -33,7 +33,7 @@ from cgroupfs import (
     own_cgroup,
 )
 
-from ._errors import PlacementError, SpecError
+from .._errors import PlacementError, SpecError
 
 __all__ = ["Placement", "check_limits", "place_async", "planned_controllers"]
 
@@ -158,7 +158,7 @@ async def place_async(cgroup_root: str | None) -> Placement:
 
     choice = _choose(cgroup_root)
     if choice.via_systemd:
-        from ._systemd import SystemdError, create_delegated_scope
+        from .systemd import SystemdError, create_delegated_scope
 
         try:
             scope = await create_delegated_scope(os.getpid())
