@@ -1,4 +1,4 @@
-"""Runs inside the systemd sandbox: asks for scopes through supervisor.placement.systemd, reports JSON.
+"""Runs inside the systemd sandbox: asks supervisor.placement.systemd for scopes; reports JSON.
 
     python sandbox_client.py create [--bus B] [--name N] [--layout] [--stray] [--hold]
     python sandbox_client.py twice  [--bus B]         # the same name twice: the error, as JSON

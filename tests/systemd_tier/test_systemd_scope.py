@@ -1,4 +1,4 @@
-"""supervisor.placement.systemd and systemd/corral.service against a real systemd (252 on Debian 12).
+"""supervisor.placement.systemd and systemd/corral.service against a real systemd (252 here).
 
 The sandbox (conftest.py, systemd_sandbox.py) boots systemd as PID 1 of new namespaces; the
 code under test runs inside it as ``nsenter ... <this venv's python> sandbox_client.py``, the
