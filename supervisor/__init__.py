@@ -15,23 +15,62 @@ Note: ``supervisor`` is also the import name of supervisord.  The two cannot be 
 one environment; corral's distribution is called ``corral``.
 """
 
-from cgroupfs import CpuMax, Limits
+from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigError, InternalError, PlacementError, SpecError, SupervisorError
-from ._result import (
-    Cleanup,
-    Containment,
-    Outcome,
-    ProcessInfo,
-    StopReason,
-    StopRecord,
-    StreamOutput,
-    TaskResult,
-    Usage,
-)
-from ._spec import TaskSpec
-from ._supervisor import Batch, Supervisor, open_supervisor
-from ._task import TaskHandle
+if TYPE_CHECKING:
+    from cgroupfs import CpuMax, Limits
+
+    from ._errors import (
+        ConfigError,
+        InternalError,
+        PlacementError,
+        SpecError,
+        SupervisorError,
+    )
+    from ._result import (
+        Cleanup,
+        Containment,
+        Outcome,
+        ProcessInfo,
+        StopReason,
+        StopRecord,
+        StreamOutput,
+        TaskResult,
+        Usage,
+    )
+    from ._spec import TaskSpec
+    from ._supervisor import Batch, Supervisor, open_supervisor
+    from ._task import TaskHandle
+
+# Public name -> the module that defines it.  Loaded on first use (PEP 562), so that
+# ``import supervisor`` (and the CLI's client verbs, which live below it) cost no trio import.
+_WHERE = {
+    "CpuMax": "cgroupfs", "Limits": "cgroupfs",
+    "ConfigError": "._errors", "InternalError": "._errors", "PlacementError": "._errors",
+    "SpecError": "._errors", "SupervisorError": "._errors",
+    "Cleanup": "._result", "Containment": "._result", "Outcome": "._result",
+    "ProcessInfo": "._result", "StopReason": "._result", "StopRecord": "._result",
+    "StreamOutput": "._result", "TaskResult": "._result", "Usage": "._result",
+    "TaskSpec": "._spec",
+    "Batch": "._supervisor", "Supervisor": "._supervisor", "open_supervisor": "._supervisor",
+    "TaskHandle": "._task",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'supervisor' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     "Batch",

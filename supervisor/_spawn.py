@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _native  # type: ignore[attr-defined]
+from ._native import ffi as _ffi
+from ._native import lib as _lib
 
-ffi: Any = _native.ffi
-lib: Any = _native.lib
+ffi: Any = _ffi
+lib: Any = _lib
 
 __all__ = [
     "SpawnError",

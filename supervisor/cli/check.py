@@ -8,6 +8,7 @@ would work.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -29,7 +30,7 @@ from .._errors import PlacementError
 from .._spawn import SpawnError, spawn
 from ..placement import place_async
 
-__all__ = ["collect", "run_check"]
+__all__ = ["add_parser", "collect", "main", "run_check"]
 
 # which -p properties each controller makes work
 PROPERTIES_BY_CONTROLLER = {
@@ -164,3 +165,13 @@ def run_check(*, json_output: bool, cgroup_root: str | None) -> int:
     lines.append("corral run works here" if report["ok"] else "corral run cannot work here")
     print("\n".join(lines))
     return 0 if report["ok"] else 1
+
+
+def add_parser(sub: Any) -> None:
+    check = sub.add_parser("check", help="what corral found on this machine, and what works")
+    check.add_argument("--json", action="store_true", help="print JSON")
+    check.add_argument("--cgroup-root", metavar="PATH", help="check this root instead")
+
+
+def main(args: argparse.Namespace) -> int:
+    return run_check(json_output=args.json, cgroup_root=args.cgroup_root)
