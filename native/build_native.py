@@ -37,4 +37,19 @@ ffibuilder.set_source(
 )
 
 if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+    # Developers: rebuild the module in place without pip.  Compiled in a scratch directory and
+    # moved over the old one with rename(2), so that processes still running the old module
+    # (other test runs) keep their mapping instead of crashing on a rewritten file.
+    import os
+    import shutil
+    import tempfile
+
+    os.chdir(HERE.parent)
+    with tempfile.TemporaryDirectory(prefix="corral-native-") as tmp:
+        shutil.copytree(HERE, pathlib.Path(tmp) / HERE.name)  # cffi builds from inside tmp
+        built = pathlib.Path(ffibuilder.compile(tmpdir=tmp, verbose=False))
+        target = HERE.parent / "supervisor" / "_native.abi3.so"
+        staged = target.with_suffix(".so.new")
+        shutil.copy2(built, staged)
+        os.replace(staged, target)
+    print(f"rebuilt {target}")

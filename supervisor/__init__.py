@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         SpecError,
         SupervisorError,
     )
+    from ._isolation import Isolation
     from ._result import (
         Cleanup,
         Containment,
@@ -52,6 +53,7 @@ _WHERE = {
     "ProcessInfo": "._result", "StopReason": "._result", "StopRecord": "._result",
     "StreamOutput": "._result", "TaskResult": "._result", "Usage": "._result",
     "TaskSpec": "._spec",
+    "Isolation": "._isolation",
     "Batch": "._supervisor", "Supervisor": "._supervisor", "open_supervisor": "._supervisor",
     "TaskHandle": "._task",
 }
@@ -79,6 +81,7 @@ __all__ = [
     "Containment",
     "CpuMax",
     "InternalError",
+    "Isolation",
     "Limits",
     "Outcome",
     "PlacementError",

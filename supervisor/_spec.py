@@ -18,6 +18,7 @@ from typing import Any, Literal
 from cgroupfs import Limits
 
 from ._errors import SpecError
+from ._isolation import Isolation
 from ._units import UnitsError, parse_duration, parse_signal
 
 __all__ = ["DEFAULT_GRACE", "TaskSpec"]
@@ -73,6 +74,7 @@ class TaskSpec:
     ``stop_signal_repeat`` seconds while the task lives, for tools that want to be interrupted
     more than once.  ``output_head``/``output_tail``: bytes kept of each stream.  ``log_file``:
     write the full output there too, up to ``log_max_bytes``.  ``limits``: cgroup limits.
+    ``isolation``: user, namespaces, capabilities (systemd.exec's names).
     """
 
     argv: tuple[str, ...]
@@ -91,6 +93,7 @@ class TaskSpec:
     log_file: str | None = None
     log_max_bytes: int | None = None
     limits: Limits = field(default_factory=Limits)
+    isolation: Isolation = field(default_factory=Isolation)
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -168,6 +171,9 @@ class TaskSpec:
         if not isinstance(self.limits, Limits):
             raise SpecError("limits", f"limits must be a cgroupfs.Limits, got {self.limits!r}: "
                                       f"build one like Limits(memory_max=512 * 2**20)")
+        if not isinstance(self.isolation, Isolation):
+            raise SpecError("isolation", f"isolation must be a supervisor.Isolation, got "
+                                         f"{self.isolation!r}")
 
     @classmethod
     def from_call(cls, argv: Any, kwargs: Mapping[str, Any]) -> TaskSpec:

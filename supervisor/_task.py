@@ -322,8 +322,10 @@ class TaskHandle:
         else:
             stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
             fds.append(stdin_fd)
-        spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd, stdin=stdin_fd,
-                        stdout=child_ends[0], stderr=child_ends[1], cwd=spec.cwd)
+        with spec.isolation.prepare() as options:
+            spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd,
+                            stdin=stdin_fd, stdout=child_ends[0], stderr=child_ends[1],
+                            cwd=spec.cwd, **options)
         # the child has its copies: ours of the child's ends must go, or EOF never comes
         keep = set(pipes.values()) | {c.log_fd for c in self._captures.values()}
         for fd in fds:
