@@ -27,6 +27,13 @@ EXIT_FAILURE = 125
 VERBS: dict[str, str] = {
     "run": ".run",
     "check": ".check",
+    "serve": ".serve",
+    "submit": ".submit",
+    "ps": ".ps",
+    "show": ".show",
+    "wait": ".wait",
+    "logs": ".logs",
+    "stop": ".stop",
 }
 
 

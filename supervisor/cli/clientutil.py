@@ -1,0 +1,52 @@
+"""What the daemon's client verbs share: ``--socket``, one Client, errors as corral's own.
+
+No trio and no core import here: ``corral ps`` must start about as fast as Python does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..client import ApiError, Client, DaemonUnavailable
+from . import EXIT_FAILURE
+
+__all__ = ["add_socket", "run_client"]
+
+
+def add_socket(p: Any) -> None:
+    p.add_argument("--socket", metavar="PATH",
+                   help="the daemon's socket (default: $CORRAL_SOCKET, else "
+                        "/run/corral/corral.sock)")
+
+
+def run_client(args: argparse.Namespace, body: Callable[[Client], int]) -> int:
+    """``body(client)``; an error of the daemon's or of the connection is printed as
+    ``corral: message`` and gives exit status 125."""
+    try:
+        with Client(args.socket) as client:
+            return body(client)
+    except ApiError as e:
+        print(f"corral: {e.message}", file=sys.stderr)
+    except DaemonUnavailable as e:
+        print(f"corral: {e}", file=sys.stderr)
+    except BrokenPipeError:
+        return 141  # our reader went away (corral logs | head)
+    return EXIT_FAILURE
+
+
+def write_frames(frames: Any, out: Any, stream: str) -> dict[str, Any] | None:
+    """Write data frames' bytes to ``out`` (binary), gaps as notes on stderr; the end frame's
+    result (None if the stream ended without one)."""
+    for frame in frames:
+        if frame.kind == "data":
+            out.write(frame.data)
+            out.flush()
+        elif frame.kind == "gap":
+            print(f"corral: {stream} bytes {frame.offset}..{frame.end} are no longer held "
+                  f"(past the daemon's --output-cap)", file=sys.stderr)
+        elif frame.kind == "end":
+            return frame.result if frame.finished else None
+    return None

@@ -1,0 +1,40 @@
+"""``corral logs [-f] [--stderr] [--offset N] ID``: a task's output, from the daemon's files.
+
+The bytes go to stdout as the task wrote them; with ``-f`` it follows until the task ends,
+then exits with the task's status (as ``corral run``).  Bytes past the daemon's output cap are
+named on stderr (``bytes A..B are no longer held``), never silently skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .clientutil import add_socket, run_client, write_frames
+from .wait import report
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("logs", help="a task's output", description="Print a task's output.")
+    p.add_argument("id")
+    p.add_argument("-f", "--follow", action="store_true", help="follow until the task ends")
+    p.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    p.add_argument("--offset", type=int, default=0, metavar="N",
+                   help="start at byte N (resume where an earlier read stopped)")
+    add_socket(p)
+
+
+def main(args: argparse.Namespace) -> int:
+    stream = "stderr" if args.stderr else "stdout"
+
+    def body(client: Any) -> int:
+        frames = client.output(args.id, stream, args.offset, follow=args.follow)
+        result = write_frames(frames, sys.stdout.buffer, stream)
+        if args.follow and result is not None:
+            return report(result, quiet=True)
+        return 0
+
+    return run_client(args, body)

@@ -1,0 +1,51 @@
+"""``corral ps``: the caller's tasks in the daemon (root: every uid's), newest first."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from .clientutil import add_socket, run_client
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("ps", help="list tasks in the daemon",
+                       description="List your tasks in the corral daemon, newest first.")
+    p.add_argument("--state", choices=["queued", "starting", "running", "stopping",
+                                       "finished"])
+    p.add_argument("-n", "--limit", type=int, default=100, metavar="N")
+    p.add_argument("--json", action="store_true", help="one JSON object with the tasks")
+    add_socket(p)
+
+
+def _age(t: float | None) -> str:
+    if t is None:
+        return "-"
+    s = max(0, int(time.time() - t))
+    return f"{s}s" if s < 120 else f"{s // 60}min" if s < 7200 else f"{s // 3600}h"
+
+
+def _how(t: Any) -> str:
+    if t.outcome is None:
+        return "-"
+    return f"{t.outcome} ({t.exit_status})"
+
+
+def main(args: argparse.Namespace) -> int:
+    def body(client: Any) -> int:
+        tasks = client.list(state=args.state, limit=args.limit)
+        if args.json:
+            print(json.dumps({"tasks": [t._asdict() for t in tasks]}, indent=2))
+            return 0
+        print(f"{'ID':>8}  {'STATE':<9} {'UID':>6}  {'AGE':>6}  {'ENDED':<18} COMMAND")
+        for t in tasks:
+            command = " ".join(t.argv)
+            print(f"{t.id:>8}  {t.state:<9} {t.uid:>6}  {_age(t.created_at):>6}  "
+                  f"{_how(t):<18} {command[:60]}")
+        return 0
+
+    return run_client(args, body)

@@ -1,0 +1,127 @@
+"""``corral serve``: the daemon (HTTP/1.1 + JSON on a Unix socket); see docs/api.md.
+
+Runs until SIGTERM (or SIGINT): then it stops accepting, ends queued tasks unstarted, stops
+running ones gracefully (reason ``shutdown``), writes every record and exits 0; a second
+SIGTERM kills every task now.  Under systemd: ``Type=notify`` and socket activation work as
+they are (systemd/corral.service, systemd/corral.socket).
+"""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import logging
+import resource
+import sys
+from typing import Any
+
+from . import die
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the daemon: tasks for clients on a Unix socket",
+                       description="Serve the corral API on a Unix socket (docs/api.md).")
+    p.add_argument("--socket", metavar="PATH", default=None,
+                   help="the socket to bind (default /run/corral/corral.sock; ignored when "
+                        "systemd passes one: socket activation)")
+    p.add_argument("--state-dir", metavar="DIR", default="/var/lib/corral",
+                   help="task records (SQLite) and output files (default /var/lib/corral)")
+    p.add_argument("--cgroup-root", metavar="PATH",
+                   help="a delegated cgroup v2 directory (default: discovered)")
+    p.add_argument("--default-time-limit", metavar="DURATION")
+    p.add_argument("--max-time-limit", metavar="DURATION",
+                   help="the ceiling: longer time limits are capped, and the result says so")
+    p.add_argument("--allow-group", metavar="GROUP",
+                   help="only root and members of GROUP may connect (the socket is made "
+                        "0660 root:GROUP)")
+    p.add_argument("--max-running", type=int, default=16, metavar="N")
+    p.add_argument("--max-running-per-uid", type=int, default=None, metavar="N",
+                   help="default: --max-running")
+    p.add_argument("--max-queued", type=int, default=10000, metavar="N")
+    p.add_argument("--max-queued-per-uid", type=int, default=1000, metavar="N")
+    p.add_argument("--max-body", default="1M", metavar="SIZE",
+                   help="largest request body (default 1M; 413 above)")
+    p.add_argument("--output-cap", default="64M", metavar="SIZE",
+                   help="output kept on disk per stream and task (default 64M); past it "
+                        "the head and tail stay")
+    p.add_argument("--max-connections", type=int, default=4096, metavar="N")
+    p.add_argument("--header-timeout", default="10s", metavar="DURATION")
+    p.add_argument("--idle-timeout", default="5min", metavar="DURATION")
+    p.add_argument("--send-timeout", default="30s", metavar="DURATION",
+                   help="a client that reads nothing for this long is disconnected")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"])
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from .._units import parse_duration
+    from ..serve.daemon import Config
+    from ..serve.http import HttpLimits
+    from ..serve.protocol import DEFAULT_SOCKET, SOCKET_ENV
+    from ..serve.queue import QueueLimits
+
+    for name in ("max_running", "max_queued", "max_queued_per_uid", "max_connections"):
+        if getattr(args, name) < 1:
+            die(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    import os
+
+    allow_gid = None
+    if args.allow_group is not None:
+        try:
+            allow_gid = grp.getgrnam(args.allow_group).gr_gid
+        except KeyError:
+            die(f"--allow-group {args.allow_group!r}: no such group; create it (groupadd) or "
+                f"name an existing one")
+    http = HttpLimits(
+        max_body=_size(args.max_body, "--max-body"),
+        header_timeout=parse_duration(args.header_timeout, "--header-timeout"),
+        idle_timeout=parse_duration(args.idle_timeout, "--idle-timeout"),
+        send_timeout=parse_duration(args.send_timeout, "--send-timeout"))
+    queue = QueueLimits(args.max_running, args.max_running_per_uid or args.max_running,
+                        args.max_queued, args.max_queued_per_uid)
+    return Config(
+        socket=args.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET,
+        state_dir=os.path.abspath(args.state_dir), cgroup_root=args.cgroup_root,
+        default_time_limit=args.default_time_limit, max_time_limit=args.max_time_limit,
+        allow_gid=allow_gid, socket_mode=0o666 if allow_gid is None else 0o660,
+        queue=queue, http=http, output_cap=_size(args.output_cap, "--output-cap"),
+        max_connections=args.max_connections)
+
+
+def _size(text: str, what: str) -> int:
+    from .._units import parse_size
+
+    size = parse_size(text, what)
+    if size == "max":
+        die(f"{what} must be a size like 1M, got {text!r}")
+    return size
+
+
+def _raise_nofile() -> None:
+    """Connections and tasks are descriptors: use what the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def main(args: argparse.Namespace) -> int:
+    import trio
+
+    from .._errors import PlacementError, SupervisorError, first_leaf
+    from ..serve.daemon import serve
+    from ..serve.records import RecordsError
+
+    try:
+        config = _config(args)
+    except ValueError as e:
+        die(str(e))
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="corral serve: %(levelname)s %(name)s: %(message)s")
+    _raise_nofile()
+    try:
+        trio.run(serve, config)
+    except* (PlacementError, SupervisorError, RecordsError, OSError, ValueError) as eg:
+        die(str(first_leaf(eg)))
+    return 0

@@ -1,0 +1,47 @@
+"""``corral show ID [--json]``: one task of the daemon's, with its result once finished."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .clientutil import add_socket, run_client
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("show", help="show one task of the daemon's",
+                       description="Show a task: state, request, and its result once ended.")
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true",
+                   help="the task as JSON (its result as `corral run --json-file` writes it)")
+    add_socket(p)
+
+
+def main(args: argparse.Namespace) -> int:
+    def body(client: Any) -> int:
+        t = client.show(args.id)
+        if args.json:
+            print(json.dumps(t._asdict(), indent=2, sort_keys=True))
+            return 0
+        print(f"Task {t.id}: {t.state}  (uid {t.uid}, gid {t.gid})")
+        print(f"Command: {' '.join(t.argv)}")
+        if t.name:
+            print(f"Name: {t.name}")
+        if t.pid is not None:
+            print(f"Main PID: {t.pid}")
+        if t.queue_position is not None:
+            print(f"Queued: {t.queue_position} ahead of it")
+        r = t.result
+        if r is not None:
+            print(f"Outcome: {r['outcome']}  exit status {t.exit_status}")
+            usage = r.get("usage") or {}
+            print(f"Wall: {usage.get('wall_s')}s  CPU: {usage.get('cpu_total_s')}s")
+            print(f"Cleanup: {r['cleanup']['state']}")
+            for note in r.get("notes") or ():
+                print(f"Note: {note}")
+        return 0
+
+    return run_client(args, body)

@@ -1,0 +1,33 @@
+"""``corral stop [--force] ID``: stop a task of the daemon's (again, or --force: kill now)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .clientutil import add_socket, run_client
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("stop", help="stop a task (a second stop kills it now)",
+                       description="Stop a task gracefully: its stop signal, then the kill "
+                                   "at the end of its grace.  Again, or --force: kill now.  A "
+                                   "queued task never starts.")
+    p.add_argument("id")
+    p.add_argument("--force", action="store_true", help="kill now")
+    add_socket(p)
+
+
+def main(args: argparse.Namespace) -> int:
+    def body(client: Any) -> int:
+        if client.stop(args.id, force=args.force):
+            print(f"task {args.id}: {'killing' if args.force else 'stopping'}",
+                  file=sys.stderr)
+        else:
+            print(f"task {args.id} had already ended", file=sys.stderr)
+        return 0
+
+    return run_client(args, body)

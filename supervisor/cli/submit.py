@@ -1,0 +1,105 @@
+"""``corral submit [OPTIONS] -- CMD [ARGS...]``: hand a command to the daemon.
+
+Prints the task's id (stdout) and returns at once; ``--wait`` waits and exits like ``corral
+run`` (the task's status, 124 timed out, ...); ``--follow`` also streams its stdout and stderr
+as they come.  The command runs in the daemon's cgroup tree as your uid, in your current
+directory unless ``--chdir``; its environment is a clean login-like one plus ``-E``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from . import die
+from .clientutil import add_socket, run_client, write_frames
+from .wait import report
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("submit", help="submit a command to the daemon",
+                       usage="corral submit [OPTIONS] -- CMD [ARGS...]",
+                       description="Submit CMD to the corral daemon; print its task id.")
+    p.add_argument("--wait", action="store_true", help="wait; exit with the task's status")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="stream its output until it ends (implies --wait)")
+    p.add_argument("--time-limit", metavar="DURATION")
+    p.add_argument("--grace", metavar="DURATION")
+    p.add_argument("--stop-signal", metavar="SIGNAL")
+    p.add_argument("-p", "--property", action="append", default=[], metavar="NAME=VALUE",
+                   help="a systemd property (MemoryMax=1G, TasksMax=64, ...)")
+    p.add_argument("-E", "--setenv", action="append", default=[], metavar="NAME[=VALUE]")
+    p.add_argument("--chdir", metavar="DIR", help="working directory (default: the current)")
+    p.add_argument("--name", help="a label for corral ps")
+    p.add_argument("--idempotency-key", metavar="KEY",
+                   help="a retry with the same key returns the first task, never a second")
+    add_socket(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    properties = {}
+    for item in args.property:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            die(f'--property must be NAME=VALUE like "MemoryMax=1G", got "{item}"')
+        properties[name.strip()] = value.strip()
+    env = {}
+    for item in args.setenv:
+        name, eq, value = item.partition("=")
+        if not eq:
+            if name not in os.environ:
+                die(f"--setenv {name}: no such variable here; give {name}=VALUE")
+            value = os.environ[name]
+        env[name] = value
+    options: dict[str, Any] = {"cwd": os.path.abspath(args.chdir or os.getcwd()),
+                               "env": env, "properties": properties}
+    for key in ("time_limit", "grace", "stop_signal", "name", "idempotency_key"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    return options
+
+
+def _follow(client: Any, task_id: str) -> dict[str, Any] | None:
+    """stdout here and stderr in a thread (each its own connection); the end's result."""
+    import threading
+
+    from ..client import Client
+
+    def copy_stderr() -> None:
+        with Client(client.socket_path) as other:
+            write_frames(other.output(task_id, "stderr", follow=True), sys.stderr.buffer,
+                         "stderr")
+
+    thread = threading.Thread(target=copy_stderr, daemon=True)
+    thread.start()
+    result = write_frames(client.output(task_id, "stdout", follow=True), sys.stdout.buffer,
+                          "stdout")
+    thread.join()
+    return result
+
+
+def main(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        die("no command given: corral submit [OPTIONS] -- CMD [ARGS...]")
+    options = _options(args)
+
+    def body(client: Any) -> int:
+        task = client.submit(command, **options)
+        if not (args.wait or args.follow):
+            print(task.id)
+            return 0
+        print(f"corral: task {task.id}", file=sys.stderr)
+        result = _follow(client, task.id) if args.follow else None
+        if result is None:
+            result = client.wait(task.id).result
+        return report(result, quiet=False)
+
+    return run_client(args, body)

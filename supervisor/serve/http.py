@@ -1,0 +1,288 @@
+"""One HTTP/1.1 connection over h11: read requests within limits, send JSON or NDJSON.
+
+Limits, each ending in a clear 4xx or a closed connection, never in unbounded memory:
+- the request head must fit ``max_header_bytes`` (h11's ``max_incomplete_event_size``: 431)
+  and arrive within ``header_timeout`` of its first byte (408, then close);
+- a body above ``max_body`` is refused on its Content-Length, or as soon as a chunked body
+  passes it (413);
+- an idle keep-alive connection is closed after ``idle_timeout``;
+- a response that cannot be sent within ``send_timeout`` (a client that stopped reading a
+  followed stream) ends the connection.
+Long responses (long polls, followed streams) watch the connection for EOF and stop as soon as
+the client is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import h11
+import trio
+
+from .peers import Peer
+from .protocol import ApiError
+
+__all__ = ["HttpLimits", "Request", "Response", "Streaming", "json_response", "serve_connection"]
+
+log = logging.getLogger(__name__)
+
+
+class HttpLimits(NamedTuple):
+    max_body: int = 1 << 20
+    max_header_bytes: int = 16 * 1024
+    header_timeout: float = 10.0
+    idle_timeout: float = 300.0
+    send_timeout: float = 30.0
+
+
+class Request(NamedTuple):
+    method: str
+    path: str
+    query: dict[str, str]
+    body: bytes
+    peer: Peer
+
+
+class Response(NamedTuple):
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+Send = Callable[[bytes], Awaitable[None]]
+
+
+class Streaming(NamedTuple):
+    """An NDJSON (or other) body sent as it is produced, chunked: ``produce(send)`` calls
+    ``await send(chunk)`` for each piece (a coroutine, so it may open nurseries)."""
+
+    status: int
+    produce: Callable[[Send], Awaitable[None]]
+    content_type: str = "application/x-ndjson"
+
+
+Handler = Callable[[Request], Awaitable[Response | Streaming]]
+Router = Callable[[Request], tuple[Handler, bool, str]]  # handler, long, verb name
+
+
+def json_response(status: int, obj: Any) -> Response:
+    return Response(status, json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+
+def error_response(e: ApiError) -> Response:
+    return json_response(e.status, e.to_json())
+
+
+class _Closed(Exception):
+    """The connection is over (EOF, timeout, a send that would not finish)."""
+
+
+class Connection:
+    def __init__(self, stream: trio.SocketStream, peer: Peer, limits: HttpLimits,
+                 on_answer: Callable[[str, int], None]) -> None:
+        self.stream = stream
+        self.peer = peer
+        self.limits = limits
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        self.on_answer = on_answer
+
+    async def _receive(self, deadline: float) -> None:
+        with trio.move_on_at(deadline):
+            data = await self.stream.receive_some(65536)
+            self.h11.receive_data(data)  # b"" marks EOF
+            return
+        raise _Closed("timeout")
+
+    async def _next_event(self, deadline: float) -> Any:
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            await self._receive(deadline)
+
+    async def read_request(self) -> Request | None:
+        """The next request, or None when the client closed; raises ApiError (4xx)."""
+        now = trio.current_time()
+        event = None
+        while event is None or event is h11.NEED_DATA:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                # idle until the first byte, then header_timeout for the rest of the head
+                started = bool(self.h11.trailing_data[0])
+                deadline = now + (self.limits.header_timeout if started
+                                  else self.limits.idle_timeout)
+                try:
+                    await self._receive(deadline)
+                except _Closed:
+                    if started:
+                        raise ApiError(408, "timeout", f"the request head did not arrive "
+                                       f"within {self.limits.header_timeout:g}s") from None
+                    return None
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        if not isinstance(event, h11.Request):
+            raise ApiError(400, "bad_request", f"expected a request, got {type(event).__name__}")
+        body = await self._read_body(event, now + self.limits.header_timeout)
+        url = urlsplit(event.target.decode("ascii", "replace"))
+        query = dict(parse_qsl(url.query, keep_blank_values=True))
+        return Request(event.method.decode("ascii", "replace"), unquote(url.path), query, body,
+                       self.peer)
+
+    async def _read_body(self, request: h11.Request, deadline: float) -> bytes:
+        cap = self.limits.max_body
+        for name, value in request.headers:
+            if name == b"content-length" and int(value) > cap:
+                raise _too_large(int(value), cap)
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                event = await self._next_event(deadline)
+            except _Closed:
+                raise ApiError(408, "timeout", "the request body did not arrive within "
+                               f"{self.limits.header_timeout:g}s") from None
+            if isinstance(event, h11.EndOfMessage):
+                return b"".join(parts)
+            if isinstance(event, h11.ConnectionClosed):
+                raise _Closed("eof in body")
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > cap:
+                    raise _too_large(size, cap)
+                parts.append(bytes(event.data))
+
+    async def send_bytes(self, data: bytes) -> None:
+        with trio.move_on_after(self.limits.send_timeout):
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                raise _Closed("peer gone") from e
+            return
+        raise _Closed("send timeout")
+
+    async def send_response(self, resp: Response) -> None:
+        headers = [("content-type", resp.content_type), ("content-length", str(len(resp.body)))]
+        if self.h11.their_state is not h11.DONE:
+            headers.append(("connection", "close"))  # its body was not read: no next request
+        await self.send_bytes(self.h11.send(h11.Response(status_code=resp.status,
+                                                         headers=headers)))
+        await self.send_bytes(self.h11.send(h11.Data(data=resp.body)))
+        await self.send_bytes(self.h11.send(h11.EndOfMessage()))
+
+    async def send_streaming(self, resp: Streaming) -> None:
+        await self.send_bytes(self.h11.send(h11.Response(
+            status_code=resp.status, headers=[("content-type", resp.content_type)])))
+
+        async def send(chunk: bytes) -> None:
+            await self.send_bytes(self.h11.send(h11.Data(data=chunk)))
+
+        await resp.produce(send)
+        await self.send_bytes(self.h11.send(h11.EndOfMessage()))
+
+    async def watch_eof(self, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` when the client closes its end (while a long answer is made)."""
+        while True:
+            try:
+                data = await self.stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                scope.cancel()
+                return
+            self.h11.receive_data(data)  # a pipelined request: kept for later
+
+
+def _too_large(size: int, cap: int) -> ApiError:
+    return ApiError(413, "body_too_large", f"the request body is {size} bytes, above the "
+                    f"daemon's limit of {cap} bytes (--max-body); send less (write large stdin "
+                    f"in several POST /v1/tasks/ID/stdin requests)")
+
+
+async def _handle(handler: Handler, req: Request) -> Response | Streaming:
+    try:
+        return await handler(req)
+    except ApiError as e:
+        return error_response(e)
+
+
+async def _answer_long(conn: Connection, req: Request, handler: Handler, verb: str) -> bool:
+    """A long poll or a stream, abandoned as soon as the client closes its end."""
+    resp: Response | Streaming | None = None
+    gone = False
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.watch_eof, nursery.cancel_scope)
+            resp = await _handle(handler, req)
+            conn.on_answer(verb, resp.status)
+            if isinstance(resp, Streaming):
+                await conn.send_streaming(resp)
+            else:
+                await conn.send_response(resp)
+            nursery.cancel_scope.cancel()
+    except* (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+        gone = True
+    return not gone and resp is not None and conn.h11.our_state is h11.DONE
+
+
+async def _answer(conn: Connection, req: Request, router: Router) -> bool:
+    """Route, run and send one request's answer; False when the connection must end."""
+    try:
+        handler, long, verb = router(req)
+    except ApiError as e:
+        refusal = error_response(e)
+        conn.on_answer("unknown", refusal.status)
+        await conn.send_response(refusal)
+        return True
+    if long:
+        return await _answer_long(conn, req, handler, verb)
+    resp = await _handle(handler, req)
+    conn.on_answer(verb, resp.status)
+    if isinstance(resp, Streaming):
+        await conn.send_streaming(resp)
+    else:
+        await conn.send_response(resp)
+    return True
+
+
+async def serve_connection(stream: trio.SocketStream, peer: Peer, limits: HttpLimits,
+                           router: Router, on_answer: Callable[[str, int], None]) -> None:
+    """Answer requests on one connection until it closes or breaks a limit."""
+    conn = Connection(stream, peer, limits, on_answer)
+    try:
+        async with stream:
+            while True:
+                try:
+                    req = await conn.read_request()
+                except ApiError as e:
+                    await _refuse(conn, e)
+                    return
+                except h11.RemoteProtocolError as e:
+                    status = e.error_status_hint
+                    code = "headers_too_large" if status == 431 else "bad_request"
+                    await _refuse(conn, ApiError(status, code, f"not a valid HTTP/1.1 "
+                                                 f"request: {e}"))
+                    return
+                if req is None:
+                    return
+                if not await _answer(conn, req, router):
+                    return
+                if conn.h11.our_state is not h11.DONE or conn.h11.their_state is not h11.DONE:
+                    return
+                conn.h11.start_next_cycle()
+    except _Closed:
+        return
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+
+
+async def _refuse(conn: Connection, e: ApiError) -> None:
+    conn.on_answer("invalid", e.status)
+    if conn.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+        try:
+            await conn.send_response(error_response(e))
+        except (_Closed, h11.LocalProtocolError):
+            pass

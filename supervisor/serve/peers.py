@@ -1,0 +1,111 @@
+"""Who is calling, and as whom their tasks run.
+
+The kernel tells the daemon who connected (``SO_PEERCRED``: pid, uid, gid at ``connect()``;
+``SO_PEERGROUPS``: the supplementary groups then), see unix(7).  Nothing a client says about
+itself counts.  A task belongs to its submitter's uid and runs with the submitter's uid, gid
+and groups, unless root submitted it.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import struct
+from typing import Any, NamedTuple
+
+from .protocol import ApiError
+
+__all__ = ["Peer", "peer_of", "run_as_isolation", "task_environment"]
+
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; Python 3.11 lacks it
+_UCRED = struct.Struct("3i")
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class Peer(NamedTuple):
+    """The credentials of a connected client, as the kernel gave them."""
+
+    pid: int
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+    def may_see(self, owner_uid: int) -> bool:
+        return self.uid == 0 or self.uid == owner_uid
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    """SO_PEERCRED and SO_PEERGROUPS of a connected AF_UNIX socket.  OSError if the kernel
+    will not say (then the connection is refused)."""
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                  _UCRED.size))
+    groups: tuple[int, ...] = ()
+    size = 64 * 4
+    while True:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size)
+            groups = tuple(struct.unpack(f"{len(raw) // 4}I", raw))
+            break
+        except OSError as e:
+            if e.errno == 34 and size < 65536 * 4:  # ERANGE: more groups than room
+                size *= 4
+                continue
+            break  # an old kernel: no supplementary groups known
+    return Peer(pid, uid, gid, groups)
+
+
+def allowed(peer: Peer, allow_gid: int | None) -> bool:
+    """``--allow-group``: root, or a member (primary or supplementary) of the group."""
+    return allow_gid is None or peer.uid == 0 or peer.gid == allow_gid or \
+        allow_gid in peer.groups
+
+
+def run_as_isolation(peer: Peer) -> Any:
+    """The ``supervisor.Isolation`` a non-root submitter's task runs with, or None for root.
+
+    Needs ``Isolation(user=, group=, supplementary_groups=)`` (the isolation work); without
+    it the daemon falls back to ``setpriv`` (see :func:`setpriv_prefix`).
+    """
+    if peer.is_root:
+        return None
+    import supervisor
+
+    fields = getattr(supervisor.Isolation, "__dataclass_fields__", {})
+    if "user" not in fields:
+        return None
+    return supervisor.Isolation(user=peer.uid, group=peer.gid,
+                                supplementary_groups=tuple(peer.groups))
+
+
+def setpriv_prefix(peer: Peer) -> list[str]:
+    """argv prefix that drops to the submitter's uid, gid and groups (util-linux setpriv):
+    the stand-in until the core's Isolation(user=) lands."""
+    groups = ",".join(str(g) for g in peer.groups)
+    return ["setpriv", f"--reuid={peer.uid}", f"--regid={peer.gid}",
+            f"--groups={groups}" if groups else "--clear-groups", "--"]
+
+
+def task_environment(peer: Peer, env: dict[str, str]) -> dict[str, str]:
+    """A task's whole environment: a login-like base for its user, then what was asked.
+
+    Never the daemon's own environment: that is root's, and says nothing about the caller.
+    """
+    base = {"PATH": SAFE_PATH, "LANG": os.environ.get("LANG", "C.UTF-8")}
+    try:
+        pw = pwd.getpwuid(peer.uid)
+        base.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name,
+                    SHELL=pw.pw_shell or "/bin/sh")
+    except KeyError:
+        base["HOME"] = "/"
+    base.update(env)
+    return base
+
+
+def forbidden_group(name: str) -> ApiError:
+    return ApiError(403, "forbidden", f"uid is not in the group {name!r} that --allow-group "
+                    f"admits; ask the host's administrator to add you to it")

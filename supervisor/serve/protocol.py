@@ -1,0 +1,371 @@
+"""The daemon's wire protocol: what a request may say, what a response says.
+
+One module that the server (``supervisor.serve``) and every client (``supervisor.client``, the
+``corral submit|ps|show|wait|logs|stop`` verbs) share.  It imports neither trio nor the core,
+nor ``dataclasses`` (which costs a client ~10 ms of start-up through ``inspect``): typed
+results are ``NamedTuple`` s.
+
+Everything here is pure: bytes and dicts in, typed values or :class:`ApiError` out.  An
+``ApiError`` carries the HTTP status and the JSON error body the daemon sends::
+
+    {"error": {"code": "invalid", "message": "argv must be ...", "field": "argv"}}
+
+whose message names the value, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, NamedTuple
+
+__all__ = [
+    "API",
+    "DEFAULT_SOCKET",
+    "SOCKET_ENV",
+    "STATES",
+    "ApiError",
+    "Frame",
+    "SubmitRequest",
+    "TaskInfo",
+    "exit_status",
+    "parse_frame",
+    "parse_json_body",
+    "parse_stop",
+    "parse_submit",
+    "query_bool",
+    "query_int",
+]
+
+API = "/v1"
+DEFAULT_SOCKET = "/run/corral/corral.sock"
+SOCKET_ENV = "CORRAL_SOCKET"
+STATES = ("queued", "starting", "running", "stopping", "finished")
+MAX_TEXT = 4096  # name, idempotency key: a sane bound for a label
+MAX_ARGS = 65536  # argv items (the kernel's own limit is on total bytes)
+
+# exit statuses, as ``corral run`` (see supervisor/cli/run.py)
+EXIT_FAILURE = 125
+EXIT_CANNOT_RUN = 126
+EXIT_NOT_FOUND = 127
+EXIT_TIMED_OUT = 124
+
+
+class ApiError(Exception):
+    """A refused request: HTTP ``status``, a machine-readable ``code``, the ``field`` at fault.
+
+    The message names the value, the rule and the fix.
+    """
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "field": self.field}}
+
+    @classmethod
+    def from_response(cls, status: int, body: bytes) -> ApiError:
+        """The error a daemon answered with (or a plain one if the body is not ours)."""
+        try:
+            err = json.loads(body)["error"]
+            return cls(status, str(err["code"]), str(err["message"]), err.get("field"))
+        except (ValueError, KeyError, TypeError):
+            text = body[:200].decode("utf-8", "replace")
+            return cls(status, "http", f"HTTP {status}: {text}")
+
+
+def invalid(field: str, message: str) -> ApiError:
+    return ApiError(400, "invalid", message, field)
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json_body(body: bytes) -> Any:
+    """The request body as JSON; ApiError 400 for invalid UTF-8, malformed JSON, NaN."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, "invalid_utf8", f"the request body is not valid UTF-8 (byte "
+                       f"0x{body[e.start]:02x} at offset {e.start}); send JSON encoded as "
+                       f"UTF-8") from None
+    if not text.strip():
+        raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object "
+                       "like {\"argv\": [\"true\"]}")
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except json.JSONDecodeError as e:
+        raise ApiError(400, "malformed_json", f"the request body is not JSON: {e.msg} at line "
+                       f"{e.lineno} column {e.colno}; send one JSON object") from None
+    except (ValueError, RecursionError) as e:
+        raise ApiError(400, "malformed_json", f"the request body is not JSON: {e}; send one "
+                       f"JSON object without NaN, Infinity or deep nesting") from None
+
+
+def _object(obj: Any, what: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise invalid(what, f"{what} must be a JSON object, got {_show(obj)}")
+    return obj
+
+
+def _check_fields(obj: dict[str, Any], known: tuple[str, ...], what: str) -> None:
+    for key in obj:
+        if key not in known:
+            raise ApiError(400, "unknown_field", f"unknown field {_show(key)} in {what}; the "
+                           f"fields are: {', '.join(known)}", key)
+
+
+def _string(obj: dict[str, Any], key: str, *, limit: int = MAX_TEXT) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(key, f"{key} must be a string, got {_show(value)}")
+    if len(value) > limit:
+        raise invalid(key, f"{key} must be at most {limit} characters, got {len(value)}")
+    return value
+
+
+def _duration(obj: dict[str, Any], key: str) -> str | float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise invalid(key, f"{key} must be a duration like \"30s\" or \"5min\" (or a number "
+                           f"of seconds), got {_show(value)}")
+    return value
+
+
+def _string_map(obj: dict[str, Any], key: str, *, numbers: bool = False) -> dict[str, str]:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid(key, f"{key} must be an object of names to strings, got {_show(value)}")
+    out = {}
+    for k, v in value.items():
+        if numbers and isinstance(v, int | float) and not isinstance(v, bool):
+            v = str(v)
+        if not isinstance(v, str):
+            raise invalid(key, f"{key}[{_show(k)}] must be a string, got {_show(v)}")
+        out[k] = v
+    return out
+
+
+def _argv(obj: dict[str, Any]) -> list[str]:
+    argv = obj.get("argv")
+    if argv is None:
+        raise invalid("argv", "argv is required: the command as a list of strings, like "
+                              "[\"make\", \"test\"]")
+    if not isinstance(argv, list) or not argv:
+        raise invalid("argv", f"argv must be a non-empty list of strings like [\"make\", "
+                              f"\"test\"], got {_show(argv)}")
+    if len(argv) > MAX_ARGS:
+        raise invalid("argv", f"argv must have at most {MAX_ARGS} items, got {len(argv)}")
+    for item in argv:
+        if not isinstance(item, str):
+            raise invalid("argv", f"argv items must be strings, got {_show(item)} in "
+                                  f"{_show(argv)}")
+    return argv
+
+
+def _stdin(obj: dict[str, Any]) -> tuple[str | None, bytes | None]:
+    """("pipe" or None, bytes to feed or None)."""
+    value = obj.get("stdin")
+    if value is None:
+        return None, None
+    if value == "pipe":
+        return "pipe", None
+    if isinstance(value, dict) and len(value) == 1:
+        if isinstance(value.get("text"), str):
+            return None, value["text"].encode("utf-8", "surrogatepass")
+        if isinstance(value.get("base64"), str):
+            try:
+                return None, base64.b64decode(value["base64"], validate=True)
+            except ValueError:
+                raise invalid("stdin", "stdin.base64 is not valid base64; encode the bytes "
+                                       "with standard base64 (RFC 4648)") from None
+    raise invalid("stdin", f"stdin must be null (/dev/null), \"pipe\" (write it with POST "
+                           f"/v1/tasks/ID/stdin), {{\"text\": \"...\"}} or {{\"base64\": "
+                           f"\"...\"}}, got {_show(value)}")
+
+
+class SubmitRequest(NamedTuple):
+    """``POST /v1/tasks``: what a client may ask for (checked for shape here, for meaning by
+    the core's TaskSpec and property parser in the daemon)."""
+
+    argv: list[str]
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    time_limit: str | float | None = None
+    grace: str | float | None = None
+    stop_signal: str | int | None = None
+    properties: dict[str, str] | None = None
+    name: str | None = None
+    stdin: str | None = None  # "pipe" or None
+    stdin_data: bytes | None = None
+    idempotency_key: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as JSON (what a client sends, what the daemon records)."""
+        out: dict[str, Any] = {"argv": list(self.argv)}
+        for key in ("env", "cwd", "time_limit", "grace", "stop_signal", "properties", "name",
+                    "idempotency_key"):
+            value = getattr(self, key)
+            if value is not None and value != {}:
+                out[key] = value
+        if self.stdin == "pipe":
+            out["stdin"] = "pipe"
+        elif self.stdin_data is not None:
+            out["stdin"] = {"base64": base64.b64encode(self.stdin_data).decode("ascii")}
+        return out
+
+
+SUBMIT_FIELDS = (*SubmitRequest._fields[:8], "stdin", "idempotency_key")
+
+
+def parse_submit(obj: Any) -> SubmitRequest:
+    """Check a submission's shape: fields, types; ApiError 400 naming the field."""
+    obj = _object(obj, "the request body")
+    _check_fields(obj, SUBMIT_FIELDS, "a task submission")
+    cwd = _string(obj, "cwd")
+    if cwd is not None and not cwd.startswith("/"):
+        raise invalid("cwd", f"cwd must be an absolute path, got {_show(cwd)}")
+    signal = obj.get("stop_signal")
+    if signal is not None and (isinstance(signal, bool) or not isinstance(signal, str | int)):
+        raise invalid("stop_signal", f"stop_signal must be a signal name like \"TERM\" or a "
+                                     f"number, got {_show(signal)}")
+    stdin, stdin_data = _stdin(obj)
+    return SubmitRequest(
+        argv=_argv(obj), env=_string_map(obj, "env"), cwd=cwd,
+        time_limit=_duration(obj, "time_limit"), grace=_duration(obj, "grace"),
+        stop_signal=signal, properties=_string_map(obj, "properties", numbers=True),
+        name=_string(obj, "name"), stdin=stdin, stdin_data=stdin_data,
+        idempotency_key=_string(obj, "idempotency_key"))
+
+
+def parse_stop(obj: Any) -> bool:
+    """``POST /v1/tasks/ID/stop``'s body (may be empty: ``b""`` is ``{}``): ``force``."""
+    obj = _object(obj, "the request body")
+    _check_fields(obj, ("force",), "a stop request")
+    force = obj.get("force", False)
+    if not isinstance(force, bool):
+        raise invalid("force", f"force must be true or false, got {_show(force)}")
+    return force
+
+
+def query_bool(query: dict[str, str], name: str, default: bool = False) -> bool:
+    value = query.get(name)
+    if value is None:
+        return default
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise invalid(name, f"?{name}= must be true or false, got {_show(value)}")
+
+
+def query_int(query: dict[str, str], name: str, default: int, low: int = 0,
+              high: int = 2**62) -> int:
+    value = query.get(name)
+    if value is None:
+        return default
+    if not value.isascii() or not value.isdigit() or not low <= int(value) <= high:
+        raise invalid(name, f"?{name}= must be a whole number from {low} to {high}, got "
+                            f"{_show(value)}")
+    return int(value)
+
+
+class Frame(NamedTuple):
+    """One NDJSON line of ``GET /v1/tasks/ID/output``.
+
+    ``kind`` is ``"data"`` (``stream``, ``offset``, ``data``), ``"gap"`` (bytes ``offset`` to
+    ``end`` are no longer held), or ``"end"`` (``finished``; ``result`` once the task ended,
+    ``offset`` where to resume while it runs).
+    """
+
+    kind: str
+    stream: str | None = None
+    offset: int = 0
+    data: bytes = b""
+    end: int = 0
+    finished: bool = False
+    result: dict[str, Any] | None = None
+
+
+def data_frame(stream: str, offset: int, data: bytes) -> dict[str, Any]:
+    return {"stream": stream, "offset": offset, "data": base64.b64encode(data).decode("ascii")}
+
+
+def gap_frame(stream: str, start: int, end: int) -> dict[str, Any]:
+    return {"stream": stream, "gap": [start, end]}
+
+
+def parse_frame(line: bytes) -> Frame:
+    obj = json.loads(line)
+    if "gap" in obj:
+        start, end = obj["gap"]
+        return Frame("gap", obj.get("stream"), start, end=end)
+    if "end" in obj:
+        return Frame("end", obj.get("stream"), obj.get("offset", 0), finished=bool(obj["end"]),
+                     result=obj.get("result"))
+    return Frame("data", obj["stream"], obj["offset"], base64.b64decode(obj["data"]))
+
+
+class TaskInfo(NamedTuple):
+    """A task as the daemon reports it (``GET /v1/tasks/ID``; ``result`` once finished).
+
+    ``result`` is the core's result JSON (``TaskResult.to_dict()``, the same as ``corral run
+    --json-file``) and is passed through as it is; ``outcome`` and ``exit_status`` are taken
+    from it for convenience.
+    """
+
+    id: str
+    state: str
+    argv: list[str]
+    uid: int
+    gid: int
+    name: str | None = None
+    created_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    pid: int | None = None
+    outcome: str | None = None
+    exit_status: int | None = None
+    queue_position: int | None = None
+    spec: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TaskInfo:
+        fields: dict[str, Any] = {k: obj.get(k) for k in cls._fields}
+        return cls(**fields)
+
+
+def exit_status(result: dict[str, Any]) -> int:
+    """The exit status ``corral run`` would give for this result JSON."""
+    outcome = result.get("outcome")
+    if outcome == "spawn_failed":
+        if result.get("error_step") == "exec":
+            return EXIT_NOT_FOUND if result.get("error_errno") == 2 else EXIT_CANNOT_RUN
+        return EXIT_FAILURE
+    if outcome == "timed_out":
+        return EXIT_TIMED_OUT
+    if outcome == "cancelled":
+        stop = result.get("stop") or {}
+        return 128 + (15 if stop.get("reason") == "shutdown" else 2)
+    if result.get("signal") is not None:
+        return 128 + int(result["signal"])
+    if result.get("exit_code") is not None:
+        return int(result["exit_code"])
+    return EXIT_FAILURE

@@ -1,0 +1,125 @@
+"""The daemon's queue: a global concurrency limit, per-uid limits, round-robin between uids.
+
+Admission (at submit): a uid may hold at most ``max_queued_per_uid`` waiting tasks, and the
+daemon at most ``max_queued`` in all; past either, the submission is refused with 429 naming the
+limit.  Dispatch: at most ``max_running`` tasks run at once, at most ``max_running_per_uid`` of
+one uid; the next task comes from the next uid in turn that has one waiting and room to run,
+so one busy uid cannot starve the others.  FIFO within a uid.
+
+Pure bookkeeping on the trio thread: no awaits, no locks.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Generic, NamedTuple, Protocol, TypeVar
+
+from .protocol import ApiError
+
+__all__ = ["QueueLimits", "Scheduler"]
+
+
+class _Owned(Protocol):
+    @property
+    def uid(self) -> int: ...
+
+
+T = TypeVar("T", bound=_Owned)
+
+
+class QueueLimits(NamedTuple):
+    max_running: int = 16
+    max_running_per_uid: int = 16
+    max_queued: int = 10000
+    max_queued_per_uid: int = 1000
+
+    def to_json(self) -> dict[str, int]:
+        return self._asdict()
+
+
+class Scheduler(Generic[T]):
+    """Who runs next.  ``T`` is anything with a ``uid``."""
+
+    def __init__(self, limits: QueueLimits) -> None:
+        self.limits = limits
+        self._waiting: dict[int, collections.deque[T]] = {}
+        self._turns: collections.deque[int] = collections.deque()  # uids with waiting tasks
+        self._running: collections.Counter[int] = collections.Counter()
+        self.total_running = 0
+        self.total_queued = 0
+
+    def admit(self, uid: int) -> None:
+        """Raise ApiError 429 if ``uid`` may not queue one more task now."""
+        lim = self.limits
+        queued = len(self._waiting.get(uid, ()))
+        if queued >= lim.max_queued_per_uid:
+            raise ApiError(429, "queue_full", f"uid {uid} already has {queued} queued tasks, "
+                           f"the per-uid limit (max_queued_per_uid={lim.max_queued_per_uid}); "
+                           f"wait for some to start, or stop queued ones")
+        if self.total_queued >= lim.max_queued:
+            raise ApiError(429, "queue_full", f"the daemon's queue holds {self.total_queued} "
+                           f"tasks, its limit (max_queued={lim.max_queued}); retry later")
+
+    def enqueue(self, task: T) -> None:
+        waiting = self._waiting.get(task.uid)
+        if waiting is None:
+            waiting = self._waiting[task.uid] = collections.deque()
+            self._turns.append(task.uid)
+        waiting.append(task)
+        self.total_queued += 1
+
+    def remove(self, task: T) -> bool:
+        """Take a queued task out (it was stopped); False if it was not queued."""
+        waiting = self._waiting.get(task.uid)
+        if waiting is None or task not in waiting:
+            return False
+        waiting.remove(task)
+        self.total_queued -= 1
+        if not waiting:
+            self._drop_uid(task.uid)
+        return True
+
+    def _drop_uid(self, uid: int) -> None:
+        del self._waiting[uid]
+        self._turns.remove(uid)
+
+    def next_ready(self) -> T | None:
+        """The next task to start (counted as running from now), or None."""
+        lim = self.limits
+        if self.total_running >= lim.max_running:
+            return None
+        for _ in range(len(self._turns)):
+            uid = self._turns[0]
+            self._turns.rotate(-1)  # served or skipped: its next turn comes after the others
+            if self._running[uid] >= lim.max_running_per_uid:
+                continue
+            waiting = self._waiting[uid]
+            task = waiting.popleft()
+            if not waiting:
+                self._drop_uid(uid)
+            self.total_queued -= 1
+            self._running[uid] += 1
+            self.total_running += 1
+            return task
+        return None
+
+    def finished(self, uid: int) -> None:
+        """A task that ``next_ready`` handed out has ended."""
+        self._running[uid] -= 1
+        if not self._running[uid]:
+            del self._running[uid]
+        self.total_running -= 1
+
+    def counts(self, uid: int) -> tuple[int, int]:
+        """(running, queued) of ``uid``."""
+        return self._running.get(uid, 0), len(self._waiting.get(uid, ()))
+
+    def position(self, task: T) -> int | None:
+        """0-based place in its uid's queue, or None if not queued."""
+        waiting = self._waiting.get(task.uid)
+        if waiting is None:
+            return None
+        try:
+            return waiting.index(task)
+        except ValueError:
+            return None

@@ -1,0 +1,66 @@
+"""(method, path) -> the verb that answers it.  One module per verb in ``verbs/``."""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import TYPE_CHECKING, Any
+
+from .http import Handler, Request, Router
+from .protocol import ApiError
+from .verbs import (
+    events,
+    limits,
+    list_tasks,
+    metrics,
+    output,
+    show,
+    stdin,
+    stop,
+    submit,
+    wait,
+)
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+__all__ = ["ROUTES", "make_router"]
+
+_ID = r"(?P<id>[0-9A-Za-z_.-]{1,64})"
+
+# method, path pattern, verb module, long (a long poll or a stream: abandoned when the client
+# leaves)
+ROUTES: list[tuple[str, str, Any, bool]] = [
+    ("POST", r"/v1/tasks", submit, False),
+    ("GET", r"/v1/tasks", list_tasks, False),
+    ("GET", rf"/v1/tasks/{_ID}", show, False),
+    ("GET", rf"/v1/tasks/{_ID}/wait", wait, True),
+    ("GET", rf"/v1/tasks/{_ID}/output", output, True),
+    ("POST", rf"/v1/tasks/{_ID}/stop", stop, False),
+    ("POST", rf"/v1/tasks/{_ID}/stdin", stdin, True),
+    ("GET", r"/v1/events", events, True),
+    ("GET", r"/v1/limits", limits, False),
+    ("GET", r"/metrics", metrics, False),
+]
+_COMPILED = [(m, re.compile(p), v, long) for m, p, v, long in ROUTES]
+
+
+def make_router(d: Daemon) -> Router:
+    def route(req: Request) -> tuple[Handler, bool, str]:
+        allowed = []
+        for method, pattern, verb, long in _COMPILED:
+            match = pattern.fullmatch(req.path)
+            if match is None:
+                continue
+            if method != req.method:
+                allowed.append(method)
+                continue
+            name = verb.__name__.rpartition(".")[2]
+            return functools.partial(verb.handle, d, **match.groupdict()), long, name
+        if allowed:
+            raise ApiError(405, "method_not_allowed", f"{req.method} is not allowed on "
+                           f"{req.path}; use {' or '.join(allowed)}")
+        raise ApiError(404, "no_such_path", f"no such path {req.path!r}; the API is under "
+                       f"/v1 (see docs/api.md)")
+
+    return route

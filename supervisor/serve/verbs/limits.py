@@ -1,0 +1,35 @@
+"""``GET /v1/limits``: what a caller may ask for, so an agent host can tell its model.
+
+Default and ceiling time limits, the controllers enabled for tasks (which resource limits
+work here), the supported properties, the caller's quotas and what it uses of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..http import Request, Response, json_response
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+
+
+async def handle(d: Daemon, req: Request) -> Response:
+    from ..._properties import SUPPORTED
+
+    q = d.config.queue
+    running, queued = d.scheduler.counts(req.peer.uid)
+    return json_response(200, {
+        "default_time_limit": d.sup.default_time_limit,
+        "max_time_limit": d.sup.max_time_limit,
+        "controllers": sorted(d.sup.controllers),
+        "properties": list(SUPPORTED),
+        "stdin_pipe": d.stdin_pipes,
+        "uid": req.peer.uid,
+        "quotas": {"max_running": q.max_running_per_uid, "max_queued": q.max_queued_per_uid,
+                   "running": running, "queued": queued},
+        "daemon": {"max_running": q.max_running, "max_queued": q.max_queued,
+                   "running": d.scheduler.total_running, "queued": d.scheduler.total_queued},
+        "max_body_bytes": d.config.http.max_body,
+        "output_cap_bytes": d.config.output_cap,
+    })

@@ -1,0 +1,36 @@
+"""``GET /v1/tasks[?state=running&limit=100]``: the caller's tasks, newest first (root: all)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..http import Request, Response, json_response
+from ..protocol import STATES, invalid, query_int
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+
+_RECORDED_STATE = {"queued": "queued", "starting": "running", "running": "running",
+                   "stopping": "running", "finished": "finished"}
+
+
+async def handle(d: Daemon, req: Request) -> Response:
+    state = req.query.get("state")
+    if state is not None and state not in STATES:
+        raise invalid("state", f"?state= must be one of {', '.join(STATES)}, got {state!r}")
+    limit = query_int(req.query, "limit", 100, 1, 10000)
+    peer = req.peer
+    out: list[dict[str, Any]] = []
+    for t in sorted(d.tasks.values(), key=lambda t: -int(t.id)):
+        if peer.may_see(t.uid) and (state is None or t.live_state == state):
+            out.append(t.to_json(full=False, position=d.scheduler.position(t)))
+            if len(out) == limit:
+                break
+    if len(out) < limit:  # older tasks, no longer held in memory
+        rows = await d.records.list_rows(None if peer.is_root else peer.uid,
+                                    None if state is None else _RECORDED_STATE[state], limit)
+        from ..tasks import row_json
+
+        out += [row_json(r, full=False) for r in rows if r["id"] not in d.tasks][
+            :limit - len(out)]
+    return json_response(200, {"tasks": out})

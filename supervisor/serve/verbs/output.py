@@ -1,0 +1,171 @@
+"""``GET /v1/tasks/ID/output?stream=stdout&offset=N&follow=true``: NDJSON frames.
+
+Every byte a task writes goes to its output file in the state directory (the core's
+``log_file``, lossless up to ``--output-cap``), so any offset the file holds can be read again:
+a client that reconnects with the offset after its last frame loses nothing.  Frames::
+
+    {"stream": "stdout", "offset": N, "data": "<base64>"}   bytes N .. N+len
+    {"stream": "stdout", "gap": [A, B]}                     bytes A .. B are no longer held
+    {"end": true, "result": {...}}                          the task ended; nothing follows
+    {"end": false, "offset": N, "state": "running"}         not following: resume at N
+
+Past the cap, the file stops growing; at the end the result's kept tail (the last bytes) is
+sent after a gap frame that says exactly which bytes are lost.  A follower is woken by the
+task's output subscription (each chunk only wakes it: the bytes come from the file, so a slow
+client never makes the daemon hold output in memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..http import Request, Send, Streaming
+from ..protocol import data_frame, gap_frame, invalid, query_bool, query_int
+
+if TYPE_CHECKING:
+    from ... import TaskResult
+    from ..daemon import Daemon
+    from ..tasks import DaemonTask
+
+CHUNK = 64 * 1024
+POLL = 1.0  # a safety net: the subscription wakes followers
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+async def handle(d: Daemon, req: Request, id: str) -> Streaming:
+    stream = req.query.get("stream", "stdout")
+    if stream not in ("stdout", "stderr"):
+        raise invalid("stream", f"?stream= must be stdout or stderr, got {stream!r}")
+    offset = query_int(req.query, "offset", 0)
+    follow = query_bool(req.query, "follow")
+    t = d.find(req.peer, id)
+    if t is None:
+        row = await d.find_row(req.peer, id)
+        path = os.path.join(d.output_dir, row["id"])
+        return Streaming(200, _Recorded(row, stream, offset, path).produce)
+    return Streaming(200, _Follower(t, stream, offset, follow).produce)
+
+
+class _Wake:
+    """Set on every chunk of the task's output, and when its output ends."""
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+
+    async def drain(self, t: DaemonTask, stream: str) -> None:
+        await t.started.wait()
+        handle = t.handle
+        if handle is not None:
+            with handle.subscribe(stream) as chunks:
+                async for _ in chunks:
+                    self.event.set()  # the chunk itself is dropped: the file has it
+        self.event.set()
+
+    async def wait(self) -> None:
+        with trio.move_on_after(POLL):
+            await self.event.wait()
+        self.event = trio.Event()
+
+
+class _Follower:
+    def __init__(self, t: DaemonTask, stream: str, offset: int, follow: bool) -> None:
+        self.t = t
+        self.stream = stream
+        self.pos = offset
+        self.follow = follow
+        self.path = t.output if stream == "stdout" else t.output + ".stderr"
+        self.fd: int | None = None
+
+    def _read(self) -> bytes:
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return b""
+        return os.pread(self.fd, CHUNK, self.pos)
+
+    async def produce(self, send: Send) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                wake = _Wake()
+                if self.follow:
+                    nursery.start_soon(wake.drain, self.t, self.stream)
+                await self._loop(send, wake)
+                nursery.cancel_scope.cancel()
+        finally:
+            if self.fd is not None:
+                os.close(self.fd)
+
+    async def _loop(self, send: Send, wake: _Wake) -> None:
+        t = self.t
+        while True:
+            done = t.done.is_set()  # before reading: then the file is complete
+            data = self._read()
+            if data:
+                await send(_line(data_frame(self.stream, self.pos, data)))
+                self.pos += len(data)
+                continue
+            if done:
+                assert t.result is not None
+                await self._after_file(send, t.result)
+                await send(_line({"end": True, "result": t.result_json}))
+                return
+            if not self.follow:
+                await send(_line({"end": False, "offset": self.pos, "state": t.live_state}))
+                return
+            await wake.wait()
+
+    async def _after_file(self, send: Send, result: TaskResult) -> None:
+        """What the file does not hold (past the cap): a gap, then the kept tail."""
+        out = result.output_stdout if self.stream == "stdout" else result.output_stderr
+        if self.pos >= out.total:
+            return
+        tail_start = out.total - len(out.tail)
+        if self.pos < tail_start:
+            await send(_line(gap_frame(self.stream, self.pos, tail_start)))
+            self.pos = tail_start
+        rest = out.tail[self.pos - tail_start:]
+        for i in range(0, len(rest), CHUNK):
+            await send(_line(data_frame(self.stream, self.pos, rest[i:i + CHUNK])))
+            self.pos += len(rest[i:i + CHUNK])
+
+
+class _Recorded:
+    """A task the daemon no longer holds in memory: the file, then a gap to the total."""
+
+    def __init__(self, row: dict[str, Any], stream: str, offset: int, path: str) -> None:
+        self.row = row
+        self.path = path if stream == "stdout" else path + ".stderr"
+        self.stream = stream
+        self.pos = offset
+
+    async def produce(self, send: Send) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = None
+        try:
+            while fd is not None:
+                data = os.pread(fd, CHUNK, self.pos)
+                if not data:
+                    break
+                await send(_line(data_frame(self.stream, self.pos, data)))
+                self.pos += len(data)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        result = self.row.get("result")
+        total = (result or {}).get(f"output_{self.stream}", {}).get("total", 0)
+        if self.pos < total:
+            await send(_line(gap_frame(self.stream, self.pos, total)))
+        finished = self.row["state"] == "finished"
+        await send(_line({"end": True, "result": result} if finished else
+                         {"end": False, "offset": max(self.pos, total),
+                          "state": self.row["state"]}))

@@ -1,0 +1,40 @@
+"""``POST /v1/tasks/ID/stdin[?eof=true]``: bytes for a task submitted with ``"stdin": "pipe"``.
+
+The body is written as it is (any bytes); the answer comes once the task has taken them (the
+pipe's back-pressure), so a client never races ahead of the task.  ``eof=true`` closes its
+stdin after the bytes.  A queued task's request waits until it starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..http import Request, Response, json_response
+from ..protocol import ApiError, query_bool
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+
+
+async def handle(d: Daemon, req: Request, id: str) -> Response:
+    eof = query_bool(req.query, "eof")
+    t = d.find(req.peer, id)
+    if t is None:
+        await d.find_row(req.peer, id)  # 404 if not theirs
+        raise _finished(id)
+    if t.request.stdin != "pipe":
+        raise ApiError(409, "no_stdin_pipe", f"task {id} was not submitted with \"stdin\": "
+                       f"\"pipe\"; its stdin is fixed", "stdin")
+    await t.started.wait()
+    handle = t.handle
+    if handle is None or t.result is not None or handle.state != "running":
+        raise _finished(id)
+    if req.body:
+        await handle.write_stdin(req.body)
+    if eof:
+        handle.close_stdin()
+    return json_response(200, {"id": id, "written": len(req.body), "eof": eof})
+
+
+def _finished(task_id: str) -> ApiError:
+    return ApiError(409, "finished", f"task {task_id} has finished; its stdin is closed")

@@ -1,0 +1,49 @@
+"""``GET /v1/tasks/ID/wait?timeout=30s``: a long poll for the result.
+
+200 with the task (its ``result`` included) once it has finished and its record is written;
+202 with its state if ``timeout`` passes first.  At most 1 hour per request: wait again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..http import Request, Response, json_response
+from ..protocol import invalid
+from ..tasks import row_json
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+
+MAX_WAIT = 3600.0
+
+
+def _timeout(text: str | None) -> float:
+    if text is None:
+        return 30.0
+    from ..._units import UnitsError, parse_duration
+
+    try:
+        value = parse_duration(text, "timeout", allow_zero=True)
+    except UnitsError as e:
+        raise invalid("timeout", str(e)) from None
+    if value > MAX_WAIT:
+        raise invalid("timeout", f"timeout must be at most 1h, got {text!r}; wait again "
+                      f"after it passes")
+    return value
+
+
+async def handle(d: Daemon, req: Request, id: str) -> Response:
+    timeout = _timeout(req.query.get("timeout"))
+    t = d.find(req.peer, id)
+    if t is None:
+        row = await d.find_row(req.peer, id)
+        return json_response(200 if row["state"] == "finished" else 202,
+                             row_json(row, full=True))
+    with trio.move_on_after(timeout):
+        await t.done.wait()
+    if t.done.is_set():
+        return json_response(200, t.to_json(full=True))
+    return json_response(202, t.to_json(full=False, position=d.scheduler.position(t)))
