@@ -12,8 +12,14 @@
  *      leaf's cgroup.procs before anything else, the parent takes a pidfd with pidfd_open().
  *      The child is still in its leaf before it execs; the result says this path was used.
  *
- * The child writes its failure (step + errno) into a report the parent reads: shared memory
- * when the child shares our address space (1 and 3), a CLOEXEC pipe otherwise (2).  While the
+ * Between clone and exec the child also isolates itself as asked (systemd.exec(5)'s order):
+ * a network namespace (joined, or new with "lo" up), a mount namespace made a slave of ours
+ * with tmpfs mounts and read-only remounts in it, rlimits, groups, the capability bounding
+ * set, ambient capabilities kept across the uid change, the uid, no_new_privs.  Everything it
+ * needs (paths, masks, ids) was computed by the parent: the child only makes syscalls.
+ *
+ * The child writes its failure (step + errno + index) into a report the parent reads: shared
+ * memory when the child shares our address space (1 and 3), a CLOEXEC pipe otherwise (2).  While the
  * child runs in our memory every signal is blocked in the parent thread, so no Python signal
  * handler can run in the child and write into the parent's state.
  */
@@ -22,12 +28,17 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <linux/capability.h>
+#include <net/if.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/signalfd.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -59,6 +70,10 @@
 #ifndef P_PIDFD
 #define P_PIDFD 3
 #endif
+#ifndef PR_CAP_AMBIENT
+#define PR_CAP_AMBIENT 47
+#define PR_CAP_AMBIENT_RAISE 2
+#endif
 
 /* struct clone_args as of Linux 5.7 (CLONE_ARGS_SIZE_VER2), spelled out so that old kernel
  * headers do not matter. */
@@ -79,6 +94,7 @@ struct corral_clone_args {
 struct child_report {
     int step;
     int err;
+    int index;
 };
 
 struct child_ctx {
@@ -94,19 +110,24 @@ struct child_ctx {
 
 /* ---- the child: async-signal-safe only, never returns ---------------------------------- */
 
-static void __attribute__((noreturn)) child_fail(const struct child_ctx *c, int step, int err)
+static void __attribute__((noreturn)) child_fail_at(const struct child_ctx *c, int step,
+                                                     int err, int index)
 {
-    struct child_report rep = { step, err };
+    struct child_report rep = { step, err, index };
     if (c->report_fd >= 0) {
         ssize_t n;
         do {
             n = write(c->report_fd, &rep, sizeof rep);
         } while (n < 0 && errno == EINTR);
     } else {
-        c->report->step = step;
-        c->report->err = err;
+        *c->report = rep;
     }
     _exit(127);
+}
+
+static void __attribute__((noreturn)) child_fail(const struct child_ctx *c, int step, int err)
+{
+    child_fail_at(c, step, err, 0);
 }
 
 /* Move each of the three std fds out of 0..2 first, so that installing one cannot clobber
@@ -166,6 +187,160 @@ static int child_close_other_fds(const struct corral_spawn_args *a)
     return 0;
 }
 
+/* "lo" up in a fresh network namespace (the kernel gives it 127.0.0.1/8 and ::1 as it comes
+ * up); the SIOCSIFFLAGS ioctl is two syscalls where netlink would be a message exchange. */
+static int child_loopback_up(void)
+{
+    struct ifreq ifr;
+    int err = 0;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return errno;
+    memset(&ifr, 0, sizeof ifr);
+    memcpy(ifr.ifr_name, "lo", 3);
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0) {
+        err = errno;
+    } else {
+        ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+        if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+            err = errno;
+    }
+    close(s);
+    return err;
+}
+
+static void child_network(const struct child_ctx *c, const struct corral_spawn_args *a)
+{
+    int err;
+    if (a->flags & CORRAL_SPAWN_SETNS) {
+        if (setns(a->netns_fd, CLONE_NEWNET) < 0)
+            child_fail(c, CORRAL_STEP_NETNS, errno);
+    } else if (a->flags & CORRAL_SPAWN_NEWNET) {
+        if (unshare(CLONE_NEWNET) < 0)
+            child_fail(c, CORRAL_STEP_NETNS, errno);
+        if ((err = child_loopback_up()) != 0)
+            child_fail(c, CORRAL_STEP_LOOPBACK, err);
+    }
+}
+
+/* Our own mount namespace, then every mount in it made a slave: mounts of the host still
+ * reach us, nothing we mount or remount reaches the host (mount_namespaces(7)).  Only then
+ * the tmpfs mounts and the read-only remounts, which therefore stay the task's own. */
+static void child_mounts(const struct child_ctx *c, const struct corral_spawn_args *a)
+{
+    if (!(a->flags & CORRAL_SPAWN_NEWNS))
+        return;
+    if (unshare(CLONE_NEWNS) < 0)
+        child_fail(c, CORRAL_STEP_MOUNTNS, errno);
+    if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
+        child_fail(c, CORRAL_STEP_MOUNTNS, errno);
+    for (int i = 0; i < a->n_tmpfs; i++)
+        if (mount("tmpfs", a->tmpfs_paths[i], "tmpfs", MS_NOSUID | MS_NODEV, "mode=01777") < 0)
+            child_fail_at(c, CORRAL_STEP_TMPFS, errno, i);
+    /* A bind remount changes this mount's flags only (not the filesystem's, not the host's
+     * view of it); the mount's nosuid/nodev/noexec/atime flags are given back with it. */
+    for (int i = 0; i < a->n_readonly; i++)
+        if (mount(NULL, a->readonly_paths[i], NULL,
+                  MS_BIND | MS_REMOUNT | MS_RDONLY | a->readonly_flags[i], NULL) < 0)
+            child_fail_at(c, CORRAL_STEP_READONLY, errno, i);
+}
+
+/* Needs CAP_SETPCAP: before the uid change.  Dropping from the bounding set leaves our own
+ * permitted set alone, so setresuid() below still works with CAP_SETUID dropped. */
+static void child_bounding_set(const struct child_ctx *c, const struct corral_spawn_args *a)
+{
+    if (!(a->flags & CORRAL_SPAWN_CAPBSET))
+        return;
+    for (int cap = 0; cap <= a->cap_last && cap < 64; cap++)
+        if ((a->cap_bset_drop >> cap) & 1)
+            if (prctl(PR_CAPBSET_DROP, (unsigned long)cap, 0UL, 0UL, 0UL) < 0)
+                child_fail_at(c, CORRAL_STEP_CAPBSET, errno, cap);
+}
+
+/* Ambient capabilities must be in the permitted and inheritable sets when raised, and a uid
+ * change away from 0 clears the ambient set (capabilities(7)).  So: inheritable set to the
+ * ambient ones and keep-caps on before the uid change; the raise comes after it. */
+static void child_ambient_prepare(const struct child_ctx *c, const struct corral_spawn_args *a)
+{
+    struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+    struct __user_cap_data_struct data[2];
+    if (!(a->flags & CORRAL_SPAWN_AMBIENT))
+        return;
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capget, &hdr, data) < 0)
+        child_fail(c, CORRAL_STEP_CAPS, errno);
+    data[0].inheritable = (uint32_t)a->cap_ambient;
+    data[1].inheritable = (uint32_t)(a->cap_ambient >> 32);
+    if (syscall(SYS_capset, &hdr, data) < 0)
+        child_fail(c, CORRAL_STEP_CAPS, errno);
+    if ((a->flags & CORRAL_SPAWN_SETUID) && a->uid != 0 &&
+        prctl(PR_SET_KEEPCAPS, 1UL, 0UL, 0UL, 0UL) < 0)
+        child_fail(c, CORRAL_STEP_CAPS, errno);
+}
+
+static void child_ambient_raise(const struct child_ctx *c, const struct corral_spawn_args *a)
+{
+    if (!(a->flags & CORRAL_SPAWN_AMBIENT))
+        return;
+    for (int cap = 0; cap <= a->cap_last && cap < 64; cap++)
+        if ((a->cap_ambient >> cap) & 1)
+            if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, (unsigned long)cap, 0UL, 0UL) < 0)
+                child_fail_at(c, CORRAL_STEP_AMBIENT, errno, cap);
+}
+
+/* Raw syscalls: glibc's setuid family signals every thread of the process (setxid
+ * broadcast), which is neither needed nor safe here.  Groups first: changing them needs the
+ * CAP_SETGID that the uid change takes away. */
+static void child_credentials(const struct child_ctx *c, const struct corral_spawn_args *a)
+{
+    if ((a->flags & CORRAL_SPAWN_SETGROUPS) &&
+        syscall(SYS_setgroups, (size_t)a->n_groups, a->groups) < 0)
+        child_fail(c, CORRAL_STEP_SETGROUPS, errno);
+    if ((a->flags & CORRAL_SPAWN_SETGID) &&
+        syscall(SYS_setresgid, a->gid, a->gid, a->gid) < 0)
+        child_fail(c, CORRAL_STEP_SETGID, errno);
+    child_bounding_set(c, a);
+    child_ambient_prepare(c, a);
+    if ((a->flags & CORRAL_SPAWN_SETUID) &&
+        syscall(SYS_setresuid, a->uid, a->uid, a->uid) < 0)
+        child_fail(c, CORRAL_STEP_SETUID, errno);
+    child_ambient_raise(c, a);
+}
+
+/* Dispositions back to default (handlers make no sense after exec anyway, but ignored
+ * signals would be inherited: a task started with SIGTERM ignored could not be stopped
+ * gracefully). */
+static void child_default_signals(void)
+{
+    for (int sig = 1; sig < _NSIG; sig++) {
+        struct sigaction sa;
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_DFL;
+        sigaction(sig, &sa, NULL);  /* EINVAL for the realtime signals glibc reserves */
+    }
+}
+
+/* PATH candidates in order; as execvp does, a candidate that exists but cannot be run
+ * (EACCES, ENOEXEC...) is what gets reported, not the ENOENT of a later one. */
+static void __attribute__((noreturn)) child_exec(const struct child_ctx *c,
+                                                 const struct corral_spawn_args *a)
+{
+    int saved = ENOENT;
+    for (char *const *p = a->exec_paths; *p != NULL; p++) {
+        execve(*p, a->argv, a->envp);
+        if (errno != ENOENT && errno != ENOTDIR) {
+            if (saved == ENOENT)
+                saved = errno;
+        }
+    }
+    child_fail(c, CORRAL_STEP_EXEC, saved);
+}
+
+/* The order is systemd's (exec_invoke()): namespaces and mounts while we are still root;
+ * groups, the bounding set and the ambient preparation before the uid change; the working
+ * directory as the new user; no_new_privs last before exec. */
 static int child_main(void *arg)
 {
     const struct child_ctx *c = arg;
@@ -185,74 +360,41 @@ static int child_main(void *arg)
 
     if ((a->flags & CORRAL_SPAWN_SETSID) && setsid() < 0)
         child_fail(c, CORRAL_STEP_SETSID, errno);
-
-    /* Namespaces need our privileges: before any setuid. */
-    if ((a->flags & CORRAL_SPAWN_NEWNET) && unshare(CLONE_NEWNET) < 0)
-        child_fail(c, CORRAL_STEP_NETNS, errno);
-
-    /* Raising a hard limit needs CAP_SYS_RESOURCE: before any setuid too. */
-    for (int i = 0; i < a->n_rlimits; i++) {
-        struct rlimit rl = { (rlim_t)a->rlimits[i].soft, (rlim_t)a->rlimits[i].hard };
-        if (setrlimit(a->rlimits[i].resource, &rl) < 0)
-            child_fail(c, CORRAL_STEP_RLIMIT, errno);
-    }
+    child_network(c, a);
+    child_mounts(c, a);
 
     if ((err = child_install_std_fds(a)) != 0)
         child_fail(c, CORRAL_STEP_FDS, err);
     if ((err = child_close_other_fds(a)) != 0)
         child_fail(c, CORRAL_STEP_FDS, err);
+    /* After the fds (a low RLIMIT_NOFILE must not break our own dups), before the uid change
+     * (raising a hard limit needs CAP_SYS_RESOURCE). */
+    for (int i = 0; i < a->n_rlimits; i++) {
+        struct rlimit rl = { (rlim_t)a->rlimits[i].soft, (rlim_t)a->rlimits[i].hard };
+        if (setrlimit(a->rlimits[i].resource, &rl) < 0)
+            child_fail_at(c, CORRAL_STEP_RLIMIT, errno, i);
+    }
     /* A new session's leader takes fd 0 (a pseudo-terminal's slave) as its controlling
      * terminal, so that the terminal's job control and signals reach the task. */
     if ((a->flags & CORRAL_SPAWN_SETCTTY) && ioctl(0, TIOCSCTTY, 0) < 0)
         child_fail(c, CORRAL_STEP_CTTY, errno);
-
-    /* Dispositions back to default (handlers make no sense after exec anyway, but ignored
-     * signals would be inherited: a task started with SIGTERM ignored could not be stopped
-     * gracefully). */
-    for (int sig = 1; sig < _NSIG; sig++) {
-        struct sigaction sa;
-        if (sig == SIGKILL || sig == SIGSTOP)
-            continue;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = SIG_DFL;
-        sigaction(sig, &sa, NULL);  /* EINVAL for the realtime signals glibc reserves */
-    }
-
-    /* Raw syscalls: glibc's setuid family signals every thread of the process (setxid
-     * broadcast), which is neither needed nor safe here. */
-    if ((a->flags & CORRAL_SPAWN_SETGROUPS) &&
-        syscall(SYS_setgroups, (size_t)a->n_groups, a->groups) < 0)
-        child_fail(c, CORRAL_STEP_SETGROUPS, errno);
-    if ((a->flags & CORRAL_SPAWN_SETGID) &&
-        syscall(SYS_setresgid, a->gid, a->gid, a->gid) < 0)
-        child_fail(c, CORRAL_STEP_SETGID, errno);
-    if ((a->flags & CORRAL_SPAWN_SETUID) &&
-        syscall(SYS_setresuid, a->uid, a->uid, a->uid) < 0)
-        child_fail(c, CORRAL_STEP_SETUID, errno);
+    child_default_signals();
+    child_credentials(c, a);
 
     /* After dropping privileges, so the cwd is checked as the user who will run in it. */
     if (a->cwd != NULL && chdir(a->cwd) < 0)
         child_fail(c, CORRAL_STEP_CHDIR, errno);
     if (a->umask >= 0)
         umask((mode_t)a->umask);
+    if ((a->flags & CORRAL_SPAWN_NO_NEW_PRIVS) &&
+        prctl(PR_SET_NO_NEW_PRIVS, 1UL, 0UL, 0UL, 0UL) < 0)
+        child_fail(c, CORRAL_STEP_NO_NEW_PRIVS, errno);
 
     sigset_t none;
     sigemptyset(&none);
     if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
         child_fail(c, CORRAL_STEP_SIGNALS, errno);
-
-    /* PATH candidates in order; as execvp does, a candidate that exists but cannot be run
-     * (EACCES, ENOEXEC...) is what gets reported, not the ENOENT of a later one. */
-    int saved = ENOENT;
-    for (char *const *p = a->exec_paths; *p != NULL; p++) {
-        execve(*p, a->argv, a->envp);
-        if (errno != ENOENT && errno != ENOTDIR) {
-            if (saved == ENOENT)
-                saved = errno;
-        }
-    }
-    child_fail(c, CORRAL_STEP_EXEC, saved);
-    return 127;  /* not reached */
+    child_exec(c, a);
 }
 
 /* ---- the parent ------------------------------------------------------------------------ */
@@ -285,6 +427,7 @@ static long clone3_on_stack(struct corral_clone_args *ca, int (*fn)(void *), voi
 #define HAVE_CLONE3_ON_STACK 1
 #endif
 
+#ifndef HAVE_CLONE3_ON_STACK
 static int read_report(int fd, struct child_report *rep)
 {
     ssize_t n;
@@ -295,6 +438,7 @@ static int read_report(int fd, struct child_report *rep)
         return 1;   /* the child failed and said how */
     return 0;       /* EOF: the exec closed the pipe */
 }
+#endif
 
 static void reap(int pidfd, int pid)
 {
@@ -408,7 +552,7 @@ static int spawn_vfork_join(const struct corral_spawn_args *a, struct corral_spa
 
 int corral_spawn(const struct corral_spawn_args *a, struct corral_spawn_result *r)
 {
-    struct child_report rep = { CORRAL_STEP_NONE, 0 };
+    struct child_report rep = { CORRAL_STEP_NONE, 0, 0 };
     struct child_ctx c = { a, &rep, -1, -1 };
     sigset_t all, old;
     int ret = -ENOSYS;
@@ -448,6 +592,7 @@ int corral_spawn(const struct corral_spawn_args *a, struct corral_spawn_result *
         r->pidfd = -1;
         r->step = rep.step;
         r->err = rep.err;
+        r->index = rep.index;
         return -rep.err;
     }
     return 0;
@@ -479,4 +624,14 @@ int corral_signalfd(const int *signals, int n)
             return -errno;
     int fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     return fd < 0 ? -errno : fd;
+}
+
+int corral_unshare(int flags)
+{
+    return unshare(flags) < 0 ? -errno : 0;
+}
+
+int corral_setns(int fd, int nstype)
+{
+    return setns(fd, nstype) < 0 ? -errno : 0;
 }

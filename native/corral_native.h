@@ -16,6 +16,11 @@
 #define CORRAL_SPAWN_SETUID          16
 #define CORRAL_SPAWN_FORCE_FALLBACK  32
 #define CORRAL_SPAWN_SETCTTY         64  /* make fd 0 (a terminal) the controlling terminal: needs SETSID */
+#define CORRAL_SPAWN_SETNS           128  /* join the network namespace netns_fd (instead of NEWNET) */
+#define CORRAL_SPAWN_NEWNS           256  /* own mount namespace, propagation from the host only (slave) */
+#define CORRAL_SPAWN_NO_NEW_PRIVS    512  /* PR_SET_NO_NEW_PRIVS just before exec */
+#define CORRAL_SPAWN_CAPBSET         1024 /* drop cap_bset_drop's bits from the bounding set */
+#define CORRAL_SPAWN_AMBIENT         2048 /* raise cap_ambient's bits as ambient capabilities */
 
 /* how the child was created (corral_spawn_result.method) */
 #define CORRAL_METHOD_CLONE3_VFORK   1  /* clone3(CLONE_INTO_CGROUP|CLONE_PIDFD|CLONE_VM|CLONE_VFORK) */
@@ -39,6 +44,14 @@
 #define CORRAL_STEP_CHDIR      13
 #define CORRAL_STEP_EXEC       14
 #define CORRAL_STEP_CTTY       15
+#define CORRAL_STEP_LOOPBACK   16  /* bringing "lo" up in the new network namespace */
+#define CORRAL_STEP_MOUNTNS    17  /* unshare(CLONE_NEWNS), then / made a slave (recursively) */
+#define CORRAL_STEP_TMPFS      18  /* a tmpfs on tmpfs_paths[index] */
+#define CORRAL_STEP_READONLY   19  /* read-only remount of readonly_paths[index] */
+#define CORRAL_STEP_CAPBSET    20  /* PR_CAPBSET_DROP of capability index */
+#define CORRAL_STEP_CAPS       21  /* inheritable set and keep-caps, before the uid change */
+#define CORRAL_STEP_AMBIENT    22  /* PR_CAP_AMBIENT_RAISE of capability index */
+#define CORRAL_STEP_NO_NEW_PRIVS 23
 
 struct corral_rlimit {
     int resource;
@@ -65,6 +78,15 @@ struct corral_spawn_args {
     unsigned int uid;
     const struct corral_rlimit *rlimits;
     int n_rlimits;
+    int netns_fd;              /* with CORRAL_SPAWN_SETNS: an fd of /proc/PID/ns/net or similar */
+    char *const *tmpfs_paths;  /* with CORRAL_SPAWN_NEWNS: a fresh tmpfs (mode 1777) on each */
+    int n_tmpfs;
+    char *const *readonly_paths;           /* with CORRAL_SPAWN_NEWNS: mount points remounted */
+    const unsigned long *readonly_flags;   /* read-only, keeping these MS_* flags of each */
+    int n_readonly;
+    int cap_last;                          /* the kernel's highest capability number */
+    unsigned long long cap_bset_drop;      /* bit N: drop capability N from the bounding set */
+    unsigned long long cap_ambient;        /* bit N: capability N ambient (kept across exec) */
 };
 
 struct corral_spawn_result {
@@ -73,6 +95,7 @@ struct corral_spawn_result {
     int method;          /* CORRAL_METHOD_* */
     int step;            /* CORRAL_STEP_* that failed, CORRAL_STEP_NONE on success */
     int err;             /* errno of the failed step */
+    int index;           /* which path, rlimit or capability of that step failed (else 0) */
     int fallback_errno;  /* why clone3 was not used (ENOSYS, EINVAL, EPERM...), 0 if it was */
 };
 
@@ -90,5 +113,11 @@ int corral_inotify_rm_watch(int fd, int wd);
  * errno, code, pid, uid, ...), so that a reader can tell who sent a signal (si_code SI_USER
  * from kill(2), SI_KERNEL from a terminal's Ctrl-C).  -errno on failure. */
 int corral_signalfd(const int *signals, int n);
+
+/* unshare(2) and setns(2) for the calling thread, which Python 3.11's os lacks (a probe of
+ * whether namespaces may be made; a thread that joins a task's network namespace to look at
+ * it).  -errno on failure. */
+int corral_unshare(int flags);
+int corral_setns(int fd, int nstype);
 
 #endif

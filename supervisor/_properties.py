@@ -3,7 +3,10 @@
 ``corral run -p MemoryMax=512M -p TasksMax=64 -p CPUQuota=50%`` reads like ``systemd-run``; the
 names and value syntax are systemd's.  Each property maps onto one TaskSpec option (a limit, the
 time limit, the grace...); an unknown name is refused with the list of the supported ones.
-Everything is pure: the CLI collects the options and builds one TaskSpec from them.
+The isolation properties of systemd.exec(5) (User=, PrivateNetwork=, Limit*=, ...) are gathered
+in order and become one ``Isolation`` (``options["isolation"]``), which checks them against
+the host (users exist, namespaces allowed) as it is made.  The CLI collects the options and
+builds one TaskSpec from them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 from cgroupfs import CpuMax
 
 from ._errors import SpecError
+from ._isolation import ISOLATION_PROPERTIES, Isolation
 from ._units import (
     UnitsError,
     parse_count,
@@ -96,6 +100,10 @@ def _directory(name: str, value: str) -> tuple[str, Any]:
     return "cwd", value
 
 
+def _isolation(name: str, value: str) -> tuple[str, Any]:
+    return "isolation", (name, value)  # checked together, in order, by Isolation
+
+
 SUPPORTED: dict[str, Callable[[str, str], tuple[str, Any]]] = {
     "MemoryMax": _memory("memory_max"),
     "MemoryHigh": _memory("memory_high"),
@@ -109,12 +117,20 @@ SUPPORTED: dict[str, Callable[[str, str], tuple[str, Any]]] = {
     "KillSignal": _signal,
     "Environment": _environment,
     "WorkingDirectory": _directory,
+    **dict.fromkeys(ISOLATION_PROPERTIES, _isolation),
 }
+
+
+def _supported_list() -> str:
+    limits = [n.removeprefix("Limit") for n in SUPPORTED if n.startswith("Limit")]
+    names = [n for n in SUPPORTED if not n.startswith("Limit")]
+    return ", ".join(names) + f", Limit{{{','.join(limits)}}}"
 
 
 @dataclass
 class Collected:
-    """Options gathered from properties: TaskSpec keywords and Limits fields."""
+    """Options gathered from properties: TaskSpec keywords (``isolation`` among them, when
+    any isolation property was given) and Limits fields."""
 
     options: dict[str, Any]
     limits: dict[str, Any]
@@ -123,6 +139,7 @@ class Collected:
 def parse_properties(items: Iterable[str]) -> Collected:
     """Parse ``NAME=VALUE`` strings; raises SpecError naming the property, rule and fix."""
     out = Collected({}, {})
+    isolation: list[tuple[str, str]] = []
     for item in items:
         name, eq, value = item.partition("=")
         name = name.strip()
@@ -132,15 +149,19 @@ def parse_properties(items: Iterable[str]) -> Collected:
         parser = SUPPORTED.get(name)
         if parser is None:
             raise SpecError("property", f"unknown or unsupported property {name!r}; supported: "
-                                        f"{', '.join(SUPPORTED)}")
+                                        f"{_supported_list()}")
         try:
             key, parsed = parser(name, value.strip())
         except UnitsError as e:
             raise SpecError(name, str(e)) from None
-        if key.startswith("limits."):
+        if key == "isolation":
+            isolation.append(parsed)
+        elif key.startswith("limits."):
             out.limits[key.removeprefix("limits.")] = parsed
         elif key == "env":
             out.options.setdefault("env", {}).update(parsed)
         else:
             out.options[key] = parsed
+    if isolation:
+        out.options["isolation"] = Isolation.from_properties(isolation)
     return out

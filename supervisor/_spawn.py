@@ -5,13 +5,19 @@ Python values into the C argument block, resolves the executable along PATH the 
 does, and turns a failure into a :class:`SpawnError` that says which step failed and why, so that
 "not found", "permission denied" and "bad working directory" are told apart.
 
-It also carries the few syscalls Python 3.11 lacks (inotify).  pidfds need nothing extra:
-``os.pidfd_open``, ``signal.pidfd_send_signal`` and ``os.waitid(os.P_PIDFD, ...)`` are there.
+Isolation (systemd.exec(5)'s User=, PrivateNetwork=, PrivateTmp=...) is applied by the child
+too, between clone and exec; ``supervisor._isolation`` turns a task's settings into the keyword
+arguments of :func:`spawn` that say what to do, and each step that can fail has its own name.
+
+It also carries the few syscalls Python 3.11 lacks (inotify, unshare, setns).  pidfds need
+nothing extra: ``os.pidfd_open``, ``signal.pidfd_send_signal`` and ``os.waitid(os.P_PIDFD,
+...)`` are there.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,8 +37,10 @@ __all__ = [
     "inotify_init",
     "inotify_rm_watch",
     "resolve_executable",
+    "setns",
     "signalfd",
     "spawn",
+    "unshare",
 ]
 
 _STEPS = {
@@ -51,6 +59,35 @@ _STEPS = {
     lib.CORRAL_STEP_CHDIR: "chdir",
     lib.CORRAL_STEP_EXEC: "exec",
     lib.CORRAL_STEP_CTTY: "ctty",
+    lib.CORRAL_STEP_LOOPBACK: "loopback",
+    lib.CORRAL_STEP_MOUNTNS: "mountns",
+    lib.CORRAL_STEP_TMPFS: "tmpfs",
+    lib.CORRAL_STEP_READONLY: "readonly",
+    lib.CORRAL_STEP_CAPBSET: "capbset",
+    lib.CORRAL_STEP_CAPS: "caps",
+    lib.CORRAL_STEP_AMBIENT: "ambient",
+    lib.CORRAL_STEP_NO_NEW_PRIVS: "no_new_privs",
+}
+
+# What each step did, for SpawnError's message ("cannot <what> <target>: [Errno ...]").
+_WHAT = {
+    "exec": "cannot run",
+    "chdir": "cannot change to working directory",
+    "cgroup": "cannot join the task's cgroup",
+    "clone": "cannot create the process",
+    "netns": "cannot enter a new network namespace",
+    "loopback": "cannot bring up the loopback device in the new network namespace",
+    "mountns": "cannot make a private mount namespace",
+    "tmpfs": "cannot mount a private tmpfs on",
+    "readonly": "cannot remount read-only",
+    "rlimit": "cannot set resource limit",
+    "setgroups": "cannot set the supplementary groups",
+    "setgid": "cannot change the group id",
+    "setuid": "cannot change the user id",
+    "capbset": "cannot drop from the capability bounding set",
+    "caps": "cannot prepare the ambient capabilities (inheritable set, keep-caps)",
+    "ambient": "cannot raise the ambient capability",
+    "no_new_privs": "cannot set no_new_privs",
 }
 
 
@@ -74,8 +111,12 @@ class SpawnError(OSError):
 
     ``errno`` and ``strerror`` are the OS's; ``step`` names what failed: ``"exec"`` (the
     command: ENOENT not found, EACCES not executable), ``"chdir"`` (the working directory),
-    ``"cgroup"`` (joining the leaf), ``"clone"`` (creating the process), and so on.
-    ``filename`` is the command or directory concerned.
+    ``"cgroup"`` (joining the leaf), ``"clone"`` (creating the process), the isolation steps
+    (``"netns"``, ``"loopback"``, ``"mountns"``, ``"tmpfs"``, ``"readonly"``, ``"rlimit"``,
+    ``"setgroups"``, ``"setgid"``, ``"setuid"``, ``"capbset"``, ``"caps"``, ``"ambient"``,
+    ``"no_new_privs"``), and so on.  ``filename`` is what the step was about: the command,
+    the directory, the mount point, the resource limit (``"RLIMIT_NOFILE"``) or the capability
+    (``"CAP_NET_ADMIN"``).
     """
 
     def __init__(self, err: int, step: str, filename: str | None) -> None:
@@ -83,12 +124,7 @@ class SpawnError(OSError):
         self.step = step
 
     def __str__(self) -> str:
-        what = {
-            "exec": "cannot run",
-            "chdir": "cannot change to working directory",
-            "cgroup": "cannot join the task's cgroup",
-            "clone": "cannot create the process",
-        }.get(self.step, f"spawn step {self.step!r} failed")
+        what = _WHAT.get(self.step, f"spawn step {self.step!r} failed")
         target = f" {self.filename!r}" if self.filename else ""
         return f"{what}{target}: [Errno {self.errno}] {self.strerror}"
 
@@ -125,6 +161,43 @@ def _cstrings(items: Sequence[bytes], keep: list[Any]) -> Any:
     return arr
 
 
+# Capability numbers as the kernel knows them (linux/capability.h; capabilities(7)).
+CAPABILITIES: tuple[str, ...] = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+    "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW",
+    "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+    "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN",
+    "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON",
+    "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
+)
+
+
+@functools.cache
+def cap_last_cap() -> int:
+    """The highest capability number the running kernel knows."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return len(CAPABILITIES) - 1
+
+
+def capability_name(number: int) -> str:
+    return CAPABILITIES[number] if 0 <= number < len(CAPABILITIES) else f"capability {number}"
+
+
+def _rlimit_name(resource_number: int) -> str:
+    import resource
+
+    for name in dir(resource):
+        if name.startswith("RLIMIT_") and getattr(resource, name) == resource_number:
+            return name
+    return f"rlimit {resource_number}"
+
+
 def spawn(
     argv: Sequence[str | bytes],
     *,
@@ -136,28 +209,32 @@ def spawn(
     cwd: str | None = None,
     umask: int | None = None,
     new_session: bool = False,
-    new_netns: bool = False,
     controlling_tty: bool = False,
-    uid: int | None = None,
-    gid: int | None = None,
-    groups: Sequence[int] | None = None,
-    rlimits: Sequence[tuple[int, int, int]] = (),
     pass_fds: Sequence[int] = (),
     force_fallback: bool = False,
+    **isolation: Any,
 ) -> Spawned:
     """Start ``argv`` with fds ``stdin``/``stdout``/``stderr`` as 0/1/2, in cgroup ``cgroup_fd``.
 
     ``cgroup_fd`` is an ``O_DIRECTORY`` fd of the leaf (-1: our own cgroup).  Every other fd is
     closed at exec except ``pass_fds``.  Signal dispositions are reset and the mask emptied.
-    ``env`` is the complete environment (None: ours).  ``rlimits`` are ``(resource, soft,
-    hard)`` triples.  ``force_fallback`` takes the vfork + cgroup.procs path even where clone3
-    works, so that tests can prove it.
+    ``env`` is the complete environment (None: ours).  ``force_fallback`` takes the vfork +
+    cgroup.procs path even where clone3 works, so that tests can prove it.
+
+    Isolation keywords (see :class:`_IsolationArgs`; ``supervisor._isolation`` computes them):
+    ``new_netns`` (a new network namespace with "lo" up) or ``netns_fd`` (join that one);
+    ``mount_namespace`` (a mount namespace of the task's own, a slave of ours) with ``tmpfs``
+    (mount points given a fresh tmpfs) and ``read_only`` (``(mount point, MS_* flags to
+    keep)`` remounted read-only); ``rlimits`` (``(resource, soft, hard)`` triples); ``uid``,
+    ``gid``, ``groups``; ``drop_bounding_caps`` and ``ambient_caps`` (bit N is capability N);
+    ``no_new_privs``.
 
     Returns once the child has exec'd: a :class:`SpawnError` says the exec did not happen and
     no child remains.
     """
     if not argv:
         raise ValueError("argv must name a command, got an empty list")
+    iso = _IsolationArgs(**isolation)
     bargv = [os.fsencode(a) for a in argv]
     environ = os.environ if env is None else env
     candidates = resolve_executable(os.fsdecode(bargv[0]), environ.get("PATH"))
@@ -179,43 +256,119 @@ def spawn(
         keep.append(c)
         a.cwd = c
     a.umask = -1 if umask is None else umask
-    flags = 0
+    flags = iso.fill(a, keep)
     if new_session:
         flags |= lib.CORRAL_SPAWN_SETSID
-    if new_netns:
-        flags |= lib.CORRAL_SPAWN_NEWNET
     if controlling_tty:
         flags |= lib.CORRAL_SPAWN_SETCTTY
-    if groups is not None:
-        g = ffi.new("unsigned int[]", list(groups))
-        keep.append(g)
-        a.groups, a.n_groups = g, len(groups)
-        flags |= lib.CORRAL_SPAWN_SETGROUPS
-    if gid is not None:
-        a.gid = gid
-        flags |= lib.CORRAL_SPAWN_SETGID
-    if uid is not None:
-        a.uid = uid
-        flags |= lib.CORRAL_SPAWN_SETUID
     if force_fallback:
         flags |= lib.CORRAL_SPAWN_FORCE_FALLBACK
     a.flags = flags
-    if rlimits:
-        rl = ffi.new("struct corral_rlimit[]", [list(t) for t in rlimits])
-        keep.append(rl)
-        a.rlimits, a.n_rlimits = rl, len(rlimits)
 
     r = ffi.new("struct corral_spawn_result *")
     rc = lib.corral_spawn(a, r)
     if rc < 0:
         step = _STEPS.get(r.step, str(r.step))
-        filename: str | None = None
-        if step == "exec":
-            filename = os.fsdecode(bargv[0])
-        elif step == "chdir":
-            filename = cwd
-        raise SpawnError(-rc, step, filename)
+        target = {"exec": os.fsdecode(bargv[0]), "chdir": cwd}.get(step)
+        raise SpawnError(-rc, step, target or iso.target(step, r.index))
     return Spawned(r.pid, r.pidfd, _METHODS[r.method], r.fallback_errno)
+
+
+@dataclass(frozen=True, slots=True)
+class _IsolationArgs:
+    """The isolation keywords of :func:`spawn`, checked, and their place in the C arguments."""
+
+    new_netns: bool = False
+    netns_fd: int | None = None
+    mount_namespace: bool = False
+    tmpfs: Sequence[str] = ()
+    read_only: Sequence[tuple[str, int]] = ()
+    rlimits: Sequence[tuple[int, int, int]] = ()
+    uid: int | None = None
+    gid: int | None = None
+    groups: Sequence[int] | None = None
+    drop_bounding_caps: int = 0
+    ambient_caps: int = 0
+    no_new_privs: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.tmpfs or self.read_only) and not self.mount_namespace:
+            raise ValueError("tmpfs and read_only mounts need mount_namespace=True: without "
+                             "a mount namespace of the task's own they would change ours")
+        if self.new_netns and self.netns_fd is not None:
+            raise ValueError("give new_netns or netns_fd, not both")
+
+    def fill(self, a: Any, keep: list[Any]) -> int:
+        """Write these into the C argument block ``a``; returns the CORRAL_SPAWN_* flags."""
+        flags = 0
+        if self.new_netns:
+            flags |= lib.CORRAL_SPAWN_NEWNET
+        if self.netns_fd is not None:
+            a.netns_fd = self.netns_fd
+            flags |= lib.CORRAL_SPAWN_SETNS
+        if self.mount_namespace:
+            flags |= lib.CORRAL_SPAWN_NEWNS
+            a.tmpfs_paths = _cstrings([os.fsencode(p) for p in self.tmpfs], keep)
+            a.n_tmpfs = len(self.tmpfs)
+            a.readonly_paths = _cstrings([os.fsencode(p) for p, _ in self.read_only], keep)
+            ro_flags = ffi.new("unsigned long[]", [f for _, f in self.read_only] or [0])
+            keep.append(ro_flags)
+            a.readonly_flags, a.n_readonly = ro_flags, len(self.read_only)
+        if self.rlimits:
+            rl = ffi.new("struct corral_rlimit[]", [list(t) for t in self.rlimits])
+            keep.append(rl)
+            a.rlimits, a.n_rlimits = rl, len(self.rlimits)
+        return flags | self._fill_credentials(a, keep)
+
+    def _fill_credentials(self, a: Any, keep: list[Any]) -> int:
+        flags = 0
+        if self.groups is not None:
+            g = ffi.new("unsigned int[]", list(self.groups) or [0])
+            keep.append(g)
+            a.groups, a.n_groups = g, len(self.groups)
+            flags |= lib.CORRAL_SPAWN_SETGROUPS
+        if self.gid is not None:
+            a.gid = self.gid
+            flags |= lib.CORRAL_SPAWN_SETGID
+        if self.uid is not None:
+            a.uid = self.uid
+            flags |= lib.CORRAL_SPAWN_SETUID
+        a.cap_last = cap_last_cap()
+        if self.drop_bounding_caps:
+            a.cap_bset_drop = self.drop_bounding_caps
+            flags |= lib.CORRAL_SPAWN_CAPBSET
+        if self.ambient_caps:
+            a.cap_ambient = self.ambient_caps
+            flags |= lib.CORRAL_SPAWN_AMBIENT
+        if self.no_new_privs:
+            flags |= lib.CORRAL_SPAWN_NO_NEW_PRIVS
+        return flags
+
+    def target(self, step: str, index: int) -> str | None:
+        """What the failed ``step`` was about, from the child's ``index``."""
+        if step == "tmpfs" and 0 <= index < len(self.tmpfs):
+            return self.tmpfs[index]
+        if step == "readonly" and 0 <= index < len(self.read_only):
+            return self.read_only[index][0]
+        if step == "rlimit" and 0 <= index < len(self.rlimits):
+            return _rlimit_name(self.rlimits[index][0])
+        if step in ("capbset", "ambient"):
+            return capability_name(index)
+        return None
+
+
+def unshare(flags: int) -> None:
+    """unshare(2) for the calling thread (Python 3.11's os has none); OSError on failure."""
+    rc: int = lib.corral_unshare(flags)
+    if rc < 0:
+        raise OSError(-rc, os.strerror(-rc), "unshare")
+
+
+def setns(fd: int, nstype: int = 0) -> None:
+    """setns(2) for the calling thread: join the namespace ``fd`` refers to."""
+    rc: int = lib.corral_setns(fd, nstype)
+    if rc < 0:
+        raise OSError(-rc, os.strerror(-rc), "setns")
 
 
 def inotify_init() -> int:
