@@ -7,8 +7,9 @@
 3. ``bind_listeners``: the sockets systemd passed (LISTEN_FDS), or ``--socket`` bound here.
 4. ``notify_ready``: READY=1 and a STATUS= line for systemd (Type=notify).
 5. ``run_server``: accept connections, dispatch queued tasks, ping the watchdog, until SIGTERM.
-6. ``drain`` (on SIGTERM): stop accepting, end queued tasks unstarted, stop running ones
-   gracefully (reason ``shutdown``), write every record; a second SIGTERM kills now.
+6. ``drain`` (on SIGTERM): refuse new tasks (503), end queued tasks unstarted, stop running
+   ones gracefully (reason ``shutdown``), write every record, then close; a second SIGTERM
+   kills every task now.
 7. ``close_state``: the records closed, the socket file removed.
 
 Ownership: one trio thread.  ``Daemon`` owns the task table, the queue and the records; each
@@ -196,18 +197,18 @@ class Daemon:
                 return
             if self.connections >= self.config.max_connections:
                 self.metrics.shed.labels(reason="max_connections").inc()
-                with suppress(OSError):
-                    sock.send(_BUSY)
+                await _refuse_raw(sock, _BUSY)
                 return
             if not allowed(peer, self.config.allow_gid):
                 self.metrics.shed.labels(reason="not_allowed").inc()
-                with suppress(OSError):
-                    sock.send(_FORBIDDEN)
+                await _refuse_raw(sock, _FORBIDDEN)
                 return
             self.connections += 1
             try:
-                await serve_connection(trio.SocketStream(sock), peer, self.config.http,
-                                       router, self._answered)
+                shed = await serve_connection(trio.SocketStream(sock), peer,
+                                              self.config.http, router, self._answered)
+                if shed is not None:
+                    self.metrics.shed.labels(reason=shed).inc()
             finally:
                 self.connections -= 1
 
@@ -216,14 +217,13 @@ class Daemon:
 
     # ---- shutdown ---------------------------------------------------------------------------
 
-    async def drain(self, server: trio.CancelScope, listeners: list[trio.CancelScope]) -> None:
-        """Stop accepting; queued tasks end unstarted, running ones stop (reason shutdown);
-        once every record is written, close the connections."""
+    async def drain(self, server: trio.CancelScope) -> None:
+        """Stop accepting tasks (503; the other verbs still answer, so that clients can wait
+        for their results); queued tasks end unstarted, running ones stop (reason shutdown);
+        once every record is written, close the listeners and the connections."""
         self.draining = True
         self.notifier.notify(STOPPING="1", STATUS=f"draining: {self.scheduler.total_running} "
                              f"running, {self.scheduler.total_queued} queued")
-        for scope in listeners:
-            scope.cancel()
         for t in list(self.tasks.values()):
             self.stop_queued(t)
         self.sup.stop_all(reason=_shutdown_reason())
@@ -263,6 +263,16 @@ def _stdin_pipe_supported() -> bool:
     except ValueError:
         return False
     return hasattr(supervisor.TaskHandle, "write_stdin")
+
+
+async def _refuse_raw(sock: trio.socket.SocketType, response: bytes) -> None:
+    """Send a whole refusal, then read what the client sent for a moment before closing:
+    closing with unread bytes would reset the connection and lose the answer."""
+    with suppress(OSError), trio.move_on_after(1.0):
+        await sock.send(response)
+        sock.shutdown(socket.SHUT_WR)
+        while await sock.recv(65536):
+            pass
 
 
 def _raw_error(status: str, code: str, message: str) -> bytes:
@@ -338,26 +348,17 @@ def notify_ready(d: Daemon) -> None:
 async def run_server(d: Daemon, listeners: list[trio.socket.SocketType],
                      task_status: trio.TaskStatus[Daemon]) -> None:
     async with trio.open_nursery() as server:
-        scopes = []
         for listener in listeners:
-            scope = trio.CancelScope()
-            scopes.append(scope)
-            server.start_soon(_in_scope, scope, d.accept_loop, listener, server)
+            server.start_soon(d.accept_loop, listener, server)
         server.start_soon(d.dispatch)
-        server.start_soon(_watch_signals, d, server.cancel_scope, scopes)
+        server.start_soon(_watch_signals, d, server.cancel_scope)
         if d.notifier.watchdog_interval:
             server.start_soon(_watchdog, d)
         notify_ready(d)
         task_status.started(d)
 
 
-async def _in_scope(scope: trio.CancelScope, fn: Any, *args: Any) -> None:
-    with scope:
-        await fn(*args)
-
-
-async def _watch_signals(d: Daemon, server: trio.CancelScope,
-                         listeners: list[trio.CancelScope]) -> None:
+async def _watch_signals(d: Daemon, server: trio.CancelScope) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             async for signum in signals:
@@ -365,7 +366,7 @@ async def _watch_signals(d: Daemon, server: trio.CancelScope,
                     continue  # no configuration to reload; never a reason to die
                 if not d.draining:
                     log.info("signal %s: draining", signum)
-                    nursery.start_soon(d.drain, server, listeners)
+                    nursery.start_soon(d.drain, server)
                 else:
                     log.info("signal %s again: killing every task now", signum)
                     d.kill_all()

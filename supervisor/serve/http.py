@@ -89,6 +89,7 @@ class Connection:
         self.limits = limits
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         self.on_answer = on_answer
+        self.shed_reason: str | None = None  # why the daemon gave up on this client
 
     async def _receive(self, deadline: float) -> None:
         with trio.move_on_at(deadline):
@@ -118,7 +119,9 @@ class Connection:
                 try:
                     await self._receive(deadline)
                 except _Closed:
+                    self.shed_reason = None if started else "idle_timeout"
                     if started:
+                        self.shed_reason = "header_timeout"
                         raise ApiError(408, "timeout", f"the request head did not arrive "
                                        f"within {self.limits.header_timeout:g}s") from None
                     return None
@@ -162,6 +165,7 @@ class Connection:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
                 raise _Closed("peer gone") from e
             return
+        self.shed_reason = "send_timeout"
         raise _Closed("send timeout")
 
     async def send_response(self, resp: Response) -> None:
@@ -249,9 +253,15 @@ async def _answer(conn: Connection, req: Request, router: Router) -> bool:
 
 
 async def serve_connection(stream: trio.SocketStream, peer: Peer, limits: HttpLimits,
-                           router: Router, on_answer: Callable[[str, int], None]) -> None:
-    """Answer requests on one connection until it closes or breaks a limit."""
+                           router: Router, on_answer: Callable[[str, int], None]) -> str | None:
+    """Answer requests on one connection until it closes or breaks a limit; why the daemon
+    ended it (``send_timeout``, ``idle_timeout``, ...), or None if the client did."""
     conn = Connection(stream, peer, limits, on_answer)
+    await _serve(conn, stream, router)
+    return conn.shed_reason
+
+
+async def _serve(conn: Connection, stream: trio.SocketStream, router: Router) -> None:
     try:
         async with stream:
             while True:

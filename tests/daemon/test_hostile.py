@@ -1,0 +1,197 @@
+"""Bad input and hostile clients: each gets a clear 4xx or is shed, and the daemon keeps
+serving everyone else."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+
+import pytest
+from conftest import RunningDaemon, wait_for
+
+from supervisor.client import ApiError
+
+Start = Callable[..., RunningDaemon]
+
+
+def raw(d: RunningDaemon, data: bytes, *, read_timeout: float = 10) -> tuple[int, dict]:
+    """Send ``data`` on a fresh connection; the status and JSON body of the answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(read_timeout)
+        s.connect(d.socket)
+        s.sendall(data)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(
+                answer):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body) if body.strip() else {}
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0
+
+
+def post(body: bytes, path: bytes = b"/v1/tasks", extra: bytes = b"") -> bytes:
+    return (b"POST " + path + b" HTTP/1.1\r\nhost: x\r\ncontent-length: " +
+            str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+
+
+def still_serving(d: RunningDaemon) -> None:
+    with d.client(timeout=30) as c:
+        assert c.wait(c.submit(["true"]).id).outcome == "succeeded"
+
+
+@pytest.mark.parametrize(("body", "status", "code", "field"), [
+    (b"{not json", 400, "malformed_json", None),
+    (b"", 400, "malformed_json", None),
+    (b"[1, 2]", 400, "invalid", "the request body"),
+    (b'{"argv": ["true"], "extra": 1}', 400, "unknown_field", "extra"),
+    (b'{"argv": "true"}', 400, "invalid", "argv"),
+    (b'{"argv": [1]}', 400, "invalid", "argv"),
+    (b'{"argv": ["true"], "env": {"A": 1}}', 400, "invalid", "env"),
+    (b'{"argv": ["true"], "time_limit": true}', 400, "invalid", "time_limit"),
+    (b'{"argv": ["true"], "time_limit": "soon"}', 400, "invalid", "time_limit"),
+    (b'{"argv": ["true"], "properties": {"Nope": "1"}}', 400, "invalid", "property"),
+    (b'{"argv": ["true"], "cwd": "relative"}', 400, "invalid", "cwd"),
+    (b'{"argv": ["a\\u0000b"]}', 400, "invalid", "argv"),
+    (b'{"argv": ["true"], "time_limit": NaN}', 400, "malformed_json", None),
+    (b'{"argv": ["\xff\xfe"]}', 400, "invalid_utf8", None),
+    (b"[" * 100000 + b"]" * 100000, 400, "malformed_json", None),
+])
+def test_bad_submissions_get_a_clear_400(start_daemon: Start, body: bytes, status: int,
+                                         code: str, field: str | None) -> None:
+    d = start_daemon("--max-body", "1M")
+    got, answer = raw(d, post(body))
+    assert got == status, answer
+    err = answer["error"]
+    assert err["code"] == code and err["field"] == field, err
+    assert len(err["message"]) > 20
+    still_serving(d)
+
+
+def test_oversized_body_is_413_before_it_is_read(start_daemon: Start) -> None:
+    d = start_daemon("--max-body", "4K")
+    # the Content-Length alone decides: the body is never sent
+    status, answer = raw(d, b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                            b"999999999\r\n\r\n")
+    assert status == 413 and answer["error"]["code"] == "body_too_large"
+    assert "4096" in answer["error"]["message"]
+    chunked = (b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n" +
+               b"1000\r\n" + b"x" * 4096 + b"\r\n" + b"10\r\n" + b"y" * 16 + b"\r\n0\r\n\r\n")
+    status, answer = raw(d, chunked)
+    assert status == 413
+    still_serving(d)
+
+
+def test_endless_and_slow_headers_are_refused(start_daemon: Start) -> None:
+    d = start_daemon("--header-timeout", "1s")
+    status, answer = raw(d, b"GET /v1/tasks HTTP/1.1\r\n" + b"x-filler: " + b"a" * 70000)
+    assert status == 431 and answer["error"]["code"] == "headers_too_large"
+    # a head that trickles in and never ends: 408 once the header timeout passes
+    start = time.monotonic()
+    status, answer = raw(d, b"GET /v1/tasks HTTP/1.1\r\nx-slow: 1\r\n")
+    assert status == 408 and time.monotonic() - start < 10
+    status, _ = raw(d, b"NOT HTTP AT ALL\r\n\r\n")
+    assert status == 400
+    still_serving(d)
+
+
+def test_unknown_paths_methods_and_queries(start_daemon: Start) -> None:
+    d = start_daemon()
+    assert raw(d, b"GET /v2/tasks HTTP/1.1\r\nhost: x\r\n\r\n")[0] == 404
+    assert raw(d, b"DELETE /v1/tasks HTTP/1.1\r\nhost: x\r\n\r\n")[0] == 405
+    status, answer = raw(d, b"GET /v1/tasks?state=sleeping HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert status == 400 and answer["error"]["field"] == "state"
+    status, answer = raw(d, b"GET /v1/tasks/1/wait?timeout=forever HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert status == 400 and answer["error"]["field"] == "timeout"
+    status, answer = raw(d, post(b'{"force": "yes"}', b"/v1/tasks/1/stop"))
+    assert status == 400 and answer["error"]["field"] == "force"
+    status, _ = raw(d, b"GET /v1/tasks/../../etc HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert status == 404
+    still_serving(d)
+
+
+def test_a_follower_that_stops_reading_is_shed(start_daemon: Start) -> None:
+    d = start_daemon("--send-timeout", "1s")
+    with d.client() as c:
+        task = c.submit(["sh", "-c", "head -c 50000000 /dev/zero"])
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(d.socket)
+    s.sendall(f"GET /v1/tasks/{task.id}/output?follow=true HTTP/1.1\r\nhost: x\r\n\r\n"
+              .encode())
+    try:
+        # never read: the daemon must give up on us, and keep serving others meanwhile
+        still_serving(d)
+        with d.client() as c:
+            assert c.wait(task.id).outcome == "succeeded"
+        wait_for(lambda: 'corral_connections_shed_total{reason="send_timeout"} 1.0'
+                 in d.client().metrics(), "the stalled follower to be dropped", timeout=30)
+    finally:
+        s.close()
+
+
+def test_a_thousand_idle_connections_do_not_stop_the_daemon(start_daemon: Start) -> None:
+    d = start_daemon()
+    idle = []
+    try:
+        for _ in range(1000):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(d.socket)
+            idle.append(s)
+        wait_for(lambda: "corral_connections 1001.0" in d.client().metrics()
+                 or "corral_connections 1000.0" in d.client().metrics(),
+                 "the daemon to hold the idle connections")
+        start = time.monotonic()
+        still_serving(d)
+        assert time.monotonic() - start < 20
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_more_connections_than_the_cap_get_503(start_daemon: Start) -> None:
+    d = start_daemon("--max-connections", "5")
+    idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(5)]
+    try:
+        for s in idle:
+            s.connect(d.socket)
+        wait_for(lambda: _count_refused(d), "a refusal past the cap")
+    finally:
+        for s in idle:
+            s.close()
+    still_serving(d)
+
+
+def _count_refused(d: RunningDaemon) -> bool:
+    status, answer = raw(d, b"GET /v1/limits HTTP/1.1\r\nhost: x\r\n\r\n")
+    return status == 503 and answer["error"]["code"] == "busy"
+
+
+def test_a_submission_flood_is_shed_with_429_and_others_still_served(
+        start_daemon: Start) -> None:
+    d = start_daemon("--max-running", "2", "--max-queued", "50", "--max-queued-per-uid",
+                     "1000")
+    accepted = refused = 0
+    with d.client() as c:
+        for _ in range(200):
+            try:
+                c.submit(["sleep", "0.2"])
+                accepted += 1
+            except ApiError as e:
+                assert e.status == 429 and "max_queued=50" in e.message
+                refused += 1
+        assert refused > 100 and 50 <= accepted <= 53
+        assert c.limits()["daemon"]["queued"] <= 50
+    wait_for(lambda: d.client().limits()["daemon"]["queued"] == 0, "the queue to empty", 60)
+    still_serving(d)
+    assert len(d.rows()) == accepted + 1  # and the one still_serving() made

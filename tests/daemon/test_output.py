@@ -1,0 +1,76 @@
+"""Output kept for reattach: offsets are absolute, a reconnecting follower loses nothing, and
+bytes past the cap are named in a gap frame, never skipped silently."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from conftest import RunningDaemon
+
+Start = Callable[..., RunningDaemon]
+
+# 3000 numbered lines (~40 KB) over about 1.5 s: long enough to reattach several times
+WRITER = ("i=0; while [ $i -lt 3000 ]; do echo \"line $i of the stream\"; i=$((i+1)); "
+          "[ $((i % 100)) -eq 0 ] && sleep 0.05; done")
+EXPECTED = b"".join(f"line {i} of the stream\n".encode() for i in range(3000))
+
+
+def test_reattach_mid_stream_with_offsets_loses_nothing(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        task = c.submit(["sh", "-c", WRITER])
+    got = b""
+    reconnects = 0
+    finished = False
+    while not finished:
+        # a fresh connection each time, dropped after a few frames mid-stream
+        with d.client() as c:
+            frames = c.output(task.id, offset=len(got), follow=True)
+            for frame in itertools.islice(frames, 3):
+                if frame.kind == "data":
+                    assert frame.offset == len(got), (frame.offset, len(got))
+                    got += frame.data
+                elif frame.kind == "end":
+                    assert frame.finished and frame.result is not None
+                    assert frame.result["outcome"] == "succeeded"
+                    finished = True
+                else:
+                    raise AssertionError(f"unexpected frame {frame}")
+        reconnects += 1
+    assert got == EXPECTED
+    assert reconnects > 3
+
+
+def test_bytes_past_the_cap_are_a_gap_then_the_kept_tail(start_daemon: Start) -> None:
+    d = start_daemon("--output-cap", "1K")
+    size = 200_000
+    with d.client() as c:
+        task = c.submit(["sh", "-c", f"head -c {size} /dev/zero | tr '\\0' x; printf END"])
+        result = c.wait(task.id).result
+        assert result is not None
+        out = result["output_stdout"]
+        assert out["total"] == size + 3 and out["log_truncated"] is True
+        frames = list(c.output(task.id))
+    data = [f for f in frames if f.kind == "data"]
+    gaps = [f for f in frames if f.kind == "gap"]
+    assert data[0].offset == 0 and len(data[0].data) == 1024
+    assert len(gaps) == 1
+    tail_start = gaps[0].end
+    assert gaps[0].offset == 1024 and tail_start > 1024
+    tail = b"".join(f.data for f in data[1:])
+    assert data[1].offset == tail_start and tail_start + len(tail) == size + 3
+    assert tail.endswith(b"xxxEND") and set(tail[:-3]) == {ord("x")}
+    assert frames[-1].kind == "end" and frames[-1].finished
+
+
+def test_a_task_not_yet_started_is_followed_from_its_first_byte(start_daemon: Start,
+                                                                tmp_path: object) -> None:
+    d = start_daemon("--max-running", "1")
+    with d.client() as c:
+        first = c.submit(["sleep", "0.5"])
+        second = c.submit(["echo", "after the queue"])
+        assert c.show(second.id).state == "queued"
+        data = b"".join(f.data for f in c.output(second.id, follow=True) if f.kind == "data")
+        assert data == b"after the queue\n"
+        c.wait(first.id)

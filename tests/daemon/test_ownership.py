@@ -1,0 +1,136 @@
+"""Ownership by SO_PEERCRED: two real uids that cannot see or stop each other's tasks; tasks
+run as their submitter; ``--allow-group`` admits only a group's members."""
+
+from __future__ import annotations
+
+import grp
+import os
+import secrets
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from conftest import RunningDaemon, User, as_user
+
+from supervisor.client import ApiError, Client
+
+Start = Callable[..., RunningDaemon]
+
+
+def test_two_uids_cannot_see_or_stop_each_others_tasks(start_daemon: Start,
+                                                       users: list[User]) -> None:
+    d = start_daemon()
+    alice, bob = users[0], users[1]
+
+    def submit() -> Any:
+        with Client(d.socket) as c:
+            t = c.submit(["sh", "-c", "id -u; id -g; sleep 30"])
+            return t.id
+
+    a_task = as_user(alice, submit)
+    b_task = as_user(bob, submit)
+
+    def bobs_view() -> Any:
+        out = {}
+        with Client(d.socket) as c:
+            out["list"] = [t.id for t in c.list()]
+            for verb, call in (("show", lambda: c.show(a_task)),
+                               ("wait", lambda: c.wait(a_task, timeout=0.1)),
+                               ("stop", lambda: c.stop(a_task, force=True)),
+                               ("output", lambda: list(c.output(a_task)))):
+                try:
+                    call()
+                    out[verb] = "allowed"
+                except ApiError as e:
+                    out[verb] = [e.status, e.code]
+        return out
+
+    view = as_user(bob, bobs_view)
+    assert view["list"] == [b_task]
+    for verb in ("show", "wait", "stop", "output"):
+        assert view[verb] == [404, "not_found"], (verb, view)
+    with d.client() as root:  # root sees every uid's tasks
+        assert {t.id for t in root.list()} == {a_task, b_task}
+        assert root.show(a_task).uid == alice.uid
+        # alice's task still runs (bob's stop did nothing), as alice
+        assert root.show(a_task).state == "running"
+
+    def alice_stops() -> Any:
+        with Client(d.socket) as c:
+            c.stop(a_task, force=True)
+            info = c.wait(a_task)
+            out = b"".join(f.data for f in c.output(a_task)).decode()
+            return [info.outcome, out]
+
+    outcome, out = as_user(alice, alice_stops)
+    assert outcome == "cancelled"
+    assert out.split() == [str(alice.uid), str(alice.gid)]
+    with d.client() as root:
+        root.stop(b_task, force=True)
+        root.wait(b_task)
+    assert b"".join(f.data for f in Client(d.socket).output(b_task)).split() == [
+        str(bob.uid).encode(), str(bob.gid).encode()]
+
+
+def test_root_submits_as_root_and_users_cannot_set_user(start_daemon: Start,
+                                                        users: list[User]) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        t = c.wait(c.submit(["id", "-u"]).id)
+        assert t.outcome == "succeeded"
+        assert b"".join(f.data for f in c.output(t.id)) == b"0\n"
+
+    def sneaky() -> Any:
+        with Client(d.socket) as c:
+            c.submit(["id"], properties={"User": "root"})
+
+    with pytest.raises(ApiError) as caught:
+        as_user(users[0], sneaky)
+    assert caught.value.status == 403 and caught.value.field == "properties.User"
+
+
+@pytest.fixture
+def group(users: list[User]) -> Iterator[str]:
+    name = f"corral-g{secrets.token_hex(3)}"
+    subprocess.run(["groupadd", name], check=True, capture_output=True)
+    subprocess.run(["usermod", "-a", "-G", name, users[2].name], check=True,
+                   capture_output=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["groupdel", name], check=False, capture_output=True)
+
+
+def test_allow_group_admits_members_and_root_only(start_daemon: Start, users: list[User],
+                                                  group: str) -> None:
+    d = start_daemon("--allow-group", group)
+    gid = grp.getgrnam(group).gr_gid
+    member, stranger = users[2], users[3]
+
+    def my_uid() -> Any:
+        with Client(d.socket) as c:
+            return c.limits()["uid"]
+
+    # the socket file is root:GROUP 0660: the kernel refuses a stranger's connect()
+    st = os.stat(d.socket)
+    assert (st.st_gid, st.st_mode & 0o777) == (gid, 0o660)
+    with pytest.raises(AssertionError, match="Permission denied"):
+        as_user(stranger, my_uid)
+    # a member (a supplementary group, as a login gives it) is admitted; root always is
+    assert as_user(None, lambda: _drop_then(member, gid, my_uid)) == member.uid
+    with d.client() as root:
+        assert root.limits()["uid"] == 0
+    # and the daemon checks again itself (a socket unit may have made the socket 0666)
+    os.chmod(d.socket, 0o666)
+    with pytest.raises(ApiError) as caught:
+        as_user(stranger, my_uid)
+    assert caught.value.status == 403 and "--allow-group" in caught.value.message
+    assert as_user(None, lambda: _drop_then(member, gid, my_uid)) == member.uid
+
+
+def _drop_then(user: User, extra_gid: int, fn: Callable[[], Any]) -> Any:
+    os.setgroups([extra_gid])
+    os.setgid(user.gid)
+    os.setuid(user.uid)
+    return fn()

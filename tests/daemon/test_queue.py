@@ -1,0 +1,123 @@
+"""The queue: global and per-uid limits (429 naming the limit), round-robin between uids,
+queued tasks that are stopped never start; SIGTERM drains with reason shutdown."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import RunningDaemon, User, as_user, wait_for
+
+from supervisor.client import ApiError, Client
+
+Start = Callable[..., RunningDaemon]
+GATE = "while [ ! -e {gate} ]; do sleep 0.02; done"
+
+
+def test_per_uid_queue_limit_is_a_429_naming_it(start_daemon: Start) -> None:
+    d = start_daemon("--max-running", "1", "--max-queued-per-uid", "2")
+    with d.client() as c:
+        ids = [c.submit(["sleep", "30"]).id for _ in range(3)]  # one runs, two wait
+        wait_for(lambda: c.show(ids[0]).state == "running", "the first task to run")
+        with pytest.raises(ApiError) as caught:
+            c.submit(["true"])
+        e = caught.value
+        assert e.status == 429 and e.code == "queue_full"
+        assert "max_queued_per_uid=2" in e.message
+        assert c.limits()["quotas"] == {"max_running": 1, "max_queued": 2, "running": 1,
+                                        "queued": 2}
+        for i in ids:
+            c.stop(i, force=True)
+
+
+def test_a_stopped_queued_task_never_starts(start_daemon: Start, tmp_path: Any) -> None:
+    d = start_daemon("--max-running", "1")
+    marker = tmp_path / "ran"
+    with d.client() as c:
+        first = c.submit(["sleep", "30"])
+        queued = c.submit(["touch", str(marker)])
+        assert c.show(queued.id).queue_position == 0
+        assert c.stop(queued.id) is True
+        info = c.wait(queued.id)
+        assert info.outcome == "cancelled"
+        assert info.result is not None and info.result["started"] is False
+        c.stop(first.id, force=True)
+        c.wait(first.id)
+        # the slot is free again, and the stopped task still never ran
+        c.wait(c.submit(["true"]).id)
+    assert not marker.exists()
+
+
+def test_round_robin_between_uids(start_daemon: Start, users: list[User],
+                                  tmp_path: Any) -> None:
+    """uid A queues 6 tasks first, then uid B queues 2: with one slot, B's run second and
+    fourth, not after all of A's."""
+    d = start_daemon("--max-running", "1")
+    gate = tmp_path / "gate"
+    tmp_path.chmod(0o755)
+    a, b = users[0], users[1]
+    with d.client() as root:
+        blocker = root.submit(["sh", "-c", GATE.format(gate=gate)])
+
+        def submit(n: int) -> Callable[[], Any]:
+            def go() -> Any:
+                with Client(d.socket) as c:
+                    return [c.submit(["true"]).id for _ in range(n)]
+            return go
+
+        a_ids = as_user(a, submit(6))
+        b_ids = as_user(b, submit(2))
+        gate.touch()
+        for i in [*a_ids, *b_ids]:
+            root.wait(i)
+        order = sorted([*a_ids, *b_ids], key=lambda i: root.show(i).started_at or 0)
+        root.wait(blocker.id)
+    owner = {i: "A" for i in a_ids} | {i: "B" for i in b_ids}
+    assert "".join(owner[i] for i in order) == "ABABAAAA"
+
+
+def test_global_concurrency_limit(start_daemon: Start, tmp_path: Any) -> None:
+    d = start_daemon("--max-running", "2")
+    gate = tmp_path / "gate"
+    with d.client() as c:
+        ids = [c.submit(["sh", "-c", GATE.format(gate=gate)]).id for _ in range(5)]
+        wait_for(lambda: sum(c.show(i).state == "running" for i in ids) == 2, "two running")
+        assert [c.show(i).state for i in ids[2:]] == ["queued"] * 3
+        gate.touch()
+        assert {c.wait(i).outcome for i in ids} == {"succeeded"}
+
+
+def test_sigterm_drains_and_a_second_kills(start_daemon: Start) -> None:
+    d = start_daemon("--max-running", "1")
+    with d.client() as c:
+        stubborn = c.submit(["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.05; "
+                                         "done"], grace="60s")
+        queued = c.submit(["true"])
+        wait_for(lambda: any(f.kind == "data" for f in c.output(stubborn.id)), "it to run")
+    d.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: _state(d, stubborn.id) == "stopping" or "draining" in d.log_text(),
+             "the drain to begin")
+    with pytest.raises(ApiError) as caught, d.client() as c:
+        c.submit(["true"])
+    assert caught.value.status in (503,) or caught.value.code == "shutting_down"
+    d.proc.send_signal(signal.SIGTERM)  # the grace is 60s: the second one kills now
+    assert d.proc.wait(30) == 0
+    rows = {r["seq"]: r for r in d.rows()}
+    import json
+
+    first = json.loads(rows[int(stubborn.id)]["result"])
+    assert first["outcome"] == "cancelled" and first["stop"]["reason"] == "shutdown"
+    assert first["stop"]["level"] == "killed"
+    second = json.loads(rows[int(queued.id)]["result"])
+    assert second["outcome"] == "cancelled" and second["started"] is False
+    assert all(r["state"] == "finished" for r in rows.values())
+
+
+def _state(d: RunningDaemon, task_id: str) -> str | None:
+    try:
+        with d.client(timeout=5) as c:
+            return c.show(task_id).state
+    except (ApiError, ConnectionError):
+        return None

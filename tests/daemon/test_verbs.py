@@ -1,0 +1,207 @@
+"""Every verb of ``corral serve`` through the Python client, the CLI clients and curl."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+
+import pytest
+from conftest import RunningDaemon, wait_for
+
+from supervisor.client import ApiError
+
+Start = Callable[..., RunningDaemon]
+
+
+def test_submit_wait_show_list_and_records(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["sh", "-c", "echo out; echo err >&2; exit 3"], name="three")
+        assert t.state == "queued" and t.id
+        done = c.wait(t.id)
+        assert done.state == "finished" and done.outcome == "failed"
+        assert done.exit_status == 3
+        r = done.result
+        assert r is not None and r["exit_code"] == 3 and r["cleanup"]["state"] == "clean"
+        shown = c.show(t.id)
+        assert shown.name == "three" and shown.spec == {"argv": ["sh", "-c", "echo out; echo "
+                                                                 "err >&2; exit 3"],
+                                                        "name": "three"}
+        assert shown.result == r
+        assert [x.id for x in c.list()] == [t.id]
+        assert c.list(state="running") == []
+    rows = d.rows()
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["state"] == "finished" and row["outcome"] == "failed" and row["uid"] == 0
+    assert json.loads(row["result"]) == r
+    assert row["started_at"] and row["ended_at"] and row["leaf"] == r["id"]
+
+
+def test_output_frames_have_offsets_and_end_with_the_result(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["sh", "-c", "printf abc; printf XY >&2"])
+        c.wait(t.id)
+        frames = list(c.output(t.id))
+        assert [(f.kind, f.offset, f.data) for f in frames[:-1]] == [("data", 0, b"abc")]
+        assert frames[-1].kind == "end" and frames[-1].finished
+        assert frames[-1].result is not None and frames[-1].result["outcome"] == "succeeded"
+        err = [f for f in c.output(t.id, "stderr", offset=1) if f.kind == "data"]
+        assert [(f.offset, f.data) for f in err] == [(1, b"Y")]
+
+
+def test_follow_streams_live_output_until_the_end(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.1; done"])
+        data = b""
+        last = None
+        for f in c.output(t.id, follow=True):
+            if f.kind == "data":
+                assert f.offset == len(data)
+                data += f.data
+            last = f
+        assert data == b"1\n2\n3\n"
+        assert last is not None and last.kind == "end" and last.finished
+
+
+def test_stop_is_graceful_then_forced_and_idempotent(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"],
+                     grace="30s")
+        wait_for(lambda: any(f.kind == "data" for f in c.output(t.id)), "the task to run")
+        assert c.stop(t.id) is True
+        assert c.stop(t.id) is True  # the second request kills now
+        done = c.wait(t.id, timeout=20)
+        assert done.state == "finished" and done.outcome == "cancelled"
+        assert done.result is not None and done.result["stop"]["level"] == "killed"
+        assert c.stop(t.id) is False  # late: nothing changes
+        assert c.show(t.id).outcome == "cancelled"
+
+
+def test_wait_times_out_with_202_and_the_state(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["sleep", "30"])
+        info = c.wait(t.id, timeout=0.2)
+        assert info.state in ("queued", "starting", "running") and info.result is None
+        c.stop(t.id, force=True)
+        assert c.wait(t.id).outcome == "cancelled"
+
+
+def test_idempotency_key_never_starts_a_second_copy(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        a = c.submit(["true"], idempotency_key="job-1")
+        b = c.submit(["true"], idempotency_key="job-1")
+        assert a.id == b.id
+        with pytest.raises(ApiError) as caught:
+            c.submit(["false"], idempotency_key="job-1")
+        assert caught.value.status == 409 and caught.value.field == "idempotency_key"
+        c.wait(a.id)
+    assert len(d.rows()) == 1
+
+
+def test_limits_and_metrics(start_daemon: Start) -> None:
+    d = start_daemon("--max-running-per-uid", "3", "--max-queued-per-uid", "7",
+                     "--max-time-limit", "1h")
+    with d.client() as c:
+        lim = c.limits()
+        assert lim["quotas"] == {"max_running": 3, "max_queued": 7, "running": 0, "queued": 0}
+        assert lim["max_time_limit"] == 3600 and "MemoryMax" in lim["properties"]
+        assert isinstance(lim["controllers"], list)
+        c.wait(c.submit(["true"]).id)
+        text = c.metrics()
+    assert "corral_tasks_submitted_total 1.0" in text
+    assert 'corral_tasks_finished_total{outcome="succeeded"} 1.0' in text
+    assert "corral_tasks_running 0.0" in text
+
+
+def test_events_stream_state_changes(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as watcher, d.client() as c:
+        events = watcher.events()
+        assert next(events) == {"subscribed": True}
+        t = c.submit(["true"])
+        seen = []
+        for e in events:
+            assert e["id"] == t.id
+            seen.append(e["state"])
+            if e["state"] == "finished":
+                assert e["outcome"] == "succeeded"
+                break
+        assert seen == ["queued", "running", "finished"]
+
+
+def test_stdin_pipe_or_a_clear_refusal(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        if not c.limits()["stdin_pipe"]:
+            with pytest.raises(ApiError) as caught:
+                c.submit(["cat"], stdin="pipe")
+            assert caught.value.status == 400 and caught.value.field == "stdin"
+            t = c.submit(["cat"], stdin=b"fed at submission\n")
+            c.wait(t.id)
+            assert b"".join(f.data for f in c.output(t.id)) == b"fed at submission\n"
+            return
+        t = c.submit(["cat"], stdin="pipe")
+        c.write_stdin(t.id, b"one\n")
+        c.write_stdin(t.id, b"two\n", eof=True)
+        assert c.wait(t.id, timeout=20).outcome == "succeeded"
+        assert b"".join(f.data for f in c.output(t.id)) == b"one\ntwo\n"
+        with pytest.raises(ApiError) as caught:
+            c.write_stdin(t.id, b"late")
+        assert caught.value.status == 409
+
+
+def test_cli_clients(start_daemon: Start) -> None:
+    d = start_daemon()
+    task_id = d.corral("submit", "--", "sh", "-c", "echo hello; exit 4",
+                       check=True).stdout.decode().strip()
+    assert d.corral("wait", task_id).returncode == 4
+    ps = d.corral("ps", check=True).stdout.decode()
+    assert task_id in ps and "failed (4)" in ps
+    shown = json.loads(d.corral("show", "--json", task_id, check=True).stdout)
+    assert shown["result"]["exit_code"] == 4
+    assert d.corral("logs", task_id, check=True).stdout == b"hello\n"
+    follow = d.corral("submit", "--follow", "--", "sh", "-c", "echo a; echo b >&2; exit 2")
+    assert follow.returncode == 2 and follow.stdout == b"a\n" and b"b\n" in follow.stderr
+    timed = d.corral("submit", "--wait", "--time-limit", "0.2s", "--", "sleep", "30")
+    assert timed.returncode == 124
+    long_id = d.corral("submit", "--", "sleep", "30", check=True).stdout.decode().strip()
+    d.corral("stop", "--force", long_id, check=True)
+    assert d.corral("wait", long_id).returncode == 130
+    missing = d.corral("show", "999999")
+    assert missing.returncode == 125 and b"no task '999999'" in missing.stderr
+
+
+def test_curl_speaks_to_every_verb(start_daemon: Start) -> None:
+    d = start_daemon()
+    made = json.loads(d.curl("-X", "POST", "http://corral/v1/tasks", "-d",
+                             '{"argv": ["sh", "-c", "echo via curl"]}').stdout)
+    task_id = made["id"]
+    assert json.loads(d.curl(f"http://corral/v1/tasks/{task_id}/wait?timeout=20s").stdout
+                      )["outcome"] == "succeeded"
+    lines = d.curl(f"http://corral/v1/tasks/{task_id}/output?follow=true").stdout.splitlines()
+    assert json.loads(lines[0])["data"] == "dmlhIGN1cmwK"  # "via curl\n"
+    assert json.loads(lines[-1])["end"] is True
+    assert json.loads(d.curl("http://corral/v1/tasks").stdout)["tasks"][0]["id"] == task_id
+    assert json.loads(d.curl("-X", "POST", f"http://corral/v1/tasks/{task_id}/stop").stdout
+                      )["changed"] is False
+    assert "corral_tasks_submitted_total" in d.curl("http://corral/metrics").stdout
+    assert "quotas" in json.loads(d.curl("http://corral/v1/limits").stdout)
+
+
+def test_records_are_sqlite_wal_with_a_schema_version(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        c.wait(c.submit(["true"]).id)
+    db = sqlite3.connect(f"file:{d.state}/state.db?mode=ro", uri=True)
+    try:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    finally:
+        db.close()
