@@ -407,7 +407,8 @@ static void remove_root(struct keeper *k)
             path_pop(&k->path, (size_t)(slash - k->path.buf));
         remove_child(k, parent, name);
         k->path = saved;
-    } else if (rc != -ENOENT) {
+    } else if (rc != -ENOENT || faccessat(k->root_fd, "cgroup.events", F_OK, 0) == 0) {
+        /* not listed by its ".." though still there: a mount root, e.g. in a container */
         fail(k, "find the directory entry of", NULL, -rc);
     }
     close(parent);

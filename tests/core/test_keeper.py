@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -393,3 +394,44 @@ def test_keeper_executable_refuses_bad_arguments_on_the_ready_pipe() -> None:
                        timeout=HANG)
     assert r.returncode == 2
     assert r.stdout.startswith("error: --pid must be a non-negative number")
+
+
+# In a private mount namespace (nothing of the host's is touched), a sub-cgroup with a tmpfs
+# mounted on it cannot be removed (EBUSY while the mount lives): the keeper must say so.
+BUSY_PROGRAM = r"""
+import os, signal, subprocess, sys
+from cgroupfs import Cgroup
+from supervisor._keeper import Keeper
+from supervisor._spawn import spawn
+
+root = Cgroup.open(sys.argv[1])
+busy = root.make_child("busy")
+subprocess.run(["mount", "-t", "tmpfs", "corral-test", busy.path], check=True)
+null = os.open(os.devnull, os.O_RDWR)
+watched = spawn(["sleep", "600"], stdin=null, stdout=null, stderr=null)
+keeper = Keeper.start(root, supervisor_pid=watched.pid)
+signal.pidfd_send_signal(watched.pidfd, signal.SIGKILL)
+os.waitid(os.P_PIDFD, watched.pidfd, os.WEXITED)
+while keeper.alive():
+    os.sched_yield()
+keeper.close()
+subprocess.run(["umount", busy.path], check=True)
+print(keeper.returncode, flush=True)
+"""
+
+
+def test_keeper_says_what_it_could_not_remove_and_exits_1(test_cgroup: Cgroup) -> None:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare(1) (util-linux) for a private mount namespace")
+    root = test_cgroup.make_child("root")
+    r = subprocess.run([unshare, "--mount", "--propagation", "private", sys.executable, "-P",
+                        "-c", BUSY_PROGRAM, root.path],
+                       cwd="/", capture_output=True, text=True, timeout=HANG)
+    assert r.stdout.strip() == "1", r.stderr
+    assert (f"corral-keeper: cannot remove {root.path}/busy: Device or resource busy\n"
+            in r.stderr)
+    assert (f"the cleanup of {root.path} is incomplete: cannot remove {root.path}/busy: "
+            f"Device or resource busy\n") in r.stderr
+    assert os.path.isdir(os.path.join(root.path, "busy"))  # the test cgroup's teardown ends it
+    root.close()
