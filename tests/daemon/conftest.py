@@ -29,10 +29,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from hypothesis import settings
 
 import cgroupfs
 from supervisor.client import Client
 from supervisor.serve.protocol import ApiError
+
+# no example database in the checkout: the property tests stay reproducible by their seed
+settings.register_profile("corral-daemon", database=None)
+settings.load_profile("corral-daemon")
 
 CORRAL = [sys.executable, "-c", "import sys; from supervisor.cli import main; sys.exit(main())"]
 
@@ -174,6 +179,18 @@ def users() -> Iterator[list[User]]:
 
 def as_user(user: User | None, fn: Callable[[], Any], timeout: float = 120) -> Any:
     """``fn()`` as ``user`` (None: as root) in a forked child; its JSON-able return value."""
+    return as_users([(user, fn)], timeout)[0]
+
+
+def as_users(calls: list[tuple[User | None, Callable[[], Any]]], timeout: float = 120,
+             ) -> list[Any]:
+    """Each ``fn()`` as its user, all at once (one forked child each); their return values."""
+    children = [_fork_as(user, fn) for user, fn in calls]
+    return [_collect(pid, r, user, timeout) for (pid, r), (user, _) in
+            zip(children, calls, strict=True)]
+
+
+def _fork_as(user: User | None, fn: Callable[[], Any]) -> tuple[int, int]:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -197,6 +214,10 @@ def as_user(user: User | None, fn: Callable[[], Any], timeout: float = 120) -> A
             code = 1
         os._exit(code)
     os.close(w)
+    return pid, r
+
+
+def _collect(pid: int, r: int, user: User | None, timeout: float) -> Any:
     chunks = []
     deadline = time.monotonic() + timeout
     with os.fdopen(r, "rb") as f:

@@ -1,0 +1,166 @@
+"""Property tests (hypothesis) of what the daemon does with whatever a client sends.
+
+No daemon process: the protocol module's parsers, the submit verb's spec building, and one
+HTTP connection driven over an in-memory stream.  Nothing may escape but an ``ApiError``
+(a 4xx with a field and a message), and valid requests survive a round trip unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from typing import Any
+
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from supervisor.serve.http import HttpLimits, Request, json_response, serve_connection
+from supervisor.serve.peers import Peer
+from supervisor.serve.protocol import (
+    SUBMIT_FIELDS,
+    ApiError,
+    SubmitRequest,
+    parse_json_body,
+    parse_stop,
+    parse_submit,
+    query_bool,
+    query_int,
+)
+from supervisor.serve.verbs.submit import build_spec
+
+ROOT = Peer(1, 0, 0, ())
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12)
+field_values = st.fixed_dictionaries({}, optional={
+    f: json_values | st.text() for f in SUBMIT_FIELDS}) | st.dictionaries(
+        st.sampled_from([*SUBMIT_FIELDS, "bogus"]), json_values, max_size=6)
+texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+                min_size=1, max_size=20)
+valid_requests = st.builds(
+    SubmitRequest,
+    argv=st.lists(texts, min_size=1, max_size=4),
+    env=st.dictionaries(texts.filter(lambda k: "=" not in k), texts, max_size=3),
+    cwd=st.none() | st.just("/tmp"),
+    time_limit=st.none() | st.sampled_from(["30s", "5min", "1h 30min", 2.5]),
+    grace=st.none() | st.sampled_from(["0", "1s", 3]),
+    stop_signal=st.none() | st.sampled_from(["TERM", "INT", 9]),
+    properties=st.dictionaries(st.sampled_from(["RuntimeMaxSec", "KillSignal",
+                                                "TimeoutStopSec"]),
+                               st.sampled_from(["10s", "TERM", "5"]), max_size=2),
+    name=st.none() | texts,
+    stdin=st.none(),
+    stdin_data=st.none() | st.binary(max_size=32),
+    idempotency_key=st.none() | texts)
+
+
+def _is_refusal(e: ApiError) -> None:
+    assert 400 <= e.status < 500
+    assert e.code and len(e.message) > 10
+    assert e.to_json()["error"]["message"] == e.message
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_are_json_or_a_400(body: bytes) -> None:
+    try:
+        parse_json_body(body)
+    except ApiError as e:
+        _is_refusal(e)
+        assert e.code in ("invalid_utf8", "malformed_json")
+
+
+@given(json_values | field_values)
+def test_any_json_is_a_request_or_a_400_naming_the_field(obj: Any) -> None:
+    try:
+        r = parse_submit(obj)
+    except ApiError as e:
+        _is_refusal(e)
+        assert e.field is not None
+        return
+    assert isinstance(r.argv, list) and r.argv and all(isinstance(a, str) for a in r.argv)
+
+
+@given(valid_requests)
+def test_valid_requests_survive_the_wire_unchanged(r: SubmitRequest) -> None:
+    wire = json.loads(json.dumps(r.to_json()).encode())
+    back = parse_submit(wire)
+    assert back.to_json() == r.to_json()
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(field_values | valid_requests.map(lambda r: r.to_json()))
+def test_building_a_spec_raises_nothing_but_api_errors(obj: Any) -> None:
+    daemon = types.SimpleNamespace(
+        stdin_pipes=False, config=types.SimpleNamespace(output_cap=1 << 20),
+        sup=types.SimpleNamespace(controllers=frozenset(), cgroup_root="/sys/fs/cgroup/x"))
+    try:
+        spec = build_spec(daemon, ROOT, parse_submit(obj))  # type: ignore[arg-type]
+    except ApiError as e:
+        _is_refusal(e)
+        return
+    assert spec.argv and spec.inherit_env is False
+
+
+@given(json_values)
+def test_stop_bodies(obj: Any) -> None:
+    try:
+        assert isinstance(parse_stop(obj), bool)
+    except ApiError as e:
+        _is_refusal(e)
+
+
+@given(st.dictionaries(st.sampled_from(["eof", "limit", "x"]), st.text(max_size=8)))
+def test_query_values(query: dict[str, str]) -> None:
+    for call in (lambda: query_bool(query, "eof"), lambda: query_int(query, "limit", 5, 1, 99)):
+        try:
+            call()
+        except ApiError as e:
+            _is_refusal(e)
+
+
+async def _exchange(data: bytes) -> bytes:
+    """``data`` sent on one connection, then EOF; everything the daemon answered."""
+    client, server = trio.testing.memory_stream_pair()
+
+    async def ok(req: Request) -> Any:
+        return json_response(200, {"path": req.path})
+
+    def router(req: Request) -> Any:
+        return ok, False, "test"
+
+    limits = HttpLimits(max_body=1024, max_header_bytes=2048, header_timeout=0.5,
+                        idle_timeout=0.5, send_timeout=0.5)
+    answer = b""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server, ROOT, limits, router,
+                           lambda verb, status: None)
+        await client.send_all(data)
+        await client.send_eof()
+        with trio.move_on_after(5):
+            while chunk := await client.receive_some():
+                answer += chunk
+    return answer
+
+
+http_noise = st.binary(max_size=400) | st.builds(
+    lambda method, target, headers, body: method + b" " + target + b" HTTP/1.1\r\n" +
+    b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body,
+    st.sampled_from([b"GET", b"POST", b"PUT", b"\xff", b""]),
+    st.binary(max_size=30) | st.sampled_from([b"/v1/tasks", b"/v1/tasks?limit=%ff"]),
+    st.lists(st.sampled_from([b"host: x", b"content-length: 5", b"content-length: -1",
+                              b"transfer-encoding: chunked", b"x" * 3000, b": bad"]),
+             max_size=4),
+    st.binary(max_size=50))
+
+
+@settings(deadline=None, max_examples=150)
+@given(http_noise)
+def test_any_bytes_on_a_connection_get_http_answers_and_never_crash_it(data: bytes) -> None:
+    answer = trio.run(_exchange, data)
+    for line in answer.split(b"\r\n"):
+        if line.startswith(b"HTTP/1.1 "):
+            status = int(line.split()[1])
+            assert status == 200 or 400 <= status < 500, answer
