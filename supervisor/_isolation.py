@@ -451,7 +451,18 @@ def _credentials(user: Any, group: Any, supplementary: tuple[str | int, ...],
 
 # --- Isolation -----------------------------------------------------------------------------
 
-_FIELD_NAMES = {f: f for f in _PROPERTY_OF} | {"rlimits": "rlimits"}
+RlimitValue = int | str | tuple[int | str | None, int | str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    """An Isolation's values as the spawn needs them: ids, masks, (resource, soft, hard)."""
+
+    creds: _Credentials = _Credentials()
+    umask: int | None = None
+    rlimits: tuple[tuple[str, int, int], ...] = ()
+    bounding: int | None = None  # bit N: capability N kept; None: the set is left alone
+    ambient: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,28 +474,28 @@ class Isolation:
     ``lo``, with at most 1024 open files.  Each field takes what its property takes (strings
     in systemd's syntax) or the Python value: ``umask=0o027``, ``rlimits={"CPU": (10, 20)}``,
     ``capability_bounding_set=["CAP_NET_BIND_SERVICE"]`` (the set kept) or
-    ``"~CAP_SYS_ADMIN CAP_SYS_PTRACE"`` (those dropped).  Values are normalized: rlimits to
-    ``{"NOFILE": (soft, hard)}`` with 2**64-1 for infinity, capability sets to tuples of
-    names.  Raises :class:`SpecError` (a ``ValueError``) naming the field, the value, the rule
-    and the fix, for bad syntax and for what this supervisor cannot do here.
+    ``"~CAP_SYS_ADMIN CAP_SYS_PTRACE"`` (those dropped).  Values are normalized when made:
+    ``umask`` to an int, ``rlimits`` to ``{"NOFILE": (soft, hard)}`` (2**64-1 is infinity),
+    the capability sets to tuples of names.  Raises :class:`SpecError` (a ``ValueError``)
+    naming the field, the value, the rule and the fix, for bad syntax and for what this
+    supervisor cannot do on this host.
     """
 
     user: str | int | None = None
     group: str | int | None = None
-    supplementary_groups: tuple[str | int, ...] = ()
+    supplementary_groups: str | Iterable[str | int] = ()
     no_new_privileges: bool = False
-    umask: int | None = None
-    rlimits: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    umask: int | str | None = None
+    rlimits: Mapping[str, RlimitValue] = field(default_factory=dict)
     private_network: bool = False
     private_tmp: bool = False
     protect_control_groups: bool = False
-    capability_bounding_set: tuple[str, ...] | None = None
-    ambient_capabilities: tuple[str, ...] = ()
-    _creds: _Credentials = field(default=_Credentials(), init=False, repr=False,
-                                 compare=False)
+    capability_bounding_set: str | Iterable[str | int] | None = None
+    ambient_capabilities: str | Iterable[str | int] = ()
+    _r: _Resolved = field(default=_Resolved(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._normalize(_FIELD_NAMES)
+        self._normalize({f: f for f in (*_PROPERTY_OF, "rlimits")})
 
     @classmethod
     def from_properties(cls, items: Iterable[tuple[str, str]]) -> Isolation:
@@ -494,56 +505,58 @@ class Isolation:
         SupplementaryGroups= (added up; "" empties it) and the capability sets (merged as
         systemd.exec(5) says).  Errors name the property.
         """
-        values: dict[str, Any] = {}
-        rlimits: dict[str, str] = {}
+        fields: dict[str, Any] = {"rlimits": {}}
         caps: dict[str, int | None] = {"CapabilityBoundingSet": None, "AmbientCapabilities": None}
         everything = (1 << (cap_last_cap() + 1)) - 1
         for name, value in items:
             if name.startswith("Limit") and name.removeprefix("Limit") in _RLIMITS:
-                rlimits[name.removeprefix("Limit")] = value
+                fields["rlimits"][name.removeprefix("Limit")] = value
             elif name in caps:
                 caps[name] = _capability_line(value, name, caps[name], everything)
             elif name == "SupplementaryGroups":
                 words = value.split()
-                values[name] = [*values.get(name, ()), *words] if words else []
+                fields[_FIELD_OF[name]] = [*fields.get(_FIELD_OF[name], ()), *words] \
+                    if words else []
             elif name in _FIELD_OF:
-                values[name] = value
+                fields[_FIELD_OF[name]] = value
             else:
                 raise SpecError(name, f"{name} is not an isolation property; they are: "
                                       f"{', '.join(ISOLATION_PROPERTIES)}")
         for name, mask in caps.items():
             if mask is not None:
-                values[name] = list(_names(mask))
-        fields = {_FIELD_OF[k]: v for k, v in values.items()}
-        names = {f: p for p, f in _FIELD_OF.items()} | {"rlimits": "Limit"}
-        iso = cls.__new__(cls)
+                fields[_FIELD_OF[name]] = list(_names(mask))
+        iso = object.__new__(cls)
         for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
-                else f.default
+            default = f.default if f.default_factory is dataclasses.MISSING else \
+                f.default_factory()
             object.__setattr__(iso, f.name, fields.get(f.name, default))
-        object.__setattr__(iso, "rlimits", rlimits)
-        iso._normalize(names)
+        iso._normalize({**_PROPERTY_OF, "rlimits": "Limit"})
         return iso
 
     def _normalize(self, names: Mapping[str, str]) -> None:
         """Check and normalize every field in place; ``names`` says how errors call them."""
         set_ = functools.partial(object.__setattr__, self)
-        set_("user", None if self.user is None else _id_text(self.user, names["user"], "user"))
-        set_("group", None if self.group is None else _id_text(self.group, names["group"],
-                                                                 "group"))
+        if self.user is not None:
+            set_("user", _id_text(self.user, names["user"], "user"))
+        if self.group is not None:
+            set_("group", _id_text(self.group, names["group"], "group"))
         supp: Any = self.supplementary_groups
         supp = supp.split() if isinstance(supp, str) else supp
         if not isinstance(supp, Iterable):
             raise _refuse(names["supplementary_groups"], "group names or numbers", supp)
-        set_("supplementary_groups", tuple(_id_text(g, names["supplementary_groups"], "group")
-                                           for g in supp))
+        supp = tuple(_id_text(g, names["supplementary_groups"], "group") for g in supp)
+        set_("supplementary_groups", supp)
         for f in ("no_new_privileges", "private_network", "private_tmp",
                   "protect_control_groups"):
             set_(f, _boolean(getattr(self, f), names[f]))
-        set_("umask", _umask(self.umask, names["umask"]))
-        set_("rlimits", self._normalized_rlimits(names["rlimits"]))
-        self._normalize_caps(names)
-        set_("_creds", _credentials(self.user, self.group, self.supplementary_groups, names))
+        umask = _umask(self.umask, names["umask"])
+        set_("umask", umask)
+        rlimits = self._normalized_rlimits(names["rlimits"])
+        set_("rlimits", rlimits)
+        bounding, ambient = self._normalized_caps(names)
+        creds = _credentials(self.user, self.group, supp, names)
+        set_("_r", _Resolved(creds, umask, tuple((n, s, h) for n, (s, h) in rlimits.items()),
+                             bounding, ambient))
         _check_host(self, names)
 
     def _normalized_rlimits(self, prefix: str) -> dict[str, tuple[int, int]]:
@@ -557,21 +570,22 @@ class Isolation:
                                 else f"rlimits[{name!r}]")
         return dict(sorted(out.items()))
 
-    def _normalize_caps(self, names: Mapping[str, str]) -> None:
+    def _normalized_caps(self, names: Mapping[str, str]) -> tuple[int | None, int]:
         everything = (1 << (cap_last_cap() + 1)) - 1
-        bset: Any = self.capability_bounding_set
-        if bset is not None:
-            bset = _names(_capability_line(bset, names["capability_bounding_set"], None,
-                                           everything))
-        object.__setattr__(self, "capability_bounding_set", bset)
-        amb = _names(_capability_line(self.ambient_capabilities,
-                                      names["ambient_capabilities"], None, everything))
-        object.__setattr__(self, "ambient_capabilities", amb)
-        if bset is not None and set(amb) - set(bset):
+        bounding = None if self.capability_bounding_set is None else _capability_line(
+            self.capability_bounding_set, names["capability_bounding_set"], None, everything)
+        ambient = _capability_line(self.ambient_capabilities, names["ambient_capabilities"],
+                                   None, everything)
+        object.__setattr__(self, "capability_bounding_set",
+                           None if bounding is None else _names(bounding))
+        object.__setattr__(self, "ambient_capabilities", _names(ambient))
+        if bounding is not None and ambient & ~bounding:
+            outside = " ".join(_names(ambient & ~bounding))
             raise SpecError(names["ambient_capabilities"], f"{names['ambient_capabilities']} "
-                            f"{' '.join(sorted(set(amb) - set(bset)))} must also be in "
-                            f"{names['capability_bounding_set']} (a capability outside the "
-                            f"bounding set cannot be held); add it there or drop it here")
+                            f"{outside} must also be in {names['capability_bounding_set']} "
+                            f"(a capability outside the bounding set cannot be held); add "
+                            f"it there or drop it here")
+        return bounding, ambient
 
     def is_empty(self) -> bool:
         """True when the task runs exactly as the supervisor does."""
@@ -587,26 +601,24 @@ class Isolation:
         yield self._spawn_options()
 
     def _spawn_options(self) -> dict[str, Any]:
-        c = self._creds
+        r, c = self._r, self._r.creds
         options: dict[str, Any] = {}
         for key, value in (("uid", c.uid), ("gid", c.gid), ("groups", c.groups),
-                           ("umask", self.umask)):
+                           ("umask", r.umask)):
             if value is not None:
                 options[key] = value
-        if self.rlimits:
-            options["rlimits"] = [(_RLIMITS[n][0], s, h) for n, (s, h) in self.rlimits.items()]
+        if r.rlimits:
+            options["rlimits"] = [(_RLIMITS[n][0], s, h) for n, s, h in r.rlimits]
         if self.private_network:
             options["new_netns"] = True
         if self.private_tmp or self.protect_control_groups:
             options["mount_namespace"] = True
-            tmp = _tmp_dirs() if self.private_tmp else ()
-            options["tmpfs"] = tmp
-            options["read_only"] = self._read_only(tmp)
-        if self.capability_bounding_set is not None:
-            everything = (1 << (cap_last_cap() + 1)) - 1
-            options["drop_bounding_caps"] = everything & ~_mask(self.capability_bounding_set)
-        if self.ambient_capabilities:
-            options["ambient_caps"] = _mask(self.ambient_capabilities)
+            options["tmpfs"] = _tmp_dirs() if self.private_tmp else ()
+            options["read_only"] = self._read_only(options["tmpfs"])
+        if r.bounding is not None:
+            options["drop_bounding_caps"] = ((1 << (cap_last_cap() + 1)) - 1) & ~r.bounding
+        if r.ambient:
+            options["ambient_caps"] = r.ambient
         if self.no_new_privileges:
             options["no_new_privs"] = True
         return options
@@ -636,7 +648,7 @@ class Isolation:
 
 def _check_host(iso: Isolation, names: Mapping[str, str]) -> None:
     """What this supervisor, on this host, cannot do of ``iso``: refused before anything."""
-    c = iso._creds
+    c = iso._r.creds
     if c.uid is not None and c.uid != os.geteuid() and not _has_cap("CAP_SETUID"):
         raise SpecError(names["user"], f"{names['user']}={iso.user} needs CAP_SETUID, and "
                         f"corral runs as uid {os.geteuid()} without it; run corral as root, "
@@ -663,63 +675,60 @@ def _check_host(iso: Isolation, names: Mapping[str, str]) -> None:
 
 
 def _check_rlimits(iso: Isolation, prefix: str) -> None:
-    limits = dict(iso.rlimits)
-    for name, (soft, hard) in iso.rlimits.items():
+    """Hard limits above ours need CAP_SYS_RESOURCE; open files stop at fs.nr_open (the
+    kernel refuses more even to root, so "infinity" means nr_open there)."""
+    checked = []
+    for name, soft, hard in iso._r.rlimits:
         what = f"Limit{name}" if prefix == "Limit" else f"rlimits[{name!r}]"
-        res = _RLIMITS[name][0]
         if name == "NOFILE":
-            # the kernel caps open files at fs.nr_open and refuses more, even to root
             with open("/proc/sys/fs/nr_open") as f:
                 nr_open = int(f.read())
             soft, hard = min(soft, nr_open), min(hard, nr_open)
-            limits[name] = (soft, hard)
-        ours = resource.getrlimit(res)[1]
-        if ours != resource.RLIM_INFINITY and (hard == _INFINITY or hard > ours) and \
-                not _has_cap("CAP_SYS_RESOURCE"):
+        ours = resource.getrlimit(_RLIMITS[name][0])[1]
+        if ours != resource.RLIM_INFINITY and hard > ours and not _has_cap("CAP_SYS_RESOURCE"):
             shown = "infinity" if hard == _INFINITY else hard
             raise SpecError(what, f"{what} hard limit {shown} is above corral's own ({ours}), "
                                   f"and raising a hard limit needs CAP_SYS_RESOURCE, which "
                                   f"corral lacks here; give at most {ours}")
-    object.__setattr__(iso, "rlimits", limits)
+        checked.append((name, soft, hard))
+    object.__setattr__(iso, "rlimits", {n: (s, h) for n, s, h in checked})
+    object.__setattr__(iso, "_r", dataclasses.replace(iso._r, rlimits=tuple(checked)))
 
 
 def _check_caps(iso: Isolation, names: Mapping[str, str]) -> None:
-    if iso.capability_bounding_set is not None and not _has_cap("CAP_SETPCAP"):
+    if iso._r.bounding is not None and not _has_cap("CAP_SETPCAP"):
         raise SpecError(names["capability_bounding_set"], f"{names['capability_bounding_set']}"
                         f" needs CAP_SETPCAP to drop capabilities, which corral lacks; run "
                         f"corral as root, or leave it unset")
-    missing = set(iso.ambient_capabilities) - set(_names(_our_caps("Prm") & _our_caps("Bnd")))
+    missing = _names(iso._r.ambient & ~(_our_caps("Prm") & _our_caps("Bnd")))
     if missing:
+        them = "it" if len(missing) == 1 else "them"
         raise SpecError(names["ambient_capabilities"], f"{names['ambient_capabilities']} "
-                        f"{' '.join(sorted(missing))}: corral does not hold "
-                        f"{'it' if len(missing) == 1 else 'them'} (its permitted and bounding "
-                        f"sets), so the task cannot get {'it' if len(missing) == 1 else 'them'}; "
-                        f"run corral as root with them, or drop them here")
+                        f"{' '.join(missing)}: corral does not hold {them} (its permitted and "
+                        f"bounding sets), so the task cannot get {them}; run corral as root "
+                        f"with {them}, or drop {them} here")
 
 
 def _describe(iso: Isolation) -> dict[str, Any]:
-    c = iso._creds
+    r, c = iso._r, iso._r.creds
     uid = os.geteuid() if c.uid is None else c.uid
-    gid = os.getegid() if c.gid is None else c.gid
-    groups = list(os.getgroups() if c.groups is None else c.groups)
     status = _proc_status()
-    bounding = int(status["CapBnd"], 16)
-    if iso.capability_bounding_set is not None:
-        bounding &= _mask(iso.capability_bounding_set)
-    ambient = _mask(iso.ambient_capabilities) & bounding
+    bounding = int(status["CapBnd"], 16) & (r.bounding if r.bounding is not None else ~0)
+    ambient = r.ambient & bounding
     held = bounding if uid == 0 else ambient  # what execve(2) gives a root / other program
     read_only = [p for p, _ in iso._read_only(_tmp_dirs() if iso.private_tmp else ())]
     routes = _escape_routes(uid, held, cgroupfs_writable=not read_only)
-    umask = int(status["Umask"], 8) if iso.umask is None else iso.umask
+    umask = int(status["Umask"], 8) if r.umask is None else r.umask
     try:
         user: str | None = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = c.user_name
     return {
-        "user": user, "uid": uid, "gid": gid, "groups": groups, "umask": f"{umask:04o}",
-        "no_new_privileges": iso.no_new_privileges,
-        "rlimits": {n: ["infinity" if v == _INFINITY else v for v in sh]
-                    for n, sh in iso.rlimits.items()},
+        "user": user, "uid": uid, "gid": os.getegid() if c.gid is None else c.gid,
+        "groups": list(os.getgroups() if c.groups is None else c.groups),
+        "umask": f"{umask:04o}", "no_new_privileges": iso.no_new_privileges,
+        "rlimits": {n: ["infinity" if v == _INFINITY else v for v in (s, h)]
+                    for n, s, h in r.rlimits},
         "namespaces": [n for n, on in (("net", iso.private_network),
                                        ("mnt", iso.private_tmp or iso.protect_control_groups))
                        if on],

@@ -1,0 +1,444 @@
+"""Isolation end to end: real users, real namespaces, real mounts, tried as a hostile task would.
+
+Through the public API (``TaskSpec(..., isolation=Isolation(...))`` on a supervisor rooted in
+the test's own cgroup) and through ``corral run -p``.  The users and groups are created here
+(``corral-t-<hex>``) and removed at teardown; every mount is the task's own, in its own mount
+namespace; the only cgroups touched are the test's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import pytest
+import trio
+from sup_util import HANG, wait_for
+
+import cgroupfs
+import supervisor
+from supervisor import Isolation, SpecError
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="isolation needs a root supervisor")
+
+PYTHON = "/usr/bin/python3"  # one every user can run (ours may live under /root)
+CORRAL = os.path.join(os.path.dirname(sys.executable), "corral")
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+    extra: str  # a group the user is a member of (/etc/group)
+    extra_gid: int
+
+
+def _admin(*argv: str) -> None:
+    """useradd and friends; retried while another process holds the passwd lock."""
+    for _ in range(50):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode == 0 or "lock" not in done.stderr:
+            break
+        time.sleep(0.1)
+    assert done.returncode == 0, f"{argv}: {done.stderr}"
+
+
+@pytest.fixture
+def test_user() -> Iterator[User]:
+    import grp
+    import pwd
+
+    name = f"corral-t-{secrets.token_hex(4)}"
+    extra = f"{name}-x"
+    _admin("groupadd", extra)
+    try:
+        _admin("useradd", "-M", "-U", "-G", extra, "-s", "/usr/sbin/nologin", name)
+        try:
+            pw = pwd.getpwnam(name)
+            yield User(name, pw.pw_uid, pw.pw_gid, extra, grp.getgrnam(extra).gr_gid)
+        finally:
+            _admin("userdel", name)  # and its own group (USERGROUPS_ENAB)
+    finally:
+        _admin("groupdel", extra)
+
+
+@pytest.fixture
+async def foreign(test_cgroup: cgroupfs.Cgroup) -> AsyncIterator[cgroupfs.Cgroup]:
+    """A cgroup outside the supervisor's tree (but the test's own): the escape target.
+    Async, so that it goes before the (async) supervisor fixture's emptiness check."""
+    cg = test_cgroup.make_child("foreign")
+    yield cg
+    cg.kill()
+    assert cg.wait_unpopulated(HANG)
+    cg.remove(recursive=True, busy_timeout=2.0)
+
+
+@pytest.fixture
+def outsider() -> Iterator[int]:
+    """A root process outside every task (with all our capabilities): the ptrace target."""
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+# A hostile task: each line tries one way out and says whether it got through.
+RED_TEAM = r"""
+try() { name=$1; shift; if "$@" >/dev/null 2>&1; then echo "ESCAPED $name"; else echo "blocked $name"; fi; }
+own="$CG2$(sed -n 's/^0:://p' /proc/self/cgroup)"
+try move-to-foreign-cgroup sh -c "echo $$ > $FOREIGN/cgroup.procs"
+try sub-cgroup-of-own-leaf mkdir "$own/sub"
+try sub-cgroup-elsewhere mkdir "$FOREIGN/sub"
+try freeze-foreign-cgroup sh -c "echo 1 > $FOREIGN/cgroup.freeze"
+try ptrace-outsider $PYTHON -c "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); sys.exit(libc.ptrace(16, $OUTSIDER, 0, 0) != 0)"
+try unshare-mount-namespace unshare --mount true
+try remount-cgroupfs-rw mount -o remount,bind,rw "$CG2"
+try remount-in-user-namespace unshare --user --map-root-user --mount sh -c "mount -o remount,bind,rw $CG2 && echo $$ > $FOREIGN/cgroup.procs"
+"""
+
+
+def red_team_env(foreign: cgroupfs.Cgroup, outsider: int) -> dict[str, str]:
+    return {"FOREIGN": foreign.path, "OUTSIDER": str(outsider), "PYTHON": PYTHON,
+            "CG2": cgroupfs.find_cgroup2_mount().mount_point}
+
+
+def assert_nothing_escaped(out: str, foreign: cgroupfs.Cgroup, outsider: int) -> None:
+    lines = out.splitlines()
+    assert len(lines) == 8 and all(line.startswith("blocked ") for line in lines), out
+    assert foreign.procs() == [] and foreign.children() == []
+    assert "frozen 0" in pathlib.Path(foreign.path, "cgroup.events").read_text()
+    status = pathlib.Path(f"/proc/{outsider}/status").read_text()
+    assert "TracerPid:\t0\n" in status and "State:\tS" in status
+
+
+async def test_a_user_task_cannot_escape(sup: supervisor.Supervisor, test_user: User,
+                                         foreign: cgroupfs.Cgroup, outsider: int) -> None:
+    iso = Isolation(user=test_user.name)
+    r = await sup.run(["sh", "-c", RED_TEAM], env=red_team_env(foreign, outsider),
+                      isolation=iso)
+    assert r.outcome == "succeeded", r.stderr
+    assert_nothing_escaped(r.stdout.decode(), foreign, outsider)
+    facts = iso.describe()
+    assert facts["uid"] == test_user.uid and facts["capabilities"] == []
+    assert facts["could_escape"] is False and facts["cgroupfs_read_only"] is False
+
+
+ROOT_LOCKED = Isolation(protect_control_groups=True,
+                        capability_bounding_set="~CAP_SYS_ADMIN CAP_SYS_PTRACE CAP_SYS_MODULE")
+
+
+async def test_a_root_task_with_read_only_cgroupfs_and_fewer_caps_cannot_escape(
+        sup: supervisor.Supervisor, foreign: cgroupfs.Cgroup, outsider: int) -> None:
+    r = await sup.run(["sh", "-c", RED_TEAM], env=red_team_env(foreign, outsider),
+                      isolation=ROOT_LOCKED)
+    assert r.outcome == "succeeded", r.stderr
+    assert_nothing_escaped(r.stdout.decode(), foreign, outsider)
+    facts = ROOT_LOCKED.describe()
+    assert facts["uid"] == 0 and facts["cgroupfs_read_only"] is True
+    assert cgroupfs.find_cgroup2_mount().mount_point in facts["read_only_paths"]
+    assert "CAP_SYS_ADMIN" not in facts["capabilities"] and facts["namespaces"] == ["mnt"]
+    assert facts["could_escape"] is False
+
+
+async def test_a_plain_root_task_could_escape_and_says_so(
+        sup: supervisor.Supervisor, foreign: cgroupfs.Cgroup) -> None:
+    # the control: the same kind of write succeeds without isolation
+    r = await sup.run(["mkdir", f"{foreign.path}/made-by-the-task"])
+    assert r.outcome == "succeeded"
+    assert [c.rsplit("/", 1)[-1] for c in foreign.children()] == ["made-by-the-task"]
+    os.rmdir(f"{foreign.path}/made-by-the-task")
+    facts = Isolation().describe()
+    assert facts["could_escape"] is True and facts["escape_routes"] == [
+        "runs as uid 0", "cgroupfs is writable in its mount namespace"]
+    kept_admin = Isolation(protect_control_groups=True).describe()
+    assert kept_admin["could_escape"] is True
+    assert "CAP_SYS_ADMIN" in kept_admin["escape_routes"][1]
+
+
+async def test_user_runs_with_its_uid_primary_group_and_groups(
+        sup: supervisor.Supervisor, test_user: User) -> None:
+    u = test_user
+    r = await sup.run(["sh", "-c", "id -u; id -g; id -G"], isolation=Isolation(user=u.name))
+    assert r.stdout.decode().split("\n")[:3] == [str(u.uid), str(u.gid),
+                                                  f"{u.gid} {u.extra_gid}"]
+    # Group= replaces the primary group; SupplementaryGroups= adds to the user's groups
+    iso = Isolation(user=u.uid, group="nogroup", supplementary_groups=["nogroup", u.extra])
+    r = await sup.run(["sh", "-c", "id -u; id -g; id -G"], isolation=iso)
+    uid, gid, groups = r.stdout.decode().split("\n")[:3]
+    nogroup = str(iso.describe()["gid"])
+    assert (uid, gid) == (str(u.uid), nogroup)
+    assert set(groups.split()) == {nogroup, str(u.extra_gid)}
+    assert iso.describe()["user"] == u.name
+
+
+async def test_private_network_sees_only_lo_and_not_the_hosts_loopback(
+        sup: supervisor.Supervisor, test_user: User) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        probe = (f"import socket\ntry:\n socket.create_connection(('127.0.0.1', {port}), 5)\n"
+                 f" print('connected')\nexcept OSError as e:\n print(type(e).__name__)")
+        iso = Isolation(user=test_user.name, private_network=True)
+        r = await sup.run(["sh", "-c", f"ip -o link; {PYTHON} -c \"{probe}\""], isolation=iso)
+        lines = r.stdout.decode().splitlines()
+        assert [line.split()[1] for line in lines[:-1]] == ["lo:"], lines
+        assert "UP" in lines[0] and lines[-1] == "ConnectionRefusedError"
+        control = await sup.run([PYTHON, "-c", probe], isolation=Isolation(user=test_user.name))
+        assert control.stdout == b"connected\n"
+    assert iso.describe()["namespaces"] == ["net"]
+
+
+async def test_private_network_seen_from_outside_with_pyroute2(
+        sup: supervisor.Supervisor) -> None:
+    pyroute2 = pytest.importorskip("pyroute2")
+    from supervisor._spawn import setns
+
+    async with trio.open_nursery() as nursery:
+        task = await nursery.start(functools.partial(
+            sup.start, ["sleep", "600"], isolation=Isolation(private_network=True)))
+        links: list[tuple[str, bool]] = []
+
+        def look() -> None:  # setns moves only this thread; its netlink socket lives there
+            fd = os.open(f"/proc/{task.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            setns(fd, 0x40000000)
+            os.close(fd)
+            with pyroute2.IPRoute() as ipr:
+                links.extend((link.get("ifname"), bool(link["flags"] & 1))
+                             for link in ipr.get_links())
+
+        thread = threading.Thread(target=look)
+        thread.start()
+        thread.join()
+        task.stop(force=True)
+    assert links == [("lo", True)]
+
+
+async def test_rlimits_hold_inside(sup: supervisor.Supervisor, test_user: User) -> None:
+    iso = Isolation(user=test_user.name, rlimits={"NOFILE": "64:128", "CORE": 0,
+                                                  "FSIZE": "1K"})
+    r = await sup.run(["sh", "-c", "ulimit -n; ulimit -Hn; ulimit -c; "
+                                   "head -c 2048 /dev/zero > /dev/null; ulimit -f"],
+                      isolation=iso)
+    assert r.stdout.decode().split() == ["64", "128", "0", "2"]  # ulimit -f: 512-byte blocks
+    assert iso.describe()["rlimits"] == {"CORE": [0, 0], "FSIZE": [1024, 1024],
+                                         "NOFILE": [64, 128]}
+
+
+async def test_cpu_limit_stops_a_busy_task(sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", "while :; do :; done"], time_limit=HANG,
+                      isolation=Isolation(rlimits={"CPU": "1s"}))
+    assert r.outcome == "signaled" and r.signal in (signal.SIGXCPU, signal.SIGKILL)
+
+
+async def test_private_tmp_is_the_tasks_own_and_gone_with_it(
+        sup: supervisor.Supervisor, test_user: User) -> None:
+    marker = f"corral-private-{secrets.token_hex(4)}"
+    iso = Isolation(user=test_user.name, private_tmp=True)
+    script = (f"ls -A /tmp /var/tmp | grep -c . ; echo secret > /var/tmp/{marker}; "
+              f"echo secret > /tmp/{marker}; exec sleep 600")
+    async with trio.open_nursery() as nursery:
+        task = await nursery.start(functools.partial(sup.start, ["sh", "-c", script],
+                                                     isolation=iso))
+        inside = pathlib.Path(f"/proc/{task.pid}/root/tmp/{marker}")  # its mount namespace
+        await wait_for(lambda: inside.exists() and inside.read_text() == "secret\n",
+                       what="markers written")
+        assert not os.path.exists(f"/tmp/{marker}")
+        assert not os.path.exists(f"/var/tmp/{marker}")
+        task.stop(force=True)
+    r = await task.wait()
+    assert r.stdout.decode().split()[0] == "2"  # only the two directory headers: empty
+    again = await sup.run(["ls", "-A", "/tmp", "/var/tmp"], isolation=iso)
+    assert marker not in again.stdout.decode()
+    assert not os.path.exists(f"/tmp/{marker}")
+
+
+async def test_umask_and_no_new_privileges(sup: supervisor.Supervisor) -> None:
+    iso = Isolation(umask="0027", no_new_privileges=True)
+    r = await sup.run(["sh", "-c", "umask; grep NoNewPrivs /proc/self/status"], isolation=iso)
+    assert r.stdout.decode().split() == ["0027", "NoNewPrivs:", "1"]
+
+
+async def test_ambient_capability_lets_a_user_bind_a_low_port(
+        sup: supervisor.Supervisor, test_user: User) -> None:
+    bind = (f"{PYTHON} -c \"import socket; s = socket.socket(); "
+            f"s.bind(('127.0.0.1', 80)); print('bound')\" 2>&1 | tail -1")
+    with_cap = Isolation(user=test_user.name, private_network=True,
+                         ambient_capabilities="CAP_NET_BIND_SERVICE")
+    r = await sup.run(["sh", "-c", bind], isolation=with_cap)
+    assert r.stdout == b"bound\n"
+    r = await sup.run(["sh", "-c", bind], isolation=Isolation(user=test_user.name,
+                                                               private_network=True))
+    assert b"PermissionError" in r.stdout
+    assert with_cap.describe()["capabilities"] == ["CAP_NET_BIND_SERVICE"]
+
+
+async def test_a_failed_isolation_step_is_spawn_failed_with_the_step(
+        sup: supervisor.Supervisor, test_user: User, tmp_path: pathlib.Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    r = await sup.run(["true"], cwd=str(private), isolation=Isolation(user=test_user.name))
+    assert r.outcome == "spawn_failed" and r.error_step == "chdir"
+
+
+# --- validation: refused before anything is made, with the value, the rule and the fix ------
+
+
+@pytest.mark.parametrize(("kwargs", "field", "fragments"), [
+    ({"user": "corral-no-such-user"}, "user", ["corral-no-such-user", "does not exist",
+                                               "useradd"]),
+    ({"group": "corral-no-such-group"}, "group", ["does not exist", "groupadd"]),
+    ({"supplementary_groups": "nogroup corral-no-such-group"}, "supplementary_groups",
+     ["corral-no-such-group"]),
+    ({"user": 4000000000}, "user", ["no entry in the user database", "give group"]),
+    ({"umask": "0999"}, "umask", ['"0999"', "octal"]),
+    ({"rlimits": {"NOFILE": "10:5"}}, "rlimits['NOFILE']", ['"10:5"', "swap them"]),
+    ({"rlimits": {"NOFILE": "many"}}, "rlimits['NOFILE']", ['"many"', "whole number"]),
+    ({"rlimits": {"FILES": 10}}, "rlimits", ['"FILES"', "NOFILE"]),
+    ({"rlimits": {"CPU": "5 parsecs"}}, "rlimits['CPU']", ["duration"]),
+    ({"private_network": "maybe"}, "private_network", ['"maybe"', '"yes" or "no"']),
+    ({"capability_bounding_set": "CAP_NO_SUCH"}, "capability_bounding_set",
+     ['"CAP_NO_SUCH" is not one', "capabilities(7)"]),
+    ({"capability_bounding_set": "sys_admin"}, "capability_bounding_set",
+     ['write "CAP_SYS_ADMIN"']),
+    ({"capability_bounding_set": "CAP_CHOWN", "ambient_capabilities": "CAP_NET_RAW"},
+     "ambient_capabilities", ["CAP_NET_RAW", "must also be in capability_bounding_set"]),
+])
+def test_validation_errors_name_value_rule_and_fix(kwargs: dict[str, object], field: str,
+                                                   fragments: list[str]) -> None:
+    with pytest.raises(SpecError) as info:
+        Isolation(**kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field and str(info.value).startswith(field)
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+def test_raising_a_hard_limit_needs_cap_sys_resource() -> None:
+    # run where corral lacks CAP_SYS_RESOURCE (setpriv drops it from what root gets at exec)
+    out = _python_without_caps(["sys_resource"], "Isolation(rlimits={'NOFILE': 'infinity'})")
+    assert "needs CAP_SYS_RESOURCE" in out and "give at most" in out
+
+
+def test_private_network_where_namespaces_are_refused() -> None:
+    out = _python_without_caps(["sys_admin"], "Isolation(private_network=True)")
+    assert out.startswith("private_network=yes needs a network namespace, which this host "
+                          "refuses corral (unshare(CLONE_NEWNET): [Errno 1]"), out
+    assert "CAP_SYS_ADMIN" in out
+
+
+def test_another_user_needs_cap_setuid() -> None:
+    out = _python_without_caps(["setuid"], "Isolation(user='nobody')")
+    assert "needs CAP_SETUID" in out and "run corral as root" in out
+
+
+def _python_without_caps(caps: list[str], expr: str) -> str:
+    code = (f"from supervisor import Isolation, SpecError\ntry:\n {expr}\n print('accepted')\n"
+            f"except SpecError as e:\n print(e)")
+    drop = ",".join(f"-{c}" for c in caps)
+    done = subprocess.run(["setpriv", f"--bounding-set={drop}", "--", sys.executable, "-c",
+                           code], capture_output=True, text=True, timeout=HANG)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_properties_build_one_isolation(test_user: User) -> None:
+    from supervisor._properties import parse_properties
+
+    opts = parse_properties([
+        f"User={test_user.name}", "PrivateNetwork=yes", "PrivateTmp=true", "UMask=077",
+        "LimitNOFILE=64:128", "LimitCPU=1min 30s", "LimitRTTIME=500ms", "LimitNICE=0",
+        "CapabilityBoundingSet=~CAP_SYS_ADMIN", "CapabilityBoundingSet=~CAP_SYS_PTRACE",
+        "SupplementaryGroups=nogroup", "SupplementaryGroups=", "NoNewPrivileges=yes",
+    ]).options
+    iso = opts["isolation"]
+    assert iso.user == test_user.name and iso.private_network and iso.private_tmp
+    assert iso.umask == 0o077 and iso.no_new_privileges and iso.supplementary_groups == ()
+    assert iso.rlimits == {"CPU": (90, 90), "NICE": (0, 0), "NOFILE": (64, 128),
+                           "RTTIME": (500_000, 500_000)}
+    assert iso.capability_bounding_set is not None
+    assert not {"CAP_SYS_ADMIN", "CAP_SYS_PTRACE"} & set(iso.capability_bounding_set)
+    assert "CAP_CHOWN" in iso.capability_bounding_set
+
+
+@pytest.mark.parametrize(("item", "fragments"), [
+    ("User=corral-no-such-user", ["User names a user that does not exist"]),
+    ("LimitNOFILE=1:x", ["LimitNOFILE must be"]),
+    ("AmbientCapabilities=CAP_NOPE", ["AmbientCapabilities must be", '"CAP_NOPE"']),
+    ("LimitFOO=1", ["unknown or unsupported property 'LimitFOO'", "Limit{CPU,"]),
+    ("LimitNICE=+30", ['LimitNICE must be a nice level from "-20" to "+19"']),
+])
+def test_property_errors_name_the_property(item: str, fragments: list[str]) -> None:
+    from supervisor._properties import parse_properties
+
+    with pytest.raises(SpecError) as info:
+        parse_properties([item])
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+def test_limit_values_read_as_systemd_reads_them() -> None:
+    from supervisor._isolation import _rlimit
+
+    infinity = 2**64 - 1
+    assert _rlimit("NICE", "-5", "LimitNICE") == (25, 25)  # RLIMIT_NICE is 20 - nice
+    assert _rlimit("NICE", "+19", "LimitNICE") == (1, 1)
+    assert _rlimit("CPU", "1.5s", "LimitCPU") == (2, 2)  # whole seconds, rounded up
+    assert _rlimit("RTTIME", "250", "LimitRTTIME") == (250, 250)  # microseconds
+    assert _rlimit("AS", "1G:infinity", "LimitAS") == (2**30, infinity)
+    assert _rlimit("NOFILE", (10, None), "rlimits") == (10, infinity)
+    assert _rlimit("STACK", ("8M", "16M"), "rlimits") == (8 << 20, 16 << 20)
+
+
+def test_capability_sets_merge_as_systemd_says() -> None:
+    from supervisor._properties import parse_properties
+
+    def bounding(*lines: str) -> set[str]:
+        iso = parse_properties([f"CapabilityBoundingSet={line}" for line in lines])
+        return set(iso.options["isolation"].capability_bounding_set)
+
+    assert bounding("CAP_CHOWN CAP_KILL", "CAP_NET_RAW") == {"CAP_CHOWN", "CAP_KILL",
+                                                             "CAP_NET_RAW"}
+    assert bounding("CAP_CHOWN CAP_KILL", "~CAP_KILL") == {"CAP_CHOWN"}
+    assert bounding("CAP_CHOWN", "") == set()
+    assert "CAP_SYS_ADMIN" in bounding("CAP_CHOWN", "~")
+
+
+def test_empty_isolation_is_empty() -> None:
+    assert Isolation().is_empty() and not Isolation(no_new_privileges=True).is_empty()
+    with Isolation().prepare() as options:
+        assert options == {}
+
+
+# --- corral run -p ----------------------------------------------------------------------
+
+
+def test_corral_run_with_isolation_properties(test_cgroup: cgroupfs.Cgroup,
+                                              test_user: User) -> None:
+    done = subprocess.run(
+        [CORRAL, "run", "--cgroup-root", test_cgroup.path, "-p", f"User={test_user.name}",
+         "-p", "PrivateNetwork=yes", "-p", "PrivateTmp=yes", "-p", "LimitNOFILE=64",
+         "-p", "ProtectControlGroups=yes", "--",
+         "sh", "-c", "id -un; ulimit -n; ip -o link | wc -l; ls -A /tmp | wc -l"],
+        capture_output=True, text=True, timeout=HANG)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [test_user.name, "64", "1", "0"]
+
+
+def test_corral_run_refuses_a_bad_property_before_anything(test_cgroup: cgroupfs.Cgroup) -> None:
+    done = subprocess.run(
+        [CORRAL, "run", "--cgroup-root", test_cgroup.path, "-p", "User=corral-no-such-user",
+         "--", "true"], capture_output=True, text=True, timeout=HANG)
+    assert done.returncode == 125
+    assert "User names a user that does not exist" in done.stderr
+    assert test_cgroup.children() == []
