@@ -15,7 +15,8 @@ in snake_case; ``Isolation.from_properties`` takes the ``-p NAME=VALUE`` spellin
     no_new_privileges, umask               PR_SET_NO_NEW_PRIVS; "0027" or 0o027
     rlimits                                {"NOFILE": "1024:4096", "CPU": "30s", ...}
     private_network                        a new network namespace: "lo" up, nothing else
-    private_tmp                            a fresh tmpfs on /tmp and /var/tmp
+    private_tmp                            a fresh tmpfs on /tmp and /var/tmp (what systemd
+                                           256 calls PrivateTmp=disconnected)
     protect_control_groups                 every cgroup mount read-only for the task
     capability_bounding_set                "~CAP_SYS_ADMIN CAP_SYS_PTRACE" or names kept
     ambient_capabilities                   names kept across the change to ``user``
@@ -51,7 +52,7 @@ import select
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ._errors import SpecError
 from ._spawn import CAPABILITIES, cap_last_cap, capability_name, unshare
@@ -488,7 +489,7 @@ class Isolation:
     umask: int | str | None = None
     rlimits: Mapping[str, RlimitValue] = field(default_factory=dict)
     private_network: bool = False
-    private_tmp: bool = False
+    private_tmp: bool | Literal["disconnected"] = False
     protect_control_groups: bool = False
     capability_bounding_set: str | Iterable[str | int] | None = None
     ambient_capabilities: str | Iterable[str | int] = ()
@@ -546,6 +547,8 @@ class Isolation:
             raise _refuse(names["supplementary_groups"], "group names or numbers", supp)
         supp = tuple(_id_text(g, names["supplementary_groups"], "group") for g in supp)
         set_("supplementary_groups", supp)
+        if self.private_tmp == "disconnected":  # systemd 256's name for exactly this tmpfs
+            set_("private_tmp", True)
         for f in ("no_new_privileges", "private_network", "private_tmp",
                   "protect_control_groups"):
             set_(f, _boolean(getattr(self, f), names[f]))

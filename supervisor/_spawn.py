@@ -212,7 +212,18 @@ def spawn(
     controlling_tty: bool = False,
     pass_fds: Sequence[int] = (),
     force_fallback: bool = False,
-    **isolation: Any,
+    new_netns: bool = False,
+    netns_fd: int | None = None,
+    mount_namespace: bool = False,
+    tmpfs: Sequence[str] = (),
+    read_only: Sequence[tuple[str, int]] = (),
+    rlimits: Sequence[tuple[int, int, int]] = (),
+    uid: int | None = None,
+    gid: int | None = None,
+    groups: Sequence[int] | None = None,
+    drop_bounding_caps: int = 0,
+    ambient_caps: int = 0,
+    no_new_privs: bool = False,
 ) -> Spawned:
     """Start ``argv`` with fds ``stdin``/``stdout``/``stderr`` as 0/1/2, in cgroup ``cgroup_fd``.
 
@@ -221,7 +232,7 @@ def spawn(
     ``env`` is the complete environment (None: ours).  ``force_fallback`` takes the vfork +
     cgroup.procs path even where clone3 works, so that tests can prove it.
 
-    Isolation keywords (see :class:`_IsolationArgs`; ``supervisor._isolation`` computes them):
+    Isolation (``supervisor._isolation`` computes these from a task's settings):
     ``new_netns`` (a new network namespace with "lo" up) or ``netns_fd`` (join that one);
     ``mount_namespace`` (a mount namespace of the task's own, a slave of ours) with ``tmpfs``
     (mount points given a fresh tmpfs) and ``read_only`` (``(mount point, MS_* flags to
@@ -234,7 +245,9 @@ def spawn(
     """
     if not argv:
         raise ValueError("argv must name a command, got an empty list")
-    iso = _IsolationArgs(**isolation)
+    iso = _IsolationArgs(new_netns, netns_fd, mount_namespace, tuple(tmpfs), tuple(read_only),
+                         tuple(rlimits), uid, gid, None if groups is None else tuple(groups),
+                         drop_bounding_caps, ambient_caps, no_new_privs)
     bargv = [os.fsencode(a) for a in argv]
     environ = os.environ if env is None else env
     candidates = resolve_executable(os.fsdecode(bargv[0]), environ.get("PATH"))

@@ -241,3 +241,10 @@ def test_isolated_spawns_leave_no_process_and_no_mount(tmp_path: pathlib.Path,
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
 
+
+
+def test_isolation_on_the_vfork_fallback_path(host_mounts: None) -> None:
+    status, out = run(["sh", "-c", "id -u; ls -A /tmp | wc -l; ip -o link | wc -l"],
+                      force_fallback=True, new_netns=True, mount_namespace=True,
+                      tmpfs=["/tmp"], uid=65534, gid=65534, groups=[])
+    assert (status, out.split()) == (0, ["65534", "0", "1"])
