@@ -15,7 +15,7 @@ Every interface file is read and written with unbuffered ``os.read`` /
 comes out as a ``CgroupOSError`` carrying errno and the exact file path.
 """
 
-from ._cgroup import Cgroup
+from ._cgroup import Cgroup, Destroyed
 from ._errors import (
     CgroupBusy,
     CgroupError,
@@ -62,6 +62,7 @@ __all__ = [
     "ControllerUnavailable",
     "CpuMax",
     "CpuStat",
+    "Destroyed",
     "InvalidLimit",
     "InvalidName",
     "Limits",

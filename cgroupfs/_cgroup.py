@@ -21,16 +21,19 @@ Typical use::
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import time
 import warnings
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from types import TracebackType
 
 from . import _controllers, _fileio
 from ._errors import (
     CgroupBusy,
+    CgroupError,
     CgroupNotFound,
     CgroupOSError,
     InvalidName,
@@ -41,7 +44,7 @@ from ._kill import kill_subtree
 from ._limits import Limits
 from ._stats import CgroupEvents, CgroupStats, parse_events, read_stats
 
-__all__ = ["Cgroup"]
+__all__ = ["Cgroup", "Destroyed"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +77,15 @@ def _check_name(name: object, *, creating: bool, what: str = "cgroup name") -> s
                 f'{fix}, or replace the "." (e.g. {prefix}-{name[len(prefix) + 1:]})',
             )
     return name
+
+
+@dataclass(frozen=True, slots=True)
+class Destroyed:
+    """What :meth:`Cgroup.destroy` did: whether it had to kill, and the first error (with its
+    path) if something could not be emptied or removed (``None``: gone, every sub-cgroup too)."""
+
+    killed: bool
+    error: str | None = None
 
 
 class Cgroup:
@@ -224,6 +236,78 @@ class Cgroup:
     def descendants(self) -> list[str]:
         """Relative paths (``"a"``, ``"a/b"``) of all sub-cgroups, parents first."""
         return _fileio.descendants(self.fd)
+
+    def try_lock(self) -> bool:
+        """Take an exclusive ``flock`` on the directory, without waiting; False if another
+        open file description holds it.
+
+        cgroup2 directories take flocks like any directory.  The lock belongs to this
+        ``Cgroup``'s open file description (and any fd dup'd from it, e.g. one passed to a
+        child), and goes when the last of those closes: a process that dies loses it.
+        That makes it a proof of ownership that needs no pid and no clock.
+        """
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise os_error(exc, action="locking", path=self._path) from exc
+        return True
+
+    def procs_tree(self) -> dict[str, list[int]]:
+        """Pids in this cgroup and in every sub-cgroup, by relative path (``"."`` first, each
+        parent before its children).  Sub-cgroups removed meanwhile are left out."""
+        out: dict[str, list[int]] = {}
+        for rel in [".", *self.descendants()]:
+            name = "cgroup.procs" if rel == "." else f"{rel}/cgroup.procs"
+            text = self._read_optional(name)
+            if text is not None:
+                out[rel] = [int(pid) for pid in text.split()]
+        return out
+
+    def thaw_tree(self) -> list[str]:
+        """Write 0 to ``cgroup.freeze`` of this cgroup and of every sub-cgroup that was asked
+        to freeze; returns the relative paths thawed.  (A cgroup frozen only because an
+        ancestor is says ``frozen 1`` in cgroup.events but 0 in its own cgroup.freeze.)"""
+        thawed = []
+        for rel in [".", *self.descendants()]:
+            name = "cgroup.freeze" if rel == "." else f"{rel}/cgroup.freeze"
+            if (self._read_optional(name) or "0").strip() == "1":
+                try:
+                    self._write(name, "0")
+                except CgroupNotFound:
+                    continue
+                thawed.append(rel)
+        return thawed
+
+    def destroy(self, *, timeout: float = 5.0) -> Destroyed:
+        """Kill everything in this subtree, wait until it is empty, remove every sub-cgroup
+        depth-first and then this one, and close (also on error).  Never raises for what it
+        finds: the
+        result says whether it killed anything and the first error with its path.
+
+        The one synchronous way to end a cgroup (a supervisor's root, a leaf after a bug, an
+        orphan of a dead supervisor).  It blocks up to ``timeout`` s polling ``populated``:
+        callers on an event loop run it in a thread, or wait for ``populated 0`` themselves
+        (inotify) and then call it, when it returns at once.
+        """
+        killed = False
+        error: str | None = None
+        try:
+            if self.is_populated():
+                self.thaw_tree()  # a frozen subtree still dies of cgroup.kill; this is tidier
+                self.kill()
+                killed = True
+                if not self.wait_unpopulated(timeout):
+                    error = f"{self._path} still had processes {timeout:g}s after the kill"
+            self.remove(recursive=True, busy_timeout=min(timeout, 1.0))
+        except CgroupNotFound:
+            pass  # gone already: nothing left to end
+        except CgroupError as exc:
+            error = error or str(exc)
+        finally:
+            self.close()
+        return Destroyed(killed, error)
 
     def remove(
         self, *, recursive: bool = False, busy_timeout: float = 1.0, missing_ok: bool = True

@@ -1,17 +1,23 @@
-"""Output capture: drain a task's pipes continuously, keep a head and a tail, feed subscribers.
+"""A task's pipes: drain its output continuously into head/tail rings, feed its stdin.
 
 Why not trio's streams: they cost ~30% throughput at GB scale, and we never need their
-buffering.  A pump waits for readability with ``trio.lowlevel.wait_readable`` and then reads the
-raw non-blocking fd until EAGAIN, so a chatty task never blocks on a full pipe (no deadlock at any
-size) and memory stays bounded: the head is filled once, the tail is a ring, the rest is counted.
+buffering.  One :class:`IoReactor` per supervisor holds every task's pipes in one epoll set, read
+and written by one trio task: a chatty task never blocks on a full pipe (no deadlock at any
+size), memory stays bounded (the head is filled once, the tail is a ring, the rest is counted),
+and a held task costs no trio task of its own for its I/O.
 
 End of output does not wait on EOF alone: a setsid'd grandchild may hold the pipe forever.  The
-task runner gives each pump a deadline once the leaf is empty (everything in it is gone, so any
-writer left is outside it); the pump then reads what is buffered and stops.
+task's life gives each stream a short deadline once the leaf is empty (everything in it is gone,
+so any writer left is outside it), then removes it: what is buffered is read, the rest dropped.
+
+Streams are registered and removed by identity (a :class:`Stream`), never by fd number: by the
+time a task's cleanup removes its stream, the reactor may have closed the fd at EOF and the
+kernel handed the same number to a newer task's pipe.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -23,13 +29,14 @@ import trio
 
 from ._result import StreamOutput
 
-__all__ = ["OutputReactor", "StreamCapture"]
+__all__ = ["IoReactor", "StdinFeed", "Stream", "StreamCapture", "enlarge_pipe"]
 
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 1 << 20
 _PIPE_SIZE = 1 << 20
 SUBSCRIBER_BUFFER = 64  # chunks a subscriber may lag behind before it misses some
+STDIN_BUFFER = 1 << 20  # bytes write_stdin() may queue before it waits for the task to read
 
 
 def enlarge_pipe(fd: int) -> None:
@@ -88,14 +95,15 @@ class StreamCapture:
                 del self.tail[:excess]
         if self.log_fd is not None:
             self._log(data)
-        chunk = bytes(data) if self.subscribers else b""
-        for sub in self.subscribers or ():
-            try:
-                sub.send.send_nowait(chunk)
-            except trio.WouldBlock:
-                sub.missed += len(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+        if self.subscribers:
+            chunk = bytes(data)
+            for sub in self.subscribers:
+                try:
+                    sub.send.send_nowait(chunk)
+                except trio.WouldBlock:
+                    sub.missed += len(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
 
     def _log(self, data: bytes | memoryview) -> None:
         assert self.log_fd is not None
@@ -157,6 +165,28 @@ class StreamCapture:
                             self.log_truncated, self.mode)
 
 
+class StdinFeed:
+    """Bytes on their way to a task's stdin: a bounded buffer the reactor drains into the pipe.
+
+    ``error`` is set (and the pipe closed) if writing failed for a reason other than the task
+    closing its end: the task's record says so; it is never mistaken for a stop request.
+    """
+
+    __slots__ = ("broken", "buffer", "eof", "error", "space")
+
+    def __init__(self, data: bytes = b"", *, eof: bool = False) -> None:
+        self.buffer = bytearray(data)
+        self.eof = eof  # no more bytes will come: close the pipe once the buffer is written
+        self.broken = False  # the task's end is closed (or the task ended)
+        self.error: OSError | None = None
+        self.space: trio.Event | None = None  # set when the buffer drains below its cap
+
+    def wake(self) -> None:
+        if self.space is not None:
+            self.space.set()
+            self.space = None
+
+
 class _ReadBuffer(threading.local):
     """One read buffer per thread, shared by every read of that thread's trio run: a read and
     the copy out of it happen with no checkpoint between them, so reads never interleave on
@@ -171,85 +201,155 @@ _buffer = _ReadBuffer()
 
 
 def _read_into(fd: int, capture: StreamCapture) -> bool:
-    """One read into the shared buffer, fed to ``capture``.  False at EOF; raises
+    """One read into the shared buffer, fed to ``capture``.  False at EOF (EIO counts: it is
+    what a pseudo-terminal's master reads once every slave fd is closed); raises
     BlockingIOError when there is nothing to read now."""
     while True:
         try:
             n = os.readv(fd, [_buffer.buf])
         except InterruptedError:
             continue
+        except OSError as e:
+            if e.errno == errno.EIO:
+                return False
+            raise
         if n == 0:
             return False
         capture.feed(_buffer.view[:n])
         return True
 
 
-class OutputReactor:
-    """One epoll set for the pipes of every task of a supervisor, read by one trio task.
+class Stream:
+    """One pipe end registered with the reactor: read into ``capture``, or written from
+    ``feed``.  ``done`` is set once the reactor has let go of it (EOF, error, or removal)."""
 
-    A task costs no trio task of its own for its output: it registers its pipes and waits on
-    an Event per stream.  Level-triggered: each round reads every ready pipe (a few MiB at
-    most per pipe per round, so one chatty task cannot starve the others) into the shared
-    buffer, and each read is copied out (head, tail, log, subscribers) before the next.
-    Run :meth:`run` in a nursery; :meth:`stop` ends it (it is shielded, like the watcher:
-    tasks still draining below a cancelled supervisor need it).
+    __slots__ = ("capture", "done", "fd", "feed")
+
+    def __init__(self, fd: int, capture: StreamCapture | None, feed: StdinFeed | None) -> None:
+        self.fd = fd
+        self.capture = capture
+        self.feed = feed
+        self.done = trio.Event()
+
+
+class IoReactor:
+    """One epoll set for the pipes of every task of a supervisor, served by one trio task.
+
+    Level-triggered: each round reads every ready pipe (a few MiB at most per pipe per round, so
+    one chatty task cannot starve the others) into the shared buffer, each read copied out
+    (head, tail, log, subscribers) before the next, and writes what stdin feeds hold.  Run
+    :meth:`run` in a nursery; :meth:`stop` ends it (it is shielded, like the watcher: tasks
+    still draining below a cancelled supervisor need it).
     """
 
     _ROUND = 4  # reads per pipe per round
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
-        self._streams: dict[int, tuple[StreamCapture, trio.Event]] = {}
+        self._streams: dict[int, Stream] = {}
         self._scope = trio.CancelScope(shield=True)
 
-    def add(self, fd: int, capture: StreamCapture) -> trio.Event:
-        """Read non-blocking ``fd`` into ``capture`` from now on; the Event is set at EOF
-        (or at :meth:`remove`), when ``fd`` is closed and the capture ended."""
-        done = trio.Event()
-        self._streams[fd] = (capture, done)
+    def add_reader(self, fd: int, capture: StreamCapture) -> Stream:
+        """Read non-blocking ``fd`` into ``capture`` from now on, until EOF or :meth:`remove`;
+        the reactor owns ``fd`` from now on and closes it."""
+        stream = Stream(fd, capture, None)
+        self._streams[fd] = stream
         self._epoll.register(fd, select.EPOLLIN)
-        return done
+        return stream
 
-    def remove(self, fd: int) -> None:
-        """Stop reading ``fd`` now: take what is already buffered (bounded: a writer outside
-        the leaf may still be writing), close it, end the capture.  Idempotent."""
-        entry = self._streams.get(fd)
-        if entry is None:
+    def add_writer(self, fd: int, feed: StdinFeed) -> Stream:
+        """Write ``feed``'s bytes to non-blocking ``fd`` as the task reads them; closes ``fd``
+        after ``feed.eof`` once all is written, or when the task's end closes."""
+        stream = Stream(fd, None, feed)
+        self._streams[fd] = stream
+        self._epoll.register(fd, select.EPOLLOUT if feed.buffer or feed.eof else 0)
+        return stream
+
+    def poke(self, stream: Stream) -> None:
+        """``stream``'s feed has new bytes (or EOF): write it when the pipe has room."""
+        if self._streams.get(stream.fd) is stream:
+            self._epoll.modify(stream.fd, select.EPOLLOUT)
+
+    def remove(self, stream: Stream) -> None:
+        """Stop serving ``stream`` now: read what is already buffered (bounded: a writer outside
+        the leaf may still be writing), close its fd, end its capture.  A stream the reactor
+        already let go of is left alone, whatever now has its fd number."""
+        if self._streams.get(stream.fd) is not stream:
             return
-        for _ in range(self._ROUND):
-            try:
-                if not _read_into(fd, entry[0]):
+        if stream.capture is not None:
+            for _ in range(self._ROUND):
+                try:
+                    if not _read_into(stream.fd, stream.capture):
+                        break
+                except OSError:  # BlockingIOError: nothing more now
                     break
-            except BlockingIOError:
-                break
-        self._close(fd)
+        self._close(stream)
 
-    def _close(self, fd: int) -> None:
-        capture, done = self._streams.pop(fd)
-        self._epoll.unregister(fd)
-        os.close(fd)
-        capture.close()
-        done.set()
+    def _close(self, stream: Stream) -> None:
+        del self._streams[stream.fd]
+        self._epoll.unregister(stream.fd)
+        trio.lowlevel.notify_closing(stream.fd)
+        os.close(stream.fd)
+        if stream.capture is not None:
+            stream.capture.close()
+        if stream.feed is not None:
+            stream.feed.broken = True
+            stream.feed.wake()
+        stream.done.set()
+
+    def _serve_reader(self, stream: Stream) -> None:
+        assert stream.capture is not None
+        try:
+            for _ in range(self._ROUND):
+                if not _read_into(stream.fd, stream.capture):
+                    self._close(stream)  # EOF
+                    return
+        except BlockingIOError:
+            pass
+        except OSError as e:
+            log.warning("reading a task's output (fd %d): %s", stream.fd, e)
+            self._close(stream)
+
+    def _serve_writer(self, stream: Stream, events: int) -> None:
+        feed = stream.feed
+        assert feed is not None
+        try:
+            while feed.buffer:
+                n = os.write(stream.fd, feed.buffer)
+                del feed.buffer[:n]
+        except BlockingIOError:
+            pass
+        except (BrokenPipeError, ConnectionResetError):
+            self._close(stream)  # the task closed its stdin: not a failure
+            return
+        except OSError as e:
+            feed.error = e
+            self._close(stream)
+            return
+        if len(feed.buffer) < STDIN_BUFFER:
+            feed.wake()
+        if not feed.buffer:
+            if feed.eof or events & (select.EPOLLERR | select.EPOLLHUP):
+                self._close(stream)
+            else:
+                self._epoll.modify(stream.fd, 0)  # nothing to write: wait for poke()
 
     async def run(self) -> None:
         try:
             with self._scope:
                 while True:
                     await trio.lowlevel.wait_readable(self._epoll.fileno())
-                    for fd, _events in self._epoll.poll(0):
-                        entry = self._streams.get(fd)
-                        if entry is None:
+                    for fd, events in self._epoll.poll(0):
+                        stream = self._streams.get(fd)
+                        if stream is None:
                             continue
-                        try:
-                            for _ in range(self._ROUND):
-                                if not _read_into(fd, entry[0]):
-                                    self._close(fd)  # EOF
-                                    break
-                        except BlockingIOError:
-                            pass
+                        if stream.capture is not None:
+                            self._serve_reader(stream)
+                        else:
+                            self._serve_writer(stream, events)
         finally:
-            for fd in list(self._streams):
-                self._close(fd)
+            for stream in list(self._streams.values()):
+                self._close(stream)
             self._epoll.close()
 
     def stop(self) -> None:

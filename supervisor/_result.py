@@ -3,19 +3,25 @@
 The outcome, the main process's exit, the cleanup of its leaf, the stop (who asked, how far it
 went), the usage and the output are independent facts, so each has its own field; nothing is
 folded into one flag.  A figure the kernel did not offer is ``None``, never 0.  Everything here is
-plain frozen data with ``to_dict()`` for JSON, so the CLI, the daemon and SQLite share one shape.
+plain frozen data; ``TaskResult.to_dict()`` is the documented JSON format (docs/result.md, with a
+JSON Schema in docs/result.schema.json) that ``corral run --json-file``, the daemon and its
+records share.
 """
 
 from __future__ import annotations
 
+import datetime
 import enum
+import errno as _errno
 import signal as _signal
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "SCHEMA_VERSION",
     "Cleanup",
     "Containment",
+    "EscapedProcess",
     "Outcome",
     "ProcessInfo",
     "StopReason",
@@ -23,7 +29,10 @@ __all__ = [
     "StreamOutput",
     "TaskResult",
     "Usage",
+    "signal_name",
 ]
+
+SCHEMA_VERSION = 1
 
 
 class Outcome(enum.StrEnum):
@@ -42,17 +51,40 @@ class Outcome(enum.StrEnum):
 class StopReason(enum.StrEnum):
     """Who asked a task to stop.  The first request fixes it."""
 
-    TIME_LIMIT = "time_limit"
-    CANCEL = "cancel"
-    SHUTDOWN = "shutdown"
+    TIME_LIMIT = "time_limit"  # the supervisor: the task's time limit
+    CANCEL = "cancel"  # the caller: stop(), a cancelled scope, Ctrl-C, Batch.cancel()
+    FAIL_FAST = "fail_fast"  # the supervisor: another task of a fail-fast batch failed
+    SHUTDOWN = "shutdown"  # the supervisor is closing
+
+
+def signal_name(number: int | None) -> str | None:
+    """``"SIGTERM"`` for 15; ``"SIG64"`` for a number Python has no name for."""
+    if number is None:
+        return None
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
-    """A process found in a leaf: enough to say what it was."""
+    """A process found in a leaf: enough to say what it was (``comm`` as it was when seen)."""
 
     pid: int
     comm: str
+
+
+@dataclass(frozen=True, slots=True)
+class EscapedProcess:
+    """A process of the task found outside its leaf: ``cgroup`` is where it had gone (as
+    /proc/PID/cgroup says, relative to corral's cgroup namespace), ``ended`` how it ended:
+    ``"exited"`` on its own, ``"killed"`` by corral through its pidfd, or ``"running"``."""
+
+    pid: int
+    comm: str
+    cgroup: str | None
+    ended: str
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -60,10 +92,11 @@ class Cleanup:
     """What became of the leaf: ``clean`` (empty and removed) or ``incomplete``.
 
     Compares equal to its state string, so ``result.cleanup == "clean"`` reads naturally.
-    ``leftovers`` are the processes still in the leaf when the main process ended (background
-    jobs, setsid escapees); ``leftovers_ended_by`` says how they went: ``"stop signal"`` (they
-    ended within the grace after the stop signal), ``"killed"`` (cgroup.kill at the grace's end)
-    or ``"exited"`` (on their own, before any signal).  ``detail`` says why it is incomplete.
+    ``leftovers`` are the processes the main process left in the leaf (background jobs, setsid
+    escapees, and any that appeared while they were being stopped), named as they were when
+    stopped; ``leftovers_ended_by`` says how they went: ``"stop signal"`` (they ended within the
+    grace after the stop signal), ``"killed"`` (cgroup.kill at the grace's end) or ``"exited"``
+    (on their own, before any signal).  ``detail`` says why it is incomplete.
     """
 
     state: str
@@ -88,19 +121,28 @@ class Cleanup:
 
 @dataclass(frozen=True, slots=True)
 class StopRecord:
-    """The one stop of a task.  Times are seconds since the task started (``None``: not reached).
+    """The one stop of a task.  ``*_after_s``: seconds after the spawn (``None``: never).
 
-    ``level`` is how far it escalated: ``requested`` (the task had already ended, or had not
-    started), ``signalled`` (the stop signal reached the leaf), ``killed`` (cgroup.kill).
+    ``reached`` is how far it went: ``requested`` (the main process had already ended, or
+    never started), ``signalled`` (the stop signal reached the leaf) or ``killed``
+    (cgroup.kill).  ``kill_because`` says why a kill came: ``"grace_expired"``, ``"no_grace"``
+    (grace 0), ``"second_request"`` (the caller asked twice) or ``"force"`` (``stop(force=True)``
+    or a forced shutdown); ``None`` when there was no kill.  ``landed``: the stop reached the
+    main process while it was running (otherwise it had ended on its own first).
     """
 
     reason: StopReason
-    level: str
-    requested_at: float
+    reached: str
     signal: int
-    signalled_at: float | None = None
-    killed_at: float | None = None
-    forced: bool = False  # a second request skipped the rest of the grace
+    requested_after_s: float | None
+    signalled_after_s: float | None = None
+    killed_after_s: float | None = None
+    kill_because: str | None = None
+    landed: bool = False
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal_name(self.signal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +160,11 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class StreamOutput:
-    """One stream: the first ``head`` bytes, the last ``tail`` bytes, and what fell between."""
+    """One stream: the first ``head`` bytes, the last ``tail`` bytes, and what fell between.
+
+    ``mode``: ``"capture"``; ``"inherit"`` (passed through to the supervisor's own fd: nothing
+    kept or counted); ``"tty"`` (stdout holds the pseudo-terminal's output, stderr included).
+    """
 
     head: bytes = b""
     tail: bytes = b""
@@ -126,7 +172,7 @@ class StreamOutput:
     dropped: int = 0
     log_path: str | None = None
     log_truncated: bool = False
-    mode: str = "capture"  # "inherit": passed through, nothing kept or counted
+    mode: str = "capture"
 
     @property
     def data(self) -> bytes:
@@ -136,12 +182,23 @@ class StreamOutput:
 
 @dataclass(frozen=True, slots=True)
 class Containment:
-    """How the task was really contained."""
+    """How the task was really contained.
+
+    ``broken``: a process of the task was found outside its leaf (``escaped``); then the
+    cleanup is ``incomplete`` too, since corral cannot vouch for what such a process started.
+    ``isolation``: what the task had besides its cgroup (user, namespaces, capabilities).
+    """
 
     mode: str  # "cgroup"
     cgroup: str | None = None  # the leaf's path
     spawn_method: str | None = None  # "clone3", "vfork+cgroup.procs"
     controllers: tuple[str, ...] = ()
+    escaped: tuple[EscapedProcess, ...] = ()
+    isolation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.escaped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +209,8 @@ class TaskResult:
     ``exit_code`` is the main process's code when it exited, ``signal`` the signal number when
     a signal ended it (both ``None`` when it never ran).  ``stdout``/``stderr`` are the kept
     bytes; ``output_stdout``/``output_stderr`` hold counts, drops and the log file.
-    Times are wall-clock UNIX timestamps.
+    ``created_at``/``started_at``/``ended_at`` are wall-clock UNIX timestamps; durations
+    (``usage.wall_s``, the stop's ``*_after_s``) come from the monotonic clock.
     """
 
     id: str
@@ -175,7 +233,7 @@ class TaskResult:
     error: str | None = None  # spawn_failed / lost: what went wrong, with errno text
     error_errno: int | None = None
     error_step: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
 
     @property
     def stdout(self) -> bytes:
@@ -187,24 +245,95 @@ class TaskResult:
 
     @property
     def signal_name(self) -> str | None:
-        if self.signal is None:
-            return None
-        try:
-            return _signal.Signals(self.signal).name
-        except ValueError:
-            return f"SIG{self.signal}"
+        return signal_name(self.signal)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: bytes become text (UTF-8, undecodable bytes replaced)."""
-        d = asdict(self)
-        d["cleanup"] = asdict(self.cleanup)
-        for name in ("output_stdout", "output_stderr"):
-            s = d[name]
-            s["head"] = s["head"].decode("utf-8", "replace")
-            s["tail"] = s["tail"].decode("utf-8", "replace")
-        d["argv"] = list(self.argv)
-        d["signal_name"] = self.signal_name
-        d["outcome"] = str(self.outcome)
-        if self.stop is not None:
-            d["stop"]["reason"] = str(self.stop.reason)
-        return d
+        """The documented JSON format (docs/result.md): text is UTF-8 with undecodable bytes
+        replaced; wall-clock times are ISO 8601 UTC strings (``*_at``), durations seconds
+        (``*_s``)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "id": self.id,
+            "name": self.name,
+            "argv": [_text(a) for a in self.argv],
+            "outcome": str(self.outcome),
+            "started": self.started,
+            "exit": {"code": self.exit_code, "signal": self.signal,
+                     "signal_name": self.signal_name},
+            "time_limit_s": self.time_limit,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "ended_at": _iso(self.ended_at),
+            "stop": _stop_dict(self.stop),
+            "cleanup": _cleanup_dict(self.cleanup),
+            "usage": _usage_dict(self.usage),
+            "output": {"stdout": _stream_dict(self.output_stdout),
+                       "stderr": _stream_dict(self.output_stderr)},
+            "containment": _containment_dict(self.containment),
+            "notes": [_text(n) for n in self.notes],
+            "error": _error_dict(self),
+        }
+
+
+def _text(value: str) -> str:
+    """A str that JSON can carry: lone surrogates (undecodable bytes from os.fsdecode) become
+    U+FFFD."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(ts, datetime.UTC)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _stop_dict(stop: StopRecord | None) -> dict[str, Any] | None:
+    if stop is None:
+        return None
+    return {"reason": str(stop.reason), "reached": stop.reached,
+            "requested_after_s": stop.requested_after_s,
+            "signal": stop.signal, "signal_name": stop.signal_name,
+            "signalled_after_s": stop.signalled_after_s, "killed_after_s": stop.killed_after_s,
+            "kill_because": stop.kill_because, "landed": stop.landed}
+
+
+def _process(p: ProcessInfo) -> dict[str, Any]:
+    return {"pid": p.pid, "comm": _text(p.comm)}
+
+
+def _cleanup_dict(c: Cleanup) -> dict[str, Any]:
+    return {"state": c.state, "leftovers": [_process(p) for p in c.leftovers],
+            "leftovers_ended_by": c.leftovers_ended_by,
+            "detail": None if c.detail is None else _text(c.detail)}
+
+
+def _usage_dict(u: Usage) -> dict[str, Any]:
+    return {"wall_s": u.wall_s, "cpu_user_s": u.cpu_user_s, "cpu_system_s": u.cpu_system_s,
+            "cpu_total_s": u.cpu_total_s, "memory_peak_bytes": u.memory_peak,
+            "pids_peak": u.pids_peak, "oom_kills": u.oom_kills}
+
+
+def _stream_dict(s: StreamOutput) -> dict[str, Any]:
+    return {"mode": s.mode, "total_bytes": s.total, "dropped_bytes": s.dropped,
+            "head": s.head.decode("utf-8", "replace"), "tail": s.tail.decode("utf-8", "replace"),
+            "log_path": None if s.log_path is None else _text(s.log_path),
+            "log_truncated": s.log_truncated}
+
+
+def _containment_dict(c: Containment) -> dict[str, Any]:
+    return {"mode": c.mode, "cgroup": None if c.cgroup is None else _text(c.cgroup),
+            "spawn_method": c.spawn_method, "controllers": list(c.controllers),
+            "broken": c.broken,
+            "escaped": [{"pid": e.pid, "comm": _text(e.comm),
+                         "cgroup": None if e.cgroup is None else _text(e.cgroup),
+                         "ended": e.ended} for e in c.escaped],
+            "isolation": dict(c.isolation)}
+
+
+def _error_dict(r: TaskResult) -> dict[str, Any] | None:
+    if r.error is None:
+        return None
+    name = None if r.error_errno is None else _errno.errorcode.get(r.error_errno)
+    return {"message": _text(r.error), "errno": r.error_errno, "errno_name": name,
+            "step": r.error_step}

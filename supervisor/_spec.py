@@ -28,7 +28,8 @@ DEFAULT_HEAD = 16 * 1024
 DEFAULT_TAIL = 48 * 1024
 _MAX_KEEP = 1 << 30
 
-StdinSpec = None | bytes | Literal["inherit"]
+StdinSpec = None | bytes | Literal["inherit", "pipe"]
+REPEAT_FLOOR = 0.1  # stop_signal_repeat below this would busy-loop the supervisor
 OutputMode = Literal["capture", "inherit"]
 
 
@@ -66,9 +67,14 @@ class TaskSpec:
     ``env``: variables to set; added to the supervisor's environment, or the whole environment
     when ``inherit_env=False``.  ``cwd``: working directory (checked as the task's user at
     spawn; a bad one ends the task ``spawn_failed``).  ``stdin``: ``None`` (/dev/null), bytes
-    to feed, or ``"inherit"``.  ``stdout``/``stderr``: ``"capture"`` (head and tail kept,
-    subscribers, log file) or ``"inherit"`` (the supervisor's own fd: live and unbuffered, as
-    ``corral run`` does; nothing is kept).  ``time_limit``: a duration (``"30s"``, ``"5min"``, ``"1h
+    to feed (then end of file), ``"pipe"`` (fed later with ``TaskHandle.write_stdin()``), or
+    ``"inherit"``.  ``tty``: run the task on a new pseudo-terminal (its controlling terminal,
+    as ``systemd-run --pty`` and ``docker run -t`` do): programs that check isatty colour and
+    line-buffer; stdout captures what it prints (stderr included), stdin bytes or
+    ``write_stdin()`` are typed into it; ``tty_size`` is its (rows, columns).
+    ``stdout``/``stderr``: ``"capture"`` (head and tail kept, subscribers, log file) or
+    ``"inherit"`` (the supervisor's own fd: live and unbuffered, as ``corral run`` does;
+    nothing is kept).  ``time_limit``: a duration (``"30s"``, ``"5min"``, ``"1h
     30min"``, or seconds); ``None`` takes the supervisor's default.  ``grace``: how long the
     stop signal has before cgroup.kill (0: kill at once).  ``stop_signal``, repeated every
     ``stop_signal_repeat`` seconds while the task lives, for tools that want to be interrupted
@@ -82,6 +88,8 @@ class TaskSpec:
     inherit_env: bool = True
     cwd: str | None = None
     stdin: StdinSpec = None
+    tty: bool = False
+    tty_size: tuple[int, int] | None = None
     stdout: OutputMode = "capture"
     stderr: OutputMode = "capture"
     time_limit: float | str | None = None
@@ -139,9 +147,10 @@ class TaskSpec:
         stdin: Any = self.stdin
         if isinstance(stdin, bytearray | memoryview):
             set_(self, "stdin", bytes(stdin))
-        elif not (stdin is None or stdin == "inherit" or isinstance(stdin, bytes)):
-            raise SpecError("stdin", f"stdin must be None (/dev/null), bytes to feed, or "
-                                     f"\"inherit\", got {stdin!r}")
+        elif not (stdin is None or stdin in ("inherit", "pipe") or isinstance(stdin, bytes)):
+            raise SpecError("stdin", f"stdin must be None (/dev/null), bytes to feed, \"pipe\" "
+                                     f"(TaskHandle.write_stdin) or \"inherit\", got {stdin!r}")
+        self._check_tty()
 
         for name in ("stdout", "stderr"):
             if getattr(self, name) not in ("capture", "inherit"):
@@ -151,8 +160,13 @@ class TaskSpec:
             set_(self, "time_limit", _duration("time_limit", self.time_limit))
         set_(self, "grace", _duration("grace", self.grace, allow_zero=True))
         if self.stop_signal_repeat is not None:
-            set_(self, "stop_signal_repeat",
-                 _duration("stop_signal_repeat", self.stop_signal_repeat))
+            repeat = _duration("stop_signal_repeat", self.stop_signal_repeat)
+            if repeat < REPEAT_FLOOR:
+                raise SpecError("stop_signal_repeat", (
+                    f"stop_signal_repeat must be at least {REPEAT_FLOOR:g}s (the stop signal at "
+                    f"most ten times a second), got {self.stop_signal_repeat!r}; give e.g. "
+                    f"\"1s\", or leave it unset to send the stop signal once"))
+            set_(self, "stop_signal_repeat", repeat)
         try:
             sig = parse_signal(self.stop_signal, "stop_signal")
         except UnitsError as e:
@@ -174,6 +188,25 @@ class TaskSpec:
         if not isinstance(self.isolation, Isolation):
             raise SpecError("isolation", f"isolation must be a supervisor.Isolation, got "
                                          f"{self.isolation!r}")
+
+    def _check_tty(self) -> None:
+        if not isinstance(self.tty, bool):
+            raise SpecError("tty", f"tty must be True or False, got {self.tty!r}")
+        size: Any = self.tty_size
+        if size is not None:
+            ok = (isinstance(size, tuple | list) and len(size) == 2 and all(
+                isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 65535
+                for n in size))
+            if not ok:
+                raise SpecError("tty_size", f"tty_size must be (rows, columns), each a whole "
+                                            f"number from 1 to 65535, got {size!r}")
+            if not self.tty:
+                raise SpecError("tty_size", "tty_size is for a task with tty=True; set tty=True "
+                                            "or drop tty_size")
+            object.__setattr__(self, "tty_size", (size[0], size[1]))
+        if self.tty and (self.stdin == "inherit" or "inherit" in (self.stdout, self.stderr)):
+            raise SpecError("tty", "a task with tty=True has its own terminal: its stdin and "
+                                   "output cannot also be \"inherit\"; drop one of the two")
 
     @classmethod
     def from_call(cls, argv: Any, kwargs: Mapping[str, Any]) -> TaskSpec:

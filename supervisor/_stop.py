@@ -1,9 +1,15 @@
-"""One stop per task: none -> requested(reason) -> signalled -> killed -> gone, only ever harder.
+"""One stop per task: none -> requested(reason) -> signalled -> killed, only ever harder.
 
-The first request fixes the reason.  A later request never restarts the grace: it escalates
-(skips what is left of the grace and kills now).  A request after the task has ended changes
-nothing and says so (``request`` returns False).  The escalation itself lives in the task runner;
-this module holds the state and the one place that signals a leaf.
+Who asks matters.  The first request fixes the reason.  After that:
+
+- the caller's second request (``handle.stop()`` again, a second ``Batch.cancel()``, a second
+  Ctrl-C) or any ``force=True`` request kills now: the rest of the grace is skipped;
+- a stop the supervisor makes itself (time limit, fail-fast, shutdown) never escalates, and
+  never turns the caller's *first* request into a kill: the caller keeps both requests.
+
+A request after the task has ended changes nothing and says so.  The escalation itself (what is
+sent when) lives in the task's driver (``_drive``); this module holds the state and the one
+place that signals a subtree (``signal_tree``: pidfds only).
 """
 
 from __future__ import annotations
@@ -11,125 +17,155 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from dataclasses import dataclass
 
 import trio
 
 from cgroupfs import Cgroup
 
-from ._result import StopReason, StopRecord
+from ._procfs import read_comm
+from ._result import ProcessInfo, StopReason, StopRecord
 
-__all__ = ["StopState", "signal_leaf"]
+__all__ = ["Signalled", "StopState", "signal_tree"]
 
 log = logging.getLogger(__name__)
-
-LEVELS = ("none", "requested", "signalled", "killed", "gone")
 
 
 class StopState:
     """The stop state of one task.  Times are ``trio.current_time()`` values."""
 
-    __slots__ = ("forced", "killed_at", "landed", "level", "reason", "requested_at", "signal",
-                 "signalled_at", "signalled_leaf", "waker")
+    __slots__ = ("caller_requests", "kill_because", "killed_at", "landed", "level", "reason",
+                 "requested_at", "signal", "signalled_at", "waker")
 
-    def __init__(self) -> None:
+    def __init__(self, stop_signal: int) -> None:
         self.reason: StopReason | None = None
-        self.level = "none"
+        self.level = "none"  # none, requested, signalled, killed, gone
+        self.caller_requests = 0
+        self.kill_because: str | None = None  # set once a kill is due: see StopRecord
         self.requested_at: float | None = None
         self.signalled_at: float | None = None
         self.killed_at: float | None = None
-        self.forced = False
-        self.landed = False  # the stop signal or kill reached the main process while it lived
-        self.signalled_leaf = False  # the stop signal went to the leaf (a stop, or leftovers)
-        self.signal = int(signal.SIGTERM)
-        # the scope the task's driver (or queue) is waiting in: a request cancels it
+        self.landed = False  # the stop signal or the kill reached the main process alive
+        self.signal = stop_signal
+        # the scope the task is waiting in (driver or queue): a request cancels it
         self.waker: trio.CancelScope | None = None
 
-    def request(self, reason: StopReason, *, force: bool = False) -> bool:
-        """Ask for a stop; True when this changed anything.
+    @property
+    def kill_now(self) -> bool:
+        """A kill is due before the grace ends (forced, or the caller asked twice)."""
+        return self.kill_because is not None
 
-        The first call fixes ``reason``; any later call, forced or not, escalates to a kill.
+    def request(self, reason: StopReason, *, by_caller: bool, force: bool = False) -> bool:
+        """Ask for a stop; True when this changed anything: a first request, a kill made due,
+        or the caller's first request after the supervisor's own stop (it arms the next).
+
+        ``by_caller``: the task's user asked (``stop()``, a cancelled scope, Ctrl-C), as
+        opposed to the supervisor's own time limit, fail-fast or shutdown.
         """
-        if self.level == "gone":
-            return False
+        if self.level == "gone" or self.kill_because is not None:
+            return False  # ended, or nothing harder is left to ask for
+        changed = False
         if self.reason is None:
             self.reason = reason
             self.requested_at = trio.current_time()
-            if self.level == "none":
-                self.level = "requested"
-            if force:
-                self._force()
-            self._wake()
-            return True
-        if self.forced:
-            return False
-        self._force()
-        return True
-
-    def _force(self) -> None:
-        self.forced = True  # kill now: skip the rest of the grace
-        self._wake()
-
-    def _wake(self) -> None:
-        if self.waker is not None:
+            self.level = "requested"
+            changed = True
+        if by_caller:
+            self.caller_requests += 1
+            changed = True
+        if force or self.caller_requests >= 2:
+            self.kill_because = "force" if force else "second_request"
+            changed = True
+        if changed and self.waker is not None:
             self.waker.cancel()
+        return changed
 
-    def mark(self, level: str) -> None:
-        """Record that escalation reached ``level`` (never lowers it)."""
-        if LEVELS.index(level) > LEVELS.index(self.level):
-            self.level = level
-            now = trio.current_time()
-            if level == "signalled" and self.signalled_at is None:
-                self.signalled_at = now
-            elif level == "killed" and self.killed_at is None:
-                self.killed_at = now
+    def finish(self) -> None:
+        """The task has ended: later requests change nothing."""
+        self.level = "gone"
 
-    def record(self, t0: float) -> StopRecord | None:
-        """The result's view, times relative to ``t0`` (the task's start)."""
+    def mark(self, level: str, *, main_alive: bool) -> None:
+        """Record that a requested stop reached ``level`` (``signalled`` or ``killed``) now;
+        ``main_alive``: the main process was still running, so the stop landed."""
+        now = trio.current_time()
+        if level == "signalled":
+            self.signalled_at = self.signalled_at or now
+        else:
+            self.killed_at = self.killed_at or now
+            self.kill_because = self.kill_because or "grace_expired"
+        self.level = level
+        self.landed = self.landed or main_alive
+
+    def record(self, t0: float | None) -> StopRecord | None:
+        """The result's view; times in seconds after ``t0`` (the spawn), None if not started."""
         if self.reason is None or self.requested_at is None:
             return None
-        level = ("killed" if self.killed_at is not None else
-                 "signalled" if self.signalled_at is not None else "requested")
 
-        def rel(t: float | None) -> float | None:
-            return None if t is None else max(0.0, round(t - t0, 6))
+        def after(t: float | None) -> float | None:
+            return None if t is None or t0 is None else max(0.0, round(t - t0, 6))
 
-        return StopRecord(reason=self.reason, level=level,
-                          requested_at=rel(self.requested_at) or 0.0, signal=self.signal,
-                          signalled_at=rel(self.signalled_at), killed_at=rel(self.killed_at),
-                          forced=self.forced)
+        reached = ("killed" if self.killed_at is not None else
+                   "signalled" if self.signalled_at is not None else "requested")
+        return StopRecord(reason=self.reason, reached=reached, signal=self.signal,
+                          requested_after_s=after(self.requested_at),
+                          signalled_after_s=after(self.signalled_at),
+                          killed_after_s=after(self.killed_at),
+                          kill_because=self.kill_because if self.killed_at is not None else None,
+                          landed=self.landed)
+
+
+@dataclass(slots=True)
+class Signalled:
+    """One pass of :func:`signal_tree`: the processes listed (named as they were), and whether
+    ``main_pid`` was among them."""
+
+    processes: list[ProcessInfo]
+    main_listed: bool
 
 
 _CHUNK = 128  # pidfds held at once: far below RLIMIT_NOFILE's usual 1024
 
 
-def signal_leaf(leaf: Cgroup, sig: int) -> int:
-    """Send ``sig`` to every process in ``leaf``; returns how many were signalled.
+def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = None,
+                keep: dict[int, int] | None = None) -> Signalled:
+    """Send each of ``signals`` to every process in ``cg`` and its sub-cgroups.
 
-    Never by bare pid: listed pids are opened as pidfds (a chunk at a time), the leaf is listed
-    again, and only pidfds whose pid is still listed get the signal.  A pidfd holds the process
-    it was opened on: if that process died and its pid went to someone else in the meantime,
-    the send reaches the dead one (a no-op), never the newcomer.  Anything that arrives in the
-    leaf meanwhile is caught by the next pass or by cgroup.kill.
+    Never by bare pid: listed pids are opened as pidfds (a chunk at a time), the subtree is
+    listed again, and only pidfds whose pid is still listed get the signals.  A pidfd holds the
+    process it was opened on: if that process died and its pid went to someone else in the
+    meantime, the send reaches the dead one (a no-op), never the newcomer.  Anything that
+    arrives meanwhile is caught by the next pass or by cgroup.kill.  ``keep`` (pid -> pidfd),
+    if given, receives the pidfds of processes not in it yet instead of their being closed (the
+    caller checks later whether they left the tree).
     """
-    pids = leaf.procs()
-    sent = 0
-    for start in range(0, len(pids), _CHUNK):
-        fds: dict[int, int] = {}
+    listed = [pid for pids in cg.procs_tree().values() for pid in pids]
+    found = Signalled([], main_pid is not None and main_pid in listed)
+    for start in range(0, len(listed), _CHUNK):
+        fds = _open_pidfds(listed[start:start + _CHUNK])
         try:
-            for pid in pids[start:start + _CHUNK]:
-                try:
-                    fds[pid] = os.pidfd_open(pid)
-                except ProcessLookupError:
+            still = {pid for pids in cg.procs_tree().values() for pid in pids}
+            for pid, pidfd in list(fds.items()):
+                if pid not in still:
                     continue
-            still = set(leaf.procs())
-            for pid, pidfd in fds.items():
-                if pid in still:
+                found.processes.append(ProcessInfo(pid, read_comm(pid)))
+                for sig in signals:
                     try:
                         signal.pidfd_send_signal(pidfd, sig)
-                        sent += 1
                     except ProcessLookupError:
-                        pass
+                        break
+                if keep is not None and pid not in keep:
+                    keep[pid] = fds.pop(pid)
         finally:
             for pidfd in fds.values():
                 os.close(pidfd)
-    return sent
+    return found
+
+
+def _open_pidfds(pids: list[int]) -> dict[int, int]:
+    fds: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+    return fds

@@ -1,9 +1,16 @@
 """The supervisor: owns a cgroup root, runs tasks in leaves below it, stops them all on exit.
 
-Ownership: the supervisor owns its cgroups (root, ``tasks/``) and the inotify watcher; each
-task's life runs in the caller's task or nursery and owns its leaf, pipes and pidfd.  The
-supervisor keeps a handle on every live task so that closing it can stop them (reason:
-``shutdown``) and wait for their records before it removes its cgroups.
+Ownership: the supervisor owns its root (made for it, locked with flock, see ``placement``),
+its keeper (a tiny process that kills the root if this process dies, ``_keeper``), the inotify
+watcher, the I/O reactor and the spawn guard; it hands each task a
+:class:`~supervisor._task.Runtime` with exactly those and two callbacks.  Each task's life runs
+in the caller's nursery (``start``) or the supervisor's own (``run``) and owns its leaf, pipes
+and pidfd.  The supervisor keeps a handle on every live task so that closing it can stop them
+(reason ``shutdown``) and wait for their records before it removes its root.
+
+Ctrl-C: trio raises KeyboardInterrupt in the main task only, where the caller waits (``run``,
+closing the supervisor), never inside a task's life.  There the first one becomes a graceful
+stop, a second one a kill, and exactly one KeyboardInterrupt goes on once the records exist.
 """
 
 from __future__ import annotations
@@ -17,11 +24,25 @@ from typing import Any
 
 import trio
 
+from cgroupfs import CgroupError
+
 from ._errors import ConfigError, InternalError, SpecError, SupervisorError, first_leaf
-from ._output import OutputReactor
+from ._guard import SpawnGuard
+from ._keeper import Keeper
+from ._output import IoReactor
 from ._result import StopReason, TaskResult
 from ._spec import DEFAULT_GRACE, TaskSpec
-from ._task import QueueSlot, TaskHandle
+from ._task import (
+    Incident,
+    QueueSlot,
+    Runtime,
+    TaskHandle,
+    finish_unstarted,
+    live,
+    make_task,
+    never_ran,
+    request_stop,
+)
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
 from .placement import Placement, check_limits, place_async
@@ -30,19 +51,21 @@ __all__ = ["DEFAULT_GRACE", "Batch", "Supervisor", "open_supervisor"]
 
 log = logging.getLogger(__name__)
 
+
 class Supervisor:
     """Runs tasks; made by :func:`open_supervisor`."""
 
-    def __init__(self, placement: Placement, watcher: CgroupWatcher, reactor: OutputReactor,
-                 default_time_limit: float | None, max_time_limit: float | None,
-                 retain_results: int) -> None:
+    def __init__(self, placement: Placement, watcher: CgroupWatcher, reactor: IoReactor,
+                 guard: SpawnGuard, default_time_limit: float | None,
+                 max_time_limit: float | None, retain_results: int) -> None:
         self._placement = placement
-        self._tasks = placement.tasks
-        self._controllers = placement.controllers
-        self._watcher = watcher
-        self._reactor = reactor
+        self._rt = Runtime(placement.root, placement.controllers, watcher, reactor, guard,
+                           placement.root_view, self._recorded, self._ended)
         self.default_time_limit = default_time_limit
-        self.max_time_limit = max_time_limit
+        # Without an explicit ceiling the default is the ceiling: a caller may shorten its
+        # limit, never extend it, until the operator raises the ceiling.
+        self.max_time_limit = max_time_limit if max_time_limit is not None else \
+            default_time_limit
         self._prefix = secrets.token_hex(3)
         self._counter = 0
         self._live: dict[str, TaskHandle] = {}
@@ -52,50 +75,54 @@ class Supervisor:
 
     @property
     def cgroup_root(self) -> str:
+        """This supervisor's own root: each task's leaf is a directory in it."""
         return self._placement.root.path
 
     @property
     def controllers(self) -> frozenset[str]:
         """Controllers enabled for tasks: which limits work here."""
-        return self._controllers
+        return self._placement.controllers
 
     @property
     def placement_notes(self) -> list[str]:
         return list(self._placement.notes)
+
+    @property
+    def tasks(self) -> list[TaskHandle]:
+        """The tasks not finished yet (queued, starting, running or stopping)."""
+        return list(self._live.values())
 
     # ---- making tasks --------------------------------------------------------------------
 
     def _new_handle(self, spec: TaskSpec) -> TaskHandle:
         return self._register(spec, *self._admit(spec))
 
-    def _admit(self, spec: TaskSpec) -> tuple[float | None, list[str]]:
+    def _admit(self, spec: TaskSpec) -> tuple[float | None, tuple[str, ...]]:
         """Check ``spec`` against this supervisor; its time limit and notes.  Registers
         nothing, so that a batch is refused whole or admitted whole."""
         if self._closing:
             raise SupervisorError("the supervisor is shutting down: no new tasks")
-        check_limits(spec.limits, self._controllers, self._tasks.path)
-        notes: list[str] = []
+        check_limits(spec.limits, self.controllers, self.cgroup_root)
         limit = spec.time_limit_s if spec.time_limit_s is not None else self.default_time_limit
         ceiling = self.max_time_limit
-        if ceiling is not None:
-            if limit is None:
-                limit = ceiling
-                notes.append(f"no time limit given: the {format_duration(ceiling)} ceiling "
-                             f"applies")
-            elif limit > ceiling:
-                notes.append(f"time limit {format_duration(limit)} capped to the "
-                             f"{format_duration(ceiling)} ceiling")
-                limit = ceiling
-        return limit, notes
+        if ceiling is None:
+            return limit, ()
+        if limit is None:
+            return ceiling, (f"no time limit given: the {format_duration(ceiling)} ceiling "
+                             f"applies",)
+        if limit > ceiling:
+            return ceiling, (f"time limit {format_duration(limit)} capped to the "
+                             f"{format_duration(ceiling)} ceiling",)
+        return limit, ()
 
-    def _register(self, spec: TaskSpec, limit: float | None, notes: list[str]) -> TaskHandle:
+    def _register(self, spec: TaskSpec, limit: float | None,
+                  notes: tuple[str, ...]) -> TaskHandle:
         self._counter += 1
-        task_id = f"{self._prefix}-{self._counter}"
-        handle = TaskHandle(self, task_id, spec, limit, notes)
-        self._live[task_id] = handle
+        handle = make_task(self._rt, f"{self._prefix}-{self._counter}", spec, limit, notes)
+        self._live[handle.id] = handle
         return handle
 
-    def _forget(self, handle: TaskHandle) -> None:
+    def _ended(self, handle: TaskHandle) -> None:
         self._live.pop(handle.id, None)
 
     def _recorded(self, result: TaskResult) -> None:
@@ -113,20 +140,32 @@ class Supervisor:
 
         Cancellation: if the caller's scope is cancelled, the task is stopped gracefully (stop
         signal, grace, then cgroup.kill); ``run`` waits, shielded, for its cleanup and final
-        record, which is then the newest entry of ``supervisor.results``, and only then lets
-        ``Cancelled`` through.
+        record, which is then in ``supervisor.results``, and only then lets ``Cancelled``
+        through.  Ctrl-C (in trio's main task): the first stops the task gracefully, a second
+        kills it now; one KeyboardInterrupt is raised once the record exists.
         """
         handle = self._new_handle(TaskSpec.from_call(argv, options))
-        # The life runs in a task of its own: trio delivers Ctrl-C (KeyboardInterrupt) to the
-        # main task, which may be this one, whatever shields are up.  Here it lands on the
-        # wait below, and the life sees it as a cancellation: graceful stop, one record, then
-        # the KeyboardInterrupt continues.
+        interrupt: KeyboardInterrupt | None = None
+        cancelled: trio.Cancelled | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(handle._live)
-                return await handle.wait()
+                nursery.start_soon(live, handle)
+                while handle.result is None:
+                    try:
+                        with trio.CancelScope(shield=cancelled is not None):
+                            await handle.wait()
+                    except KeyboardInterrupt as exc:
+                        interrupt = interrupt or exc
+                        handle.stop()  # the first asks gracefully, the second kills now
+                    except trio.Cancelled as exc:
+                        cancelled = exc  # the life sees it too: its graceful stop
         except BaseExceptionGroup as group:
             raise _unwrapped(group) from None
+        if interrupt is not None:
+            raise interrupt
+        if cancelled is not None:
+            raise cancelled
+        return handle.result
 
     def start(self, argv: Sequence[str] | TaskSpec, *,
               task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
@@ -142,16 +181,17 @@ class Supervisor:
         coroutine frame less: a supervisor may hold thousands.)
         """
         handle = self._new_handle(TaskSpec.from_call(argv, options))
-        return handle._live(task_status)
+        return live(handle, task_status)
 
     async def run_batch(self, specs: Iterable[TaskSpec], max_concurrency: int = 4,
                         fail_fast: bool = False) -> list[TaskResult]:
         """Run ``specs`` at most ``max_concurrency`` at a time; results in the given order.
 
         Every spec is checked before any task starts.  With ``fail_fast``, the first task that
-        does not succeed cancels the batch.  Cancelling the caller's scope cancels the batch:
-        queued tasks end ``cancelled`` without starting, running ones are stopped gracefully.
-        To be able to cancel twice (the second cancel kills now), use :meth:`start_batch`.
+        does not succeed stops the others (reason ``fail_fast``; queued ones never start).
+        Cancelling the caller's scope cancels the batch: queued tasks end ``cancelled``
+        without starting, running ones are stopped gracefully.  To be able to cancel twice
+        (the second cancel kills now), use :meth:`start_batch`.
         """
         batch = self._new_batch(specs, max_concurrency)
         async with trio.open_nursery() as nursery:
@@ -190,46 +230,91 @@ class Supervisor:
             for handle in batch.handles:
                 slot = QueueSlot(limiter, after, trio.Event())
                 after = slot.turn
-                nursery.start_soon(batch._one, handle, slot, fail_fast)
+                nursery.start_soon(batch.run_one, handle, slot, fail_fast)
             task_status.started(batch)
 
     def stop_all(self, *, force: bool = False, reason: StopReason = StopReason.CANCEL) -> int:
-        """Ask every live task to stop; returns how many requests changed something."""
-        return sum(h._request(reason, force) for h in list(self._live.values()))
+        """Ask every live task to stop; returns how many requests changed something.
+
+        ``reason=CANCEL`` (the default) asks as the caller: a second call kills.  ``SHUTDOWN``
+        is the supervisor's own stop (a daemon draining): graceful, and it never turns a
+        caller's first request into a kill; ``force=True`` kills now whatever the reason.
+        """
+        by_caller = reason == StopReason.CANCEL
+        return sum(request_stop(h, reason, by_caller=by_caller, force=force)
+                   for h in list(self._live.values()))
 
     async def _shutdown(self) -> None:
+        """Stop every live task (reason ``shutdown``: the supervisor's own, graceful) and wait
+        for their records.  Ctrl-C meanwhile kills them all now; it is raised at the end."""
         self._closing = True
-        self.stop_all(reason=StopReason.SHUTDOWN)
         for handle in list(self._live.values()):
-            if not handle._began:
+            request_stop(handle, StopReason.SHUTDOWN, by_caller=False)
+        interrupt: KeyboardInterrupt | None = None
+        for handle in list(self._live.values()):
+            if never_ran(handle):
                 # start()'s coroutine was made but never run (dropped by its caller): nothing
                 # was created, and nothing else will ever end it
-                handle._finish_unstarted()
-                self._forget(handle)
-            await handle._done.wait()
+                finish_unstarted(handle)
+                self._ended(handle)
+                continue
+            while handle.result is None:
+                try:
+                    await handle.wait()
+                except KeyboardInterrupt as exc:
+                    interrupt = interrupt or exc
+                    for h in list(self._live.values()):
+                        request_stop(h, StopReason.SHUTDOWN, by_caller=False, force=True)
+        if interrupt is not None:
+            raise interrupt
+
+    async def _guard_root(self) -> None:
+        """A task with write access to our cgroups may freeze our root: thaw it at once (our
+        own freeze only; an ancestor's is noted and waited out), and say so in the records of
+        the tasks running meanwhile.  Runs until cancelled."""
+        root, watcher = self._placement.root, self._rt.watcher
+        while True:
+            await watcher.wait_until(root, lambda ev: ev.frozen)
+            try:
+                own = root.read_file("cgroup.freeze").strip() == "1"
+                if own:
+                    root.write_file("cgroup.freeze", "0")
+            except CgroupError as e:
+                log.warning("checking our root %s for a freeze: %s", root.path, e)
+                return
+            if own:
+                text = (f"corral's root {root.path} was frozen (someone wrote 1 to its "
+                        f"cgroup.freeze: a task with write access to corral's cgroups?) while "
+                        f"this task ran; corral thawed it")
+            else:
+                text = (f"corral's root {root.path} was frozen by an ancestor cgroup outside "
+                        f"corral's control while this task ran")
+                await watcher.wait_until(root, lambda ev: not ev.frozen)
+            log.warning("%s", text)
+            self._rt.incidents.append(Incident(trio.current_time(), text))
+            del self._rt.incidents[:-100]  # bounded: the newest hundred
 
 
 class Batch:
     """A batch of tasks.  ``cancel()`` once: queued tasks never start, running ones stop
-    gracefully; ``cancel()`` again: every running one is killed now."""
+    gracefully; ``cancel()`` again: every running one is killed now.  A fail-fast stop is the
+    batch's own: it never counts as the caller's first cancel."""
 
     def __init__(self, handles: list[TaskHandle]) -> None:
         self.handles = handles
-        self._cancels = 0
         self._failed_fast = False
 
     def cancel(self) -> None:
-        self._cancels += 1
         for h in self.handles:
-            h._request(StopReason.CANCEL, force=self._cancels > 1)
+            h.stop()
 
-    async def _one(self, handle: TaskHandle, slot: QueueSlot, fail_fast: bool) -> None:
-        result = await handle._live(slot=slot)
+    async def run_one(self, handle: TaskHandle, slot: QueueSlot, fail_fast: bool) -> None:
+        """One task's life in the batch (the batch's nursery runs this)."""
+        result = await live(handle, slot=slot)
         if fail_fast and result.outcome != "succeeded" and not self._failed_fast:
-            # the batch's own graceful cancel: it does not count as the user's first
             self._failed_fast = True
             for h in self.handles:
-                h._request(StopReason.CANCEL)
+                request_stop(h, StopReason.FAIL_FAST, by_caller=False)
 
     async def wait(self) -> list[TaskResult]:
         return [await h.wait() for h in self.handles]
@@ -263,13 +348,14 @@ def _config_duration(name: str, value: Any) -> float | None:
 async def open_supervisor(cgroup_root: str | None = None, default_time_limit: Any = None,
                           max_time_limit: Any = None, *,
                           retain_results: int = 1000) -> AsyncIterator[Supervisor]:
-    """Open a supervisor: find and prepare its cgroup root, yield it, clean up on exit.
+    """Open a supervisor: find a base, make its own root there, yield it, clean up on exit.
 
-    ``cgroup_root``: a cgroup v2 directory to use (default: discovered, see DESIGN.md).
-    ``default_time_limit`` applies to tasks that give none; ``max_time_limit`` caps every task
-    (a larger limit is capped, and the result's notes say so).  A ceiling below the default is
-    refused here.  On exit every task still live is stopped (reason ``shutdown``: stop signal,
-    grace, kill), their records are awaited, and the supervisor's cgroups are removed.
+    ``cgroup_root``: a cgroup v2 directory to make our root in (default: discovered, see
+    DESIGN.md).  ``default_time_limit`` applies to tasks that give none; ``max_time_limit``
+    caps every task (a larger limit is capped, and the result's notes say so); without it, the
+    default is the ceiling.  A ceiling below the default is refused here.  On exit every task
+    still live is stopped (reason ``shutdown``: stop signal, grace, kill), their records are
+    awaited, and the root is removed.
     """
     default = _config_duration("default_time_limit", default_time_limit)
     ceiling = _config_duration("max_time_limit", max_time_limit)
@@ -279,27 +365,36 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
             f"({format_duration(default)}): every task would be capped at once; raise the "
             f"ceiling or lower the default")
     placement = await place_async(cgroup_root)
+    guard = SpawnGuard(placement.root)
+    keeper: Keeper | None = None
     try:
-        watcher = CgroupWatcher()
-        reactor = OutputReactor()
+        # Armed before any task exists: if this process dies, the keeper kills the root.
+        keeper = Keeper.start(placement.root)
+        guard.start()
+        watcher, reactor = CgroupWatcher(), IoReactor()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watcher.run)
                 nursery.start_soon(reactor.run)
-                sup = Supervisor(placement, watcher, reactor, default, ceiling,
+                sup = Supervisor(placement, watcher, reactor, guard, default, ceiling,
                                  retain_results)
+                nursery.start_soon(sup._guard_root)
                 try:
                     yield sup
                 finally:
                     with trio.CancelScope(shield=True):
                         await sup._shutdown()
+                    nursery.cancel_scope.cancel()
                     watcher.stop()
                     reactor.stop()
         except BaseExceptionGroup as group:
-            # The nursery is ours (it only runs the watcher): what the caller's block raised
+            # The nursery is ours (it only runs our helpers): what the caller's block raised
             # comes back as itself, not wrapped in a group of ours.
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
             raise
     finally:
+        guard.close()
         placement.close()
+        if keeper is not None:
+            keeper.close()

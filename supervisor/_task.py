@@ -1,73 +1,92 @@
 """A task's life: queued -> starting -> running -> stopping -> finished, one final record.
 
-:class:`TaskHandle` is what users hold; :meth:`TaskHandle._live` runs the life itself, in the
-caller's task (``run``) or in the caller's nursery (``start``).  Its order of operations:
+:class:`TaskHandle` is what users hold; :func:`live` runs the life itself, in a task of the
+caller's nursery (``start``) or of the supervisor's own (``run``), never in trio's main task, so
+a Ctrl-C (KeyboardInterrupt) never lands inside it.  Its steps:
 
-1. A stop requested before the spawn means the task never starts (``cancelled``, not started).
-2. The leaf is made and its limits written before the spawn; the child is born in it.
-3. Running: both pipes are read by the supervisor's output reactor, the main process is
-   awaited on its pidfd, the time limit and
-   any stop request drive the escalation (signal every process in the leaf, grace, cgroup.kill).
-4. The main process's exit ends the command; what it left in the leaf is stopped the same way.
-5. Once the leaf is empty (inotify, not EOF), the output gets a short drain deadline, usage is
-   read, the leaf removed, and the result recorded: exactly once, whatever happened.
+1. ``_queue``: a batch's place in line; a stop requested meanwhile means it never starts.
+2. ``_start`` (synchronous: no checkpoint between the leaf and the spawn): make the leaf,
+   write its limits, plumb its stdio, spawn the child straight into the leaf.  Everything
+   opened on the way is handed over only once the spawn succeeded; a failure undoes it all
+   and records ``spawn_failed``.
+3. ``Driver.run``: the main process, the time limit and stop requests, as named states
+   (``_drive.py``), until the main process has exited and the leaf is empty.
+4. ``_finish``: end of output (short drain deadline), usage, the leaf removed, the record.
 
-Cancellation: everything from the spawn on runs in a shielded scope.  A sibling task notices the
-caller's cancellation and turns it into a graceful stop request; the shielded part finishes the
-cleanup (still escalating on a second request), records the result, and only then does the
-caller's ``Cancelled`` continue on its way.
+Exactly one record per task, whatever happens: a bug of ours after the spawn still kills the
+leaf and records ``lost`` before it is raised as InternalError.
+
+Cancellation: the caller's cancellation is a graceful stop request; the waits after it are
+shielded, and the ``Cancelled`` goes on its way once the record exists.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import math
 import os
+import struct
+import termios
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import trio
 
-from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
+from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupNotFound, CgroupStats
 
-from ._errors import InternalError, first_leaf
-from ._output import StreamCapture, enlarge_pipe
+from ._drive import Driver
+from ._errors import InternalError, SpecError
+from ._guard import SpawnGuard
+from ._output import IoReactor, StdinFeed, Stream, StreamCapture, enlarge_pipe
 from ._result import (
     Cleanup,
     Containment,
     Outcome,
-    ProcessInfo,
     StopReason,
+    StreamOutput,
     TaskResult,
     Usage,
 )
-from ._spawn import Spawned, SpawnError, spawn
+from ._spawn import Spawned, spawn
 from ._spec import TaskSpec
-from ._stop import StopState, signal_leaf
+from ._stop import StopState
+from ._watch import CgroupWatcher
 
-if TYPE_CHECKING:
-    from ._supervisor import Supervisor
-
-__all__ = ["QueueSlot", "TaskHandle"]
+__all__ = ["Incident", "QueueSlot", "Runtime", "TaskHandle", "finish_unstarted", "live",
+           "make_task", "never_ran", "request_stop"]
 
 log = logging.getLogger(__name__)
 
 DRAIN_DEADLINE = 0.25  # after the leaf is empty: how long a pipe held outside it may delay us
-KILL_TIMEOUT = 30.0  # after cgroup.kill: how long before we call the cleanup incomplete
+REMOVE_DEADLINE = 1.0  # rmdir may answer EBUSY for a moment after populated 0
+_EMPTY_OUTPUT = StreamOutput()
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """Something done to the supervisor's own cgroups while tasks ran (e.g. a freeze)."""
+
+    at: float  # trio time
+    text: str
 
 
 @dataclass(slots=True)
-class _Drive:
-    """What the driver found: the main process's status, leftovers, pending interruption."""
+class Runtime:
+    """What a task's life needs of its supervisor, and nothing more."""
 
-    status: os.waitid_result | None = None
-    exited_at: float = 0.0
-    leftovers: list[ProcessInfo] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    pending: BaseException | None = None
+    root: Cgroup  # leaves go here
+    controllers: frozenset[str]
+    watcher: CgroupWatcher
+    reactor: IoReactor
+    guard: SpawnGuard
+    root_view: str | None  # the root as /proc/PID/cgroup shows it (None: unknown)
+    on_record: Callable[[TaskResult], None]
+    on_end: Callable[[TaskHandle], None]
+    incidents: list[Incident] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,57 +98,66 @@ class QueueSlot:
     turn: trio.Event
 
 
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
+class _Io:
+    """A running task's stdio on our side: its streams, its stdin feed, its terminal.
+
+    Between the plumbing and the spawn, ``readers`` and ``feed_fd`` hold our ends; once the
+    child runs they are handed to the reactor, which owns them from then on (``streams``,
+    ``feed_stream``)."""
+
+    __slots__ = ("feed", "feed_fd", "feed_stream", "master", "readers", "streams")
+
+    def __init__(self) -> None:
+        self.readers: list[tuple[int, StreamCapture]] = []
+        self.feed_fd = -1
+        self.streams: list[Stream] = []
+        self.feed: StdinFeed | None = None
+        self.feed_stream: Stream | None = None
+        self.master: int | None = None  # the pseudo-terminal (tty=True), for resize()
 
 
 class TaskHandle:
     """A task started by a supervisor.
 
     ``id`` is never reused; ``pid`` is the main process's pid once it runs (for display: every
-    signal goes through pidfds).  ``stop()`` asks for a graceful stop and ``stop(force=True)``
-    a kill; ``wait()`` returns the final :class:`TaskResult`, the same one every time.
+    signal goes through pidfds); ``cgroup`` the leaf's path once it exists.  ``stop()`` asks
+    for a graceful stop and ``stop(force=True)`` a kill; ``wait()`` returns the final
+    :class:`TaskResult`, the same one every time.
     """
 
-    __slots__ = ("_began", "_captures", "_created_at", "_done", "_killed_leftovers", "_notes",
-                 "_result", "_stop", "_sup", "id", "pid", "spec", "state", "time_limit")
+    __slots__ = ("_began", "_created_at", "_done", "_io", "_notes", "_result", "_rt", "_stderr",
+                 "_stdout", "_stop", "cgroup", "id", "pid", "spec", "state", "time_limit")
 
-    def __init__(self, sup: Supervisor, task_id: str, spec: TaskSpec, time_limit: float | None,
-                 notes: list[str]) -> None:
-        self._sup = sup
+    def __init__(self, rt: Runtime, task_id: str, spec: TaskSpec, time_limit: float | None,
+                 notes: tuple[str, ...]) -> None:
+        self._rt = rt
         self.id = task_id
         self.spec = spec
         self.time_limit = time_limit
         self.pid: int | None = None
+        self.cgroup: str | None = None
         self.state = "queued"
-        self._notes = tuple(notes)  # () for most: shared, costs nothing per task
-        self._stop = StopState()
-        self._stop.signal = int(spec.stop_signal)
+        self._notes = notes  # () for most: shared, costs nothing per task
+        self._stop = StopState(int(spec.stop_signal))
         self._done = trio.Event()
         self._result: TaskResult | None = None
         self._created_at = time.time()
-        self._captures: dict[str, StreamCapture] = {}
-        self._killed_leftovers = False
+        self._stdout: StreamCapture | None = None
+        self._stderr: StreamCapture | None = None
+        self._io: _Io | None = None
         self._began = False  # the life has run (start() hands out a coroutine that might not)
 
     def __repr__(self) -> str:
         return f"<TaskHandle {self.id} {self.state} pid={self.pid} argv={list(self.spec.argv)}>"
 
-    # ---- what users call -------------------------------------------------------------------
-
     def stop(self, *, force: bool = False) -> bool:
         """Ask the task to stop: gracefully, or with ``force=True`` kill now.
 
-        A second request escalates (skips the rest of the grace).  On a task that has already
-        ended this is a no-op; the return value says whether anything changed.
+        A second call kills now (skips the rest of the grace), also after a stop the
+        supervisor made itself (time limit, shutdown).  On a task that has already ended this
+        is a no-op; the return value says whether the request changed anything.
         """
-        if self._result is not None:
-            return False
-        return self._stop.request(StopReason.CANCEL, force=force)
+        return request_stop(self, StopReason.CANCEL, by_caller=True, force=force)
 
     async def wait(self) -> TaskResult:
         """Wait for the final record (returns at once once there is one)."""
@@ -142,6 +170,24 @@ class TaskHandle:
         """The final record, or ``None`` while the task is not finished."""
         return self._result
 
+    @property
+    def stop_requested(self) -> StopReason | None:
+        """Why the task is being stopped (the first request's reason), or None."""
+        return self._stop.reason
+
+    @property
+    def stop_level(self) -> str:
+        """How far its stop has gone: ``none``, ``requested``, ``signalled``, ``killed``, or
+        ``gone`` once the task has ended."""
+        return self._stop.level
+
+    def output(self, stream: str = "stdout") -> StreamOutput:
+        """What is kept of ``stream`` so far (head, tail, counts); empty before the spawn."""
+        if stream not in ("stdout", "stderr"):
+            raise ValueError(f"stream must be \"stdout\" or \"stderr\", got {stream!r}")
+        cap = self._stdout if stream == "stdout" else self._stderr
+        return _EMPTY_OUTPUT if cap is None else cap.result()
+
     def subscribe(self, stream: str = "stdout") -> trio.MemoryReceiveChannel[bytes]:
         """``stream`` as kept so far (head, then tail), then live; the channel closes at the
         end of output.  A subscriber that falls behind misses chunks (counted) rather than
@@ -149,474 +195,454 @@ class TaskHandle:
         """
         if stream not in ("stdout", "stderr"):
             raise ValueError(f"stream must be \"stdout\" or \"stderr\", got {stream!r}")
-        cap = self._captures.get(stream)
+        cap = self._stdout if stream == "stdout" else self._stderr
         if cap is None:
             send, recv = trio.open_memory_channel[bytes](0)
             send.close()  # nothing to stream (not started, or never will be)
             return recv
         return cap.subscribe()
 
-    # ---- the life ----------------------------------------------------------------------------
+    async def write_stdin(self, data: bytes) -> None:
+        """Queue ``data`` for the task's stdin (``stdin="pipe"``, or a ``tty`` task); waits
+        while more than a MiB is queued.  BrokenPipeError once the task's stdin is closed (it
+        closed it, it ended, or :meth:`close_stdin` was called)."""
+        feed, stream = self._feed()
+        while True:
+            if feed.broken or feed.eof:
+                raise BrokenPipeError(errno.EPIPE, f"task {self.id}: its stdin is closed")
+            if len(feed.buffer) < (1 << 20):
+                break
+            feed.space = feed.space or trio.Event()
+            await feed.space.wait()
+        feed.buffer += data
+        self._rt.reactor.poke(stream)
+        await trio.lowlevel.checkpoint()
 
-    def _request(self, reason: StopReason, force: bool = False) -> bool:
-        if self._result is not None:
-            return False
-        return self._stop.request(reason, force=force)
+    def close_stdin(self) -> None:
+        """End of input: what is queued is written, then the pipe is closed (a ``tty`` task
+        gets its terminal's end-of-file character instead).  Idempotent."""
+        feed, stream = self._feed()
+        if feed.eof or feed.broken:
+            return
+        if self.spec.tty:
+            feed.buffer += b"\x04"  # VEOF: the terminal ends the line discipline's input
+        else:
+            feed.eof = True
+        self._rt.reactor.poke(stream)
 
-    async def _live(self, task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
-                    *, slot: QueueSlot | None = None) -> TaskResult:
-        """The whole life, in the caller's task.  Nothing here is shielded wholesale: each
-        wait handles the caller's cancellation (and Ctrl-C, which trio delivers to the main
-        task whatever the shields) itself, turning it into a stop request; the final record is
-        written before either continues on its way."""
-        self._began = True
+    def resize(self, rows: int, columns: int) -> None:
+        """Set the size of a ``tty`` task's terminal (the task gets SIGWINCH)."""
+        io = self._io
+        if not self.spec.tty:
+            raise SpecError("tty", f"task {self.id} has no terminal: resize() is for tty=True")
+        if io is None or io.master is None:
+            return  # not started yet, or ended
+        fcntl.ioctl(io.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
+    def _feed(self) -> tuple[StdinFeed, Stream]:
+        if self.spec.stdin != "pipe" and not self.spec.tty:
+            raise SpecError("stdin", f"task {self.id} was not started with stdin=\"pipe\" (or "
+                                     f"tty=True): its stdin cannot be written")
+        io = self._io
+        if io is None or io.feed is None or io.feed_stream is None:
+            raise BrokenPipeError(errno.EPIPE, f"task {self.id}: it is not running")
+        return io.feed, io.feed_stream
+
+
+def make_task(rt: Runtime, task_id: str, spec: TaskSpec, time_limit: float | None,
+              notes: tuple[str, ...]) -> TaskHandle:
+    """A queued task; nothing exists for it yet."""
+    return TaskHandle(rt, task_id, spec, time_limit, notes)
+
+
+def never_ran(task: TaskHandle) -> bool:
+    """``start()`` made the task but its life never ran (the coroutine was dropped)."""
+    return not task._began
+
+
+def request_stop(task: TaskHandle, reason: StopReason, *, by_caller: bool,
+                 force: bool = False) -> bool:
+    """A stop request (see ``_stop.StopState.request``); False for a task already ended."""
+    if task._result is not None:
+        return False
+    return task._stop.request(reason, by_caller=by_caller, force=force)
+
+
+def finish_unstarted(task: TaskHandle) -> TaskResult:
+    """Record a task that never started: it was stopped (or its life never ran) first."""
+    reason = task._stop.reason or StopReason.CANCEL
+    task._stop.finish()
+    return _record(task, Outcome.CANCELLED, started=False,
+                   notes=[f"stopped before it started ({reason})"])
+
+
+async def live(task: TaskHandle,
+               task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED, *,
+               slot: QueueSlot | None = None) -> TaskResult:
+    """The whole life: queue, start, drive, finish; hands ``task`` to ``task_status`` once it
+    runs (or once it is known that it never will)."""
+    task._began = True
+    try:
         if trio.current_effective_deadline() == -math.inf:
             # called in an already cancelled scope: the stop comes before the spawn
-            self._request(StopReason.CANCEL)
-        try:
-            acquired = False
-            if slot is not None:
-                try:
-                    acquired = await self._wait_turn(slot)
-                except BaseException:  # the caller's cancellation, Ctrl-C: never started
-                    slot.turn.set()
-                    self._request(StopReason.CANCEL)
-                    task_status.started(self)
-                    self._finish_unstarted()
-                    raise
-                slot.turn.set()  # admitted or given up: the next in line may queue now
-                if not acquired or self._stop.reason is not None:
-                    if acquired:
-                        slot.limiter.release_on_behalf_of(self)
-                    task_status.started(self)
-                    return self._finish_unstarted()
+            request_stop(task, StopReason.CANCEL, by_caller=True)
+        if slot is not None:
+            admitted = await _queue(task, slot, task_status)
+            if not admitted:
+                task_status.started(task)
+                return finish_unstarted(task)
             try:
-                return await self._run(task_status)
+                return await _run(task, task_status)
             finally:
-                if acquired:
-                    assert slot is not None
-                    slot.limiter.release_on_behalf_of(self)
-        finally:
-            self._sup._forget(self)
+                slot.limiter.release_on_behalf_of(task)
+        return await _run(task, task_status)
+    finally:
+        task._rt.on_end(task)
 
-    async def _wait_turn(self, slot: QueueSlot) -> bool:
-        """Queue for a place; False when a stop request came first."""
+
+async def _queue(task: TaskHandle, slot: QueueSlot,
+                 task_status: trio.TaskStatus[TaskHandle]) -> bool:
+    """Wait for a place (FIFO after ``slot.after``, then the limiter); False when a stop
+    request came first.  The caller's cancellation: never started, recorded, re-raised."""
+    stop = task._stop
+    try:
         with trio.CancelScope() as scope:
-            self._stop.waker = scope  # a stop request cancels the wait
-            if self._stop.reason is None:
+            stop.waker = scope  # a stop request cancels the wait
+            if stop.reason is None:
                 if slot.after is not None:
                     await slot.after.wait()
-                await slot.limiter.acquire_on_behalf_of(self)
-                self._stop.waker = None
-                return True
-        self._stop.waker = None
+                await slot.limiter.acquire_on_behalf_of(task)
+                if stop.reason is None:
+                    return True
+                slot.limiter.release_on_behalf_of(task)
         return False
-
-    def _finish_unstarted(self) -> TaskResult:
-        reason = self._stop.reason or StopReason.CANCEL
-        self._stop.mark("gone")
-        return self._record(Outcome.CANCELLED, started=False, notes=[
-            f"stopped before it started ({reason})"])
-
-    async def _run(self, task_status: trio.TaskStatus[TaskHandle]) -> TaskResult:
-        sup = self._sup
-        spec = self.spec
-        if self._stop.reason is not None:
-            task_status.started(self)
-            return self._finish_unstarted()
-        self.state = "starting"
-        try:
-            leaf = sup._tasks.make_child(self.id)
-        except CgroupError as e:
-            task_status.started(self)
-            return self._record(Outcome.SPAWN_FAILED, started=False, error=e, step="cgroup")
-        fds: list[int] = []
-        try:
-            if not spec.limits.is_empty():
-                leaf.set_limits(spec.limits)
-            spawned, pipes = self._spawn(leaf, fds)
-        except Exception as e:
-            # Nothing runs: close what we opened (the captures' log fds are among ``fds``),
-            # end the streams for any subscriber, remove the leaf, record.
-            for fd in fds:
-                os.close(fd)
-            for cap in self._captures.values():
-                cap.log_fd = None
-                cap.close()
-            cleanup = self._remove_leaf(leaf)
-            task_status.started(self)
-            step = getattr(e, "step", "cgroup" if isinstance(e, CgroupError) else "prepare")
-            result = self._record(Outcome.SPAWN_FAILED, started=False, error=e, step=step,
-                                  cleanup=cleanup)
-            if not isinstance(e, SpawnError | CgroupError | OSError):
-                raise InternalError(f"task {self.id}: preparing the spawn failed: {e!r}") from e
-            return result
-
-        t0 = trio.current_time()
-        started_at = time.time()
-        self.pid = spawned.pid
-        self.state = "running"
-        task_status.started(self)
-        try:
-            return await self._supervise(leaf, spawned, pipes, t0, started_at)
-        except Exception as group:
-            cause = first_leaf(group)
-            # A bug or an OS failure nobody planned for: the task still ends with its one
-            # record, and nothing it started is left running.
-            log.exception("task %s: supervising failed", self.id)
-            cleanup = self._kill_and_remove(leaf, f"supervision failed: {cause!r}")
-            if self._result is None:
-                self._record(Outcome.LOST, started=True, error=cause, step="supervise",
-                             cleanup=cleanup, started_at=started_at,
-                             notes=["corral hit an internal error while supervising this task"])
-            raise InternalError(f"task {self.id}: supervising failed: {cause!r}") from group
-        finally:
-            trio.lowlevel.notify_closing(spawned.pidfd)
-            os.close(spawned.pidfd)
-
-    def _kill_and_remove(self, leaf: Cgroup, why: str) -> Cleanup:
-        problems = [why]
-        try:
-            if leaf.is_populated():
-                leaf.kill()
-                if not leaf.wait_unpopulated(5.0):  # blocks: a bug's path, not a normal one
-                    problems.append("the leaf did not empty after cgroup.kill")
-        except CgroupError as e:
-            problems.append(str(e))
-        return self._remove_leaf(leaf, problems=problems)
-
-    def _spawn(self, leaf: Cgroup, fds: list[int]) -> tuple[Spawned, dict[str, int]]:
-        spec = self.spec
-        pipes: dict[str, int] = {}
-        child_ends: list[int] = []
-        for name, inherited_fd in (("stdout", 1), ("stderr", 2)):
-            if getattr(spec, name) == "inherit":
-                child_ends.append(inherited_fd)
-                self._captures[name] = StreamCapture(0, 0, mode="inherit")
-                self._captures[name].close()
-                continue
-            r, w = os.pipe2(os.O_CLOEXEC)
-            fds += [r, w]
-            os.set_blocking(r, False)
-            enlarge_pipe(r)
-            pipes[name] = r
-            child_ends.append(w)
-            log_path = None
-            log_fd = None
-            if spec.log_file is not None:
-                log_path = spec.log_file if name == "stdout" else f"{spec.log_file}.stderr"
-                log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                                 0o640)
-                fds.append(log_fd)
-            self._captures[name] = StreamCapture(
-                spec.output_head, spec.output_tail, log_fd=log_fd,
-                log_limit=spec.log_max_bytes, log_path=log_path)
-        if spec.stdin == "inherit":
-            stdin_fd = 0
-        elif isinstance(spec.stdin, bytes):
-            r, w = os.pipe2(os.O_CLOEXEC)
-            fds += [r, w]
-            os.set_blocking(w, False)
-            stdin_fd = r
-            pipes["stdin"] = w
-        else:
-            stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            fds.append(stdin_fd)
-        with spec.isolation.prepare() as options:
-            spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd,
-                            stdin=stdin_fd, stdout=child_ends[0], stderr=child_ends[1],
-                            cwd=spec.cwd, **options)
-        # the child has its copies: ours of the child's ends must go, or EOF never comes
-        keep = set(pipes.values()) | {c.log_fd for c in self._captures.values()}
-        for fd in fds:
-            if fd not in keep:
-                os.close(fd)
-        return spawned, pipes
-
-    async def _supervise(self, leaf: Cgroup, spawned: Spawned, pipes: dict[str, int],
-                         t0: float, started_at: float) -> TaskResult:
-        spec = self.spec
-        reactor = self._sup._reactor
-        outputs = {name: reactor.add(pipes[name], self._captures[name])
-                   for name in ("stdout", "stderr") if name in pipes}
-        feeder = trio.CancelScope()
-        drive: _Drive | None = None
-        try:
-            # a nursery only for a stdin feeder: most tasks need none, and every running
-            # task's memory counts when a supervisor holds thousands
-            feeding = "stdin" in pipes
-            async with trio.open_nursery() if feeding else contextlib.nullcontext() as n:
-                if feeding:
-                    assert isinstance(spec.stdin, bytes) and n is not None
-                    n.start_soon(_feed_stdin, pipes["stdin"], spec.stdin, feeder)
-                try:
-                    drive = await self._drive(leaf, spawned.pidfd, t0)
-                except BaseException:
-                    # the driver itself failed (a bug): nothing may outlive it
-                    with contextlib.suppress(CgroupError):
-                        leaf.kill()
-                    raise
-                finally:
-                    feeder.cancel()  # whoever still holds stdin now is outside the leaf
-                # End of output: EOF, or the drain deadline (the leaf is empty, so whoever
-                # still holds a pipe is outside it and EOF may never come).
-                with trio.move_on_after(DRAIN_DEADLINE, shield=True):
-                    for done in outputs.values():
-                        await done.wait()
-        except BaseException as e:
-            # Ctrl-C at the nursery's exit (main task only): record first, then let it go
-            # on.  Anything before the driver's end is a bug, for _run to handle.
-            if drive is None or drive.status is None:
-                raise
-            drive.pending = drive.pending or first_leaf(e)
-        finally:
-            for name in outputs:
-                reactor.remove(pipes[name])
-        assert drive is not None and drive.status is not None
-        stats = _read_stats(leaf, self._sup._controllers)
-        cleanup = await self._remove_leaf_async(leaf, drive.leftovers, drive.problems)
-        result = self._outcome(drive.status, drive.exited_at, t0, started_at, stats, cleanup,
-                               spawned, leaf)
-        if drive.pending is not None:
-            raise drive.pending
-        return result
-
-    async def _drive(self, leaf: Cgroup, pidfd: int, t0: float) -> _Drive:
-        """Wait for the main process, enforce the time limit, escalate a stop; then wait for
-        the leaf to empty, stopping what the main process left the same way.
-
-        One loop, one wait at a time, woken by the pidfd, the watcher, a deadline (time limit,
-        end of grace, next repeat) or a stop request (``StopState.waker``).  After the
-        caller's cancellation or a Ctrl-C the waits are shielded and the interruption is kept
-        in ``pending``, to be raised once the task has its record.
-        """
-        spec, stop, watcher = self.spec, self._stop, self._sup._watcher
-        d = _Drive()
-        limit_at = math.inf if self.time_limit is None else t0 + self.time_limit
-        grace_end = repeat_at = kill_by = math.inf
-        escalating = killed = False
-        while True:
-            wake_at = min(limit_at if stop.reason is None and d.status is None else math.inf,
-                          grace_end, repeat_at, kill_by)
-            try:
-                with trio.CancelScope(deadline=wake_at, shield=d.pending is not None) as waker:
-                    stop.waker = waker
-                    if stop.reason is None or escalating:
-                        if d.status is None:
-                            await trio.lowlevel.wait_readable(pidfd)
-                        else:
-                            await watcher.wait_empty(leaf)
-            except (trio.Cancelled, KeyboardInterrupt) as e:
-                # the caller's scope was cancelled, or Ctrl-C: first a graceful stop, then
-                # (a second Ctrl-C) a kill
-                d.pending = d.pending or e
-                if self._result is None:
-                    self._request(StopReason.CANCEL)
-            finally:
-                stop.waker = None
-            now = trio.current_time()
-            if d.status is None and _exited_nowait(pidfd):
-                d.status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
-                d.exited_at = now
-                self.state = "stopping"
-                if leaf.is_populated() and not killed:
-                    # (after a kill, what is still listed is dying with the main process,
-                    # not left behind by it)
-                    d.leftovers = [ProcessInfo(pid, _comm(pid)) for pid in leaf.procs()]
-            if d.status is not None and not leaf.is_populated():
-                break
-            if stop.reason is None and d.status is None and now >= limit_at:
-                stop.request(StopReason.TIME_LIMIT)
-            if not escalating and (stop.reason is not None or d.status is not None):
-                # one pass, never restarted: the stop signal now, the kill at the grace's end
-                escalating = True
-                if spec.grace_s > 0 and not stop.forced:
-                    main_alive = d.status is None and not _exited_nowait(pidfd)
-                    signal_leaf(leaf, stop.signal)
-                    stop.signalled_leaf = True
-                    if stop.reason is not None:
-                        stop.mark("signalled")
-                        stop.landed = main_alive
-                    grace_end = now + spec.grace_s
-                    if spec.repeat_s is not None:
-                        repeat_at = now + spec.repeat_s
-                    continue
-            if escalating and not killed and (stop.forced or now >= grace_end
-                                              or spec.grace_s == 0):
-                main_alive = d.status is None and not _exited_nowait(pidfd)
-                leaf.kill()
-                killed = self._killed_leftovers = True
-                if stop.reason is not None:
-                    stop.mark("killed")
-                    stop.landed = stop.landed or main_alive
-                grace_end = repeat_at = math.inf
-                kill_by = now + KILL_TIMEOUT
-            elif now >= repeat_at:
-                signal_leaf(leaf, stop.signal)
-                assert spec.repeat_s is not None
-                repeat_at = now + spec.repeat_s
-            if killed and now >= kill_by:
-                d.problems.append("the leaf did not empty within "
-                                  f"{KILL_TIMEOUT:.0f}s of cgroup.kill")
-                if d.status is None:  # the main process itself is stuck (D state?): keep
-                    kill_by = math.inf  # waiting for it, the problem is on record
-                    continue
-                break
-        stop.mark("gone")
-        return d
-
-    async def _remove_leaf_async(self, leaf: Cgroup, leftovers: list[ProcessInfo],
-                                 problems: list[str]) -> Cleanup:
-        """rmdir the empty leaf.  The kernel may answer EBUSY for a moment after ``populated
-        0``: retry with trio sleeps (never blocking the other tasks), a second at most."""
-        delay = 0.001
-        deadline = trio.current_time() + 1.0
-        while True:
-            try:
-                leaf.remove(busy_timeout=0)
-                return self._cleanup(leftovers, problems)
-            except CgroupBusy as e:
-                if trio.current_time() >= deadline:
-                    return self._cleanup(leftovers, [*problems, str(e)])
-            except CgroupError as e:
-                return self._cleanup(leftovers, [*problems, str(e)])
-            with trio.CancelScope(shield=True):
-                await trio.sleep(delay)
-            delay = min(delay * 2, 0.05)
-
-    def _remove_leaf(self, leaf: Cgroup, problems: list[str] | None = None) -> Cleanup:
-        """rmdir a leaf that never held a process (or whose processes were killed)."""
-        problems = list(problems or [])
-        try:
-            leaf.remove()
-        except CgroupError as e:
-            problems.append(str(e))
-        return self._cleanup([], problems)
-
-    def _cleanup(self, leftovers: list[ProcessInfo], problems: list[str]) -> Cleanup:
-        ended_by = None
-        if leftovers:
-            ended_by = ("killed" if self._killed_leftovers else
-                        "stop signal" if self._stop.signalled_leaf else "exited")
-        if problems:
-            return Cleanup("incomplete", tuple(leftovers), ended_by, "; ".join(problems))
-        return Cleanup("clean", tuple(leftovers), ended_by)
-
-    def _outcome(self, status: os.waitid_result, exited_at: float, t0: float, started_at: float,
-                 stats: CgroupStats | None, cleanup: Cleanup, spawned: Spawned,
-                 leaf: Cgroup) -> TaskResult:
-        exit_code: int | None = None
-        sig: int | None = None
-        if status.si_code == os.CLD_EXITED:
-            exit_code = status.si_status
-        else:
-            sig = status.si_status
-        oom_kills = None
-        if stats is not None and stats.memory_events is not None:
-            oom_kills = stats.memory_events.oom_kill
-        stop = self._stop
-        if stop.landed:
-            outcome = (Outcome.TIMED_OUT if stop.reason == StopReason.TIME_LIMIT
-                       else Outcome.CANCELLED)
-        elif sig == 9 and oom_kills:
-            outcome = Outcome.OOM_KILLED
-        elif sig is not None:
-            outcome = Outcome.SIGNALED
-        elif exit_code:
-            outcome = Outcome.FAILED
-        else:
-            outcome = Outcome.SUCCEEDED
-        usage = _usage(stats, exited_at - t0, oom_kills)
-        notes = []
-        if stop.reason is not None and not stop.landed:
-            notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
-        if oom_kills and outcome != Outcome.OOM_KILLED:
-            notes.append(f"the OOM killer ended {oom_kills} process(es) in the task's cgroup")
-        if spawned.fallback_errno:
-            notes.append(f"spawned by {spawned.method}: clone3 into the cgroup was refused "
-                         f"({errno.errorcode.get(spawned.fallback_errno, '?')})")
-        containment = Containment("cgroup", leaf.path, spawned.method,
-                                  tuple(sorted(self._sup._controllers)))
-        return self._record(outcome, started=True, exit_code=exit_code, sig=sig,
-                            cleanup=cleanup, usage=usage, t0=t0, started_at=started_at,
-                            notes=notes, containment=containment)
-
-    def _record(self, outcome: Outcome, *, started: bool, exit_code: int | None = None,
-                sig: int | None = None, cleanup: Cleanup | None = None,
-                usage: Usage | None = None, t0: float | None = None,
-                started_at: float | None = None, notes: list[str] | None = None,
-                error: BaseException | None = None, step: str | None = None,
-                containment: Containment | None = None) -> TaskResult:
-        if self._result is not None:
-            raise InternalError(f"task {self.id} was about to get a second final record")
-        empty = StreamCapture(0, 0).result()
-        result = TaskResult(
-            id=self.id, argv=self.spec.argv, outcome=outcome, exit_code=exit_code, signal=sig,
-            started=started, cleanup=cleanup or Cleanup("clean"),
-            stop=self._stop.record(t0 if t0 is not None else self._stop.requested_at or 0.0),
-            usage=usage or Usage(),
-            output_stdout=self._captures["stdout"].result() if "stdout" in self._captures
-            else empty,
-            output_stderr=self._captures["stderr"].result() if "stderr" in self._captures
-            else empty,
-            containment=containment or Containment("cgroup"),
-            time_limit=self.time_limit, created_at=self._created_at, started_at=started_at,
-            ended_at=time.time(), notes=(*self._notes, *(notes or ())),
-            error=None if error is None else str(error),
-            error_errno=getattr(error, "errno", None), error_step=step,
-        )
-        self._result = result
-        self.state = "finished"
-        self._done.set()
-        self._sup._recorded(result)
-        return result
-
-
-def _exited_nowait(pidfd: int) -> bool:
-    """Has the process exited (reaped or not)?  Leaves it for _wait_exit to reap."""
-    try:
-        return os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True  # already reaped
-
-
-async def _wait_exit(pidfd: int) -> os.waitid_result:
-    while True:
-        await trio.lowlevel.wait_readable(pidfd)
-        status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
-        if status is not None:
-            return status
-
-
-async def _feed_stdin(fd: int, data: bytes, scope: trio.CancelScope) -> None:
-    view = memoryview(data)
-    try:
-        # the caller's cancellation is the driver's to handle: only ``scope`` ends this
-        with trio.CancelScope(shield=True), scope:
-            await _write_all(fd, view)
+    except trio.Cancelled:
+        request_stop(task, StopReason.CANCEL, by_caller=True)
+        task_status.started(task)
+        finish_unstarted(task)
+        raise
     finally:
-        trio.lowlevel.notify_closing(fd)
-        os.close(fd)
+        stop.waker = None
+        slot.turn.set()  # admitted or given up: the next in line may queue now
 
 
-async def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        await trio.lowlevel.wait_writable(fd)
-        try:
-            n = os.write(fd, view)
-        except BlockingIOError:
+async def _run(task: TaskHandle, task_status: trio.TaskStatus[TaskHandle]) -> TaskResult:
+    if task._stop.reason is not None:
+        task_status.started(task)
+        return finish_unstarted(task)
+    task.state = "starting"
+    try:
+        leaf, spawned = _start(task)
+    except Exception as e:
+        task_status.started(task)
+        step = getattr(e, "step", "cgroup" if isinstance(e, CgroupError) else "prepare")
+        result = _record(task, Outcome.SPAWN_FAILED, started=False, error=e, step=step)
+        if not isinstance(e, OSError | CgroupError):  # SpawnError is an OSError
+            raise InternalError(f"task {task.id}: preparing the spawn failed: {e!r}") from e
+        return result
+    t0, started_at = trio.current_time(), time.time()
+    task.pid, task.cgroup, task.state = spawned.pid, leaf.path, "running"
+    task_status.started(task)
+    rt = task._rt
+    limit = math.inf if task.time_limit is None else t0 + task.time_limit
+    view = None if rt.root_view is None else f"{rt.root_view.rstrip('/')}/{task.id}"
+    driver = Driver(leaf, spawned.pid, spawned.pidfd, task._stop, rt.watcher, limit_at=limit,
+                    grace=task.spec.grace_s, repeat=task.spec.repeat_s, leaf_view=view,
+                    on_stopping=lambda: setattr(task, "state", "stopping"))
+    try:
+        await driver.run()
+        result = await _finish(task, leaf, spawned, driver, t0, started_at)
+    except Exception as exc:
+        # A bug or an OS failure nobody planned for: the task still ends with its one
+        # record, and nothing it started is left running.
+        log.exception("task %s: supervising failed", task.id)
+        _lost(task, leaf, exc, t0, started_at)
+        raise InternalError(f"task {task.id}: supervising failed: {exc!r}") from exc
+    finally:
+        os.close(spawned.pidfd)
+    if driver.pending is not None:
+        raise driver.pending
+    return result
+
+
+def _start(task: TaskHandle) -> tuple[Cgroup, Spawned]:
+    """Leaf, limits, stdio, spawn; synchronous.  On failure everything made is undone (the
+    captures are closed so that subscribers see the end) and the error raised."""
+    spec, rt = task.spec, task._rt
+    with contextlib.ExitStack() as undo, contextlib.ExitStack() as child_ends:
+        task._stdout = StreamCapture(spec.output_head, spec.output_tail)
+        task._stderr = StreamCapture(spec.output_head, spec.output_tail)
+        undo.callback(_close_captures, task)
+        leaf = rt.root.make_child(task.id)
+        undo.callback(_remove_unused, leaf)
+        if not spec.limits.is_empty():
+            leaf.set_limits(spec.limits)
+        stdio, io = _plumb(task, undo, child_ends)
+        with rt.guard.spawning(leaf), spec.isolation.prepare() as options:
+            spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd,
+                            stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=spec.cwd,
+                            new_session=spec.tty, controlling_tty=spec.tty, **options)
+        undo.pop_all()
+    for thawed in rt.guard.take_thawed():
+        task._notes = (*task._notes, thawed)
+    _register_io(task, io)
+    return leaf, spawned
+
+
+def _plumb(task: TaskHandle, undo: contextlib.ExitStack,
+           child_ends: contextlib.ExitStack) -> tuple[list[int], _Io]:
+    """The child's fds 0, 1, 2, and our ends of them (registered once the spawn succeeded).
+    Fds opened for the child go on ``child_ends`` (closed right after the spawn, whatever
+    happens: EOF never comes while we hold a writer); ours on ``undo``."""
+    spec, io = task.spec, _Io()
+    assert task._stdout is not None and task._stderr is not None
+
+    def ours(fd: int) -> int:
+        undo.callback(os.close, fd)
+        return fd
+
+    def theirs(fd: int) -> int:
+        child_ends.callback(os.close, fd)
+        return fd
+
+    if spec.tty:
+        master, slave = os.openpty()
+        ours(master)
+        theirs(slave)
+        if spec.tty_size is not None:
+            fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", *spec.tty_size, 0, 0))
+        os.set_blocking(master, False)
+        io.master = master
+        _capture(task._stdout, spec, "stdout", undo, mode="tty")
+        task._stderr.mode = "tty"
+        task._stderr.close()
+        io.readers.append((master, task._stdout))
+        io.feed = StdinFeed(spec.stdin if isinstance(spec.stdin, bytes) else b"")
+        io.feed_fd = ours(os.dup(master))
+        return [slave, slave, slave], io
+    if spec.stdin == "inherit":
+        stdin = 0
+    elif spec.stdin is None:
+        stdin = theirs(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    else:
+        r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.set_blocking(r, True)  # the child's end: blocking, as any program expects
+        stdin = theirs(r)
+        data = spec.stdin if isinstance(spec.stdin, bytes) else b""
+        io.feed = StdinFeed(data, eof=spec.stdin != "pipe")
+        io.feed_fd = ours(w)
+    outs = []
+    for name, inherited in (("stdout", 1), ("stderr", 2)):
+        cap = task._stdout if name == "stdout" else task._stderr
+        if getattr(spec, name) == "inherit":
+            cap.mode = "inherit"
+            cap.close()
+            outs.append(inherited)
             continue
-        except (BrokenPipeError, ConnectionResetError):
-            return  # the task stopped reading: not our failure
-        view = view[n:]
+        r, w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(ours(r), False)
+        enlarge_pipe(r)
+        outs.append(theirs(w))
+        _capture(cap, spec, name, undo)
+        io.readers.append((r, cap))
+    return [stdin, *outs], io
 
 
-def _read_stats(leaf: Cgroup, controllers: frozenset[str]) -> CgroupStats | None:
+def _capture(cap: StreamCapture, spec: TaskSpec, name: str, undo: contextlib.ExitStack,
+             mode: str = "capture") -> None:
+    cap.mode = mode
+    if spec.log_file is not None:
+        cap.log_path = spec.log_file if name == "stdout" else f"{spec.log_file}.stderr"
+        cap.log_fd = os.open(cap.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                             0o640)
+        cap.log_limit = spec.log_max_bytes
+
+
+def _register_io(task: TaskHandle, io: _Io) -> None:
+    """Hand our ends to the reactor (it owns and closes them from now on)."""
+    reactor = task._rt.reactor
+    io.streams = [reactor.add_reader(fd, cap) for fd, cap in io.readers]
+    io.readers = []
+    if io.feed is not None:
+        io.feed_stream = reactor.add_writer(io.feed_fd, io.feed)
+    task._io = io
+
+
+def _close_captures(task: TaskHandle) -> None:
+    for cap in (task._stdout, task._stderr):
+        if cap is not None and not cap.closed:
+            cap.close()
+
+
+def _remove_unused(leaf: Cgroup) -> None:
+    """Undo a leaf that never held a process (the spawn failed): rmdir, close."""
+    try:
+        leaf.remove()
+    except CgroupError as e:
+        log.warning("removing the unused leaf %s: %s", leaf.path, e)
+        leaf.close()
+
+
+async def _finish(task: TaskHandle, leaf: Cgroup, spawned: Spawned, driver: Driver, t0: float,
+                  started_at: float) -> TaskResult:
+    """End of output, usage, the leaf removed, the record."""
+    await _end_io(task)
+    stats = _read_usage(leaf, task._rt.controllers)
+    removed = await _remove_leaf(leaf)
+    problems = [*driver.problems, *([removed] if removed else [])]
+    assert driver.status is not None
+    return _outcome(task, driver, stats, problems, spawned, leaf.path, t0, started_at)
+
+
+async def _end_io(task: TaskHandle) -> None:
+    """The leaf is empty: whoever still holds a pipe is outside it and EOF may never come.
+    Wait a little for EOF (shielded: the caller's cancellation is the driver's business),
+    then take what is buffered and let go."""
+    io = task._io
+    if io is None:
+        return
+    reactor = task._rt.reactor
+    with trio.move_on_after(DRAIN_DEADLINE, shield=True):
+        for stream in io.streams:
+            await stream.done.wait()
+    for stream in io.streams:
+        reactor.remove(stream)
+    if io.feed_stream is not None:
+        reactor.remove(io.feed_stream)
+    if io.feed is not None and io.feed.error is not None:
+        task._notes = (*task._notes, f"writing the task's stdin failed: {io.feed.error}")
+    io.master = None
+
+
+async def _remove_leaf(leaf: Cgroup) -> str | None:
+    """rmdir the empty leaf and any sub-cgroups the task made, depth-first; None or the
+    problem.  EBUSY for a moment after ``populated 0`` is retried with trio sleeps."""
+    delay, deadline = 0.001, trio.current_time() + REMOVE_DEADLINE
+    while True:
+        try:
+            leaf.remove(recursive=True, busy_timeout=0)
+            return None
+        except CgroupBusy as e:
+            if trio.current_time() >= deadline:
+                leaf.close()
+                return str(e)
+        except CgroupError as e:
+            leaf.close()
+            return str(e)
+        with trio.CancelScope(shield=True):
+            await trio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _lost(task: TaskHandle, leaf: Cgroup, exc: BaseException, t0: float,
+          started_at: float) -> None:
+    """After a bug of ours: kill and remove the leaf (blocking: this is not the normal path),
+    close the streams, and record ``lost`` unless a record exists already."""
+    done = leaf.destroy(timeout=5.0)
+    if task._io is not None:
+        for stream in task._io.streams:
+            task._rt.reactor.remove(stream)
+    if task._result is None:
+        # incomplete even when the kill worked: the grace, the leftovers and the escape
+        # checks were skipped, so corral cannot vouch for what happened
+        cleanup = Cleanup("incomplete", detail=f"supervision failed: {exc!r}; the leaf was "
+                          + (f"not cleared: {done.error}" if done.error else
+                             "killed and removed"))
+        _record(task, Outcome.LOST, started=True, error=exc, step="supervise",
+                cleanup=cleanup, t0=t0, started_at=started_at,
+                notes=["corral hit an internal error while supervising this task"])
+
+
+def _read_usage(leaf: Cgroup, controllers: frozenset[str]) -> CgroupStats | None:
     try:
         return leaf.read_stats(controllers)
+    except CgroupNotFound:
+        return None
     except CgroupError as e:
         log.warning("reading the usage of %s: %s", leaf.path, e)
         return None
+
+
+def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None, problems: list[str],
+             spawned: Spawned, leaf_path: str, t0: float, started_at: float) -> TaskResult:
+    status = d.status
+    assert status is not None
+    exit_code = status.si_status if status.si_code == os.CLD_EXITED else None
+    sig = None if status.si_code == os.CLD_EXITED else status.si_status
+    oom_kills = None
+    if stats is not None and stats.memory_events is not None:
+        oom_kills = stats.memory_events.oom_kill
+    stop = task._stop
+    if stop.landed:
+        outcome = Outcome.TIMED_OUT if stop.reason == StopReason.TIME_LIMIT else Outcome.CANCELLED
+    elif sig == 9 and oom_kills:
+        outcome = Outcome.OOM_KILLED
+    elif sig is not None:
+        outcome = Outcome.SIGNALED
+    elif exit_code:
+        outcome = Outcome.FAILED
+    else:
+        outcome = Outcome.SUCCEEDED
+    notes = list(d.notes)
+    if stop.reason is not None and not stop.landed:
+        notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
+    if oom_kills and outcome != Outcome.OOM_KILLED:
+        notes.append(f"the OOM killer ended {oom_kills} process(es) in the task's cgroup")
+    if spawned.fallback_errno:
+        notes.append(f"spawned by {spawned.method}: clone3 into the cgroup was refused "
+                     f"({errno.errorcode.get(spawned.fallback_errno, '?')})")
+    notes += [i.text for i in task._rt.incidents if i.at >= t0]
+    escaped = tuple(d.escaped.values())
+    if escaped:
+        problems = [*problems, f"{len(escaped)} process(es) of the task left its cgroup: "
+                    + ", ".join(f"{e.comm}[{e.pid}] to {e.cgroup} ({e.ended})" for e in escaped)]
+    containment = Containment("cgroup", leaf_path, spawned.method,
+                              tuple(sorted(task._rt.controllers)), escaped,
+                              task.spec.isolation.describe())
+    return _record(task, outcome, started=True, exit_code=exit_code, sig=sig,
+                   cleanup=_cleanup(d, problems), usage=_usage(stats, d.exited_at - t0,
+                                                                oom_kills),
+                   t0=t0, started_at=started_at, notes=notes, containment=containment)
+
+
+def _cleanup(d: Driver, problems: list[str]) -> Cleanup:
+    leftovers = tuple(d.leftovers.values())
+    ended_by = None
+    if leftovers:
+        ended_by = ("killed" if d.killed_tree else
+                    "stop signal" if d.signalled_tree else "exited")
+    if problems:
+        return Cleanup("incomplete", leftovers, ended_by, "; ".join(problems))
+    return Cleanup("clean", leftovers, ended_by)
+
+
+def _record(task: TaskHandle, outcome: Outcome, *, started: bool, exit_code: int | None = None,
+            sig: int | None = None, cleanup: Cleanup | None = None, usage: Usage | None = None,
+            t0: float | None = None, started_at: float | None = None,
+            notes: list[str] | None = None, error: BaseException | None = None,
+            step: str | None = None, containment: Containment | None = None) -> TaskResult:
+    """The one final record: written once, waiters woken, the supervisor told."""
+    if task._result is not None:
+        raise InternalError(f"task {task.id} was about to get a second final record")
+    _close_captures(task)
+    result = TaskResult(
+        id=task.id, argv=task.spec.argv, outcome=outcome, exit_code=exit_code, signal=sig,
+        started=started, cleanup=cleanup or Cleanup("clean"), stop=task._stop.record(t0),
+        usage=usage or Usage(),
+        output_stdout=task._stdout.result() if task._stdout is not None else _EMPTY_OUTPUT,
+        output_stderr=task._stderr.result() if task._stderr is not None else _EMPTY_OUTPUT,
+        containment=containment or Containment("cgroup"),
+        time_limit=task.time_limit, created_at=task._created_at, started_at=started_at,
+        ended_at=time.time(), notes=(*task._notes, *(notes or ())),
+        error=None if error is None else str(error),
+        error_errno=getattr(error, "errno", None), error_step=step, name=task.spec.name,
+    )
+    task._result = result
+    task._io = None
+    task.state = "finished"
+    task._done.set()
+    task._rt.on_record(result)
+    return result
 
 
 def _usage(stats: CgroupStats | None, wall: float, oom_kills: int | None) -> Usage:
@@ -636,3 +662,4 @@ def _usage(stats: CgroupStats | None, wall: float, oom_kills: int | None) -> Usa
         pids_peak=stats.pids_peak,
         oom_kills=oom_kills,
     )
+

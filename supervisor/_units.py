@@ -130,7 +130,7 @@ def parse_duration(
     if isinstance(value, str):
         text = value.strip()
         total = None if text == "infinity" else _sum_duration(text, what, rule, value)
-    elif math.isnan(value) or value == -math.inf:
+    elif isinstance(value, float) and (math.isnan(value) or value == -math.inf):
         raise _refuse(what, rule, value, "NaN is not a duration" if math.isnan(value) else "")
     else:
         total = None if value == math.inf else Fraction(value)

@@ -1,10 +1,12 @@
-"""Wait for a leaf to empty, through inotify on its cgroup.events.
+"""Wait for a cgroup's ``cgroup.events`` to change (a leaf emptying, a root being frozen).
 
-Polling cgroup.events for readability returns at once, every time (the kernel reports it readable
-always); the kernel does send IN_MODIFY on it when ``populated`` or ``frozen`` changes.  One
-inotify instance serves a whole supervisor (the default limit is 128 instances per user, far
-fewer than the tasks a supervisor may hold); a watch per leaf is cheap.  The watch is added
-before the first read of the file, so a change between the two is never missed.
+Polling cgroup.events for readability returns at once, every time (the kernel reports it
+readable always); the kernel does send IN_MODIFY on it when ``populated`` or ``frozen`` changes.
+One inotify instance serves a whole supervisor (the default limit is 128 instances per user, far
+fewer than the tasks a supervisor may hold).  A watch is added before the first read of the
+file, so a change between the two is never missed, and removed when its last waiter is done: on
+cgroupfs a watch pins the file's inode, so the kernel does not drop it when the cgroup is
+removed, and ``max_user_watches`` (shared by every process of the user) would run out.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import errno
 import os
 import struct
+from collections.abc import Callable
 
 import trio
 
-from cgroupfs import Cgroup
+from cgroupfs import Cgroup, CgroupEvents, CgroupNotFound
 
-from ._spawn import inotify_add_watch, inotify_init
+from ._spawn import inotify_add_watch, inotify_init, inotify_rm_watch
 
 __all__ = ["CgroupWatcher"]
 
@@ -26,30 +29,68 @@ _IN_IGNORED = 0x8000
 _IN_Q_OVERFLOW = 0x4000
 
 
+class _Watch:
+    """One inotify watch: how many wait on it, and the Event for its next change."""
+
+    __slots__ = ("changed", "users")
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.changed: trio.Event | None = None
+
+
 class CgroupWatcher:
     """Wakes waiters when a watched cgroup.events changes.  Run :meth:`run` in a nursery."""
 
     def __init__(self) -> None:
         self._fd = inotify_init()
-        self._changed: dict[int, trio.Event] = {}
+        self._watches: dict[int, _Watch] = {}
         self._closed = False
         self._scope = trio.CancelScope(shield=True)
 
+    @property
+    def watch_count(self) -> int:
+        """Watches held now (each is an inotify watch the kernel counts)."""
+        return len(self._watches)
+
     async def wait_empty(self, cg: Cgroup) -> None:
-        """Return once ``cg`` has ``populated 0`` (at once if it has already)."""
+        """Return once ``cg`` has ``populated 0`` (at once if it has already, or is gone)."""
+        await self.wait_until(cg, lambda ev: not ev.populated)
+
+    async def wait_until(self, cg: Cgroup, condition: Callable[[CgroupEvents], bool]) -> None:
+        """Return once ``condition(cg.read_events())`` holds; a cgroup that is gone counts as
+        empty and unfrozen (``populated 0``, ``frozen 0``)."""
         try:
             wd = inotify_add_watch(self._fd, cg.events_path)
         except OSError as e:
-            if e.errno == errno.ENOENT:
-                return  # the cgroup is gone: nothing can be in it
+            if e.errno == errno.ENOENT and condition(CgroupEvents(False, False)):
+                return
             raise
-        while cg.read_events().populated:
-            if self._closed:
-                raise RuntimeError("the cgroup watcher is closed; the supervisor is gone")
-            event = self._changed.get(wd)
-            if event is None:
-                event = self._changed[wd] = trio.Event()
-            await event.wait()
+        watch = self._watches.get(wd)
+        if watch is None:
+            watch = self._watches[wd] = _Watch()
+        watch.users += 1
+        try:
+            while not condition(_events(cg)):
+                if self._closed:
+                    raise RuntimeError("the cgroup watcher is closed; the supervisor is gone")
+                if watch.changed is None:
+                    watch.changed = trio.Event()
+                await watch.changed.wait()
+        finally:
+            watch.users -= 1
+            if watch.users == 0:
+                self._release(wd)
+
+    def _release(self, wd: int) -> None:
+        del self._watches[wd]
+        if self._closed:
+            return
+        try:
+            inotify_rm_watch(self._fd, wd)
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: the kernel dropped it already
+                raise
 
     async def run(self) -> None:
         """Dispatch inotify events until :meth:`stop`; then release the fd.
@@ -79,22 +120,30 @@ class CgroupWatcher:
                 wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
                 offset += _EVENT.size + length
                 if mask & _IN_Q_OVERFLOW:
-                    # events were lost: wake every waiter to re-read its file
-                    for waiting in self._changed.values():
-                        waiting.set()
-                    self._changed.clear()
+                    for watch in self._watches.values():  # events were lost: re-read all
+                        _wake(watch)
                     continue
-                event = self._changed.pop(wd, None)
-                if event is not None:
-                    event.set()  # waiters re-read the file; a fresh Event is made on demand
-                if mask & _IN_IGNORED:
-                    self._changed.pop(wd, None)
+                found = self._watches.get(wd)
+                if found is not None:
+                    _wake(found)  # waiters re-read the file (also after IN_IGNORED)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             trio.lowlevel.notify_closing(self._fd)
             os.close(self._fd)
-            for event in self._changed.values():
-                event.set()
-            self._changed.clear()
+            for watch in self._watches.values():
+                _wake(watch)
+
+
+def _wake(watch: _Watch) -> None:
+    if watch.changed is not None:
+        watch.changed.set()
+        watch.changed = None
+
+
+def _events(cg: Cgroup) -> CgroupEvents:
+    try:
+        return cg.read_events()
+    except CgroupNotFound:
+        return CgroupEvents(False, False)

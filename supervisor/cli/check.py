@@ -97,11 +97,12 @@ def collect(cgroup_root: str | None = None) -> dict[str, Any]:
             problems.append(str(e))
         else:
             try:
-                report["root"] = placement.root.path
+                report["root"] = placement.base
+                report["probe_root"] = placement.root.path
                 report["root_kind"] = placement.how
                 report["controllers"] = sorted(placement.controllers)
                 report["notes"] = placement.notes
-                report.update(_probe_spawn(placement.tasks.path))
+                report.update(_probe_spawn(placement.root.path))
                 if "spawn_error" in report:
                     problems.append(f"spawning into a leaf failed: {report['spawn_error']}")
             finally:
@@ -144,9 +145,12 @@ def run_check(*, json_output: bool, cgroup_root: str | None) -> int:
         lines.append(f"cgroup2 mount:      {report['cgroup2_mount']}{ro}")
         lines.append(f"our cgroup:         {report['own_cgroup']}")
     if "root" in report:
-        lines.append(f"root corral uses:   {report['root']} ({report['root_kind']}; made and "
-                     f"removed per run)" if report["root_kind"] != "explicit --cgroup-root"
-                     else f"root corral uses:   {report['root']} (--cgroup-root)")
+        lines.append(f"roots go in:        {report['root']} ({report['root_kind']}; each "
+                     f"corral makes its own corral-<pid>-<hex> there, locked while it runs, "
+                     f"removed when it ends)")
+        if "probe_root" in report:
+            lines.append(f"probe root:         {report['probe_root']} (made for this check, "
+                         f"removed)")
         lines.append(f"CLONE_INTO_CGROUP:  {yes[report.get('clone_into_cgroup', False)]}"
                      + (f" (fallback: {report['spawn_method']}, clone3 refused: "
                         f"{report['clone3_refused_with']})"

@@ -49,9 +49,12 @@ def summary_lines(r: TaskResult, exit_status: int) -> list[str]:
             lines.append(f"  OOM kills: {u.oom_kills}")
     if r.stop is not None:
         s = r.stop
-        how = {"requested": "requested", "signalled": "stop signal sent",
-               "killed": "killed"}[s.level]
-        lines.append(f"  Stop: {s.reason}, {how}" + (" (forced)" if s.forced else ""))
+        sent = f"{s.signal_name} sent"
+        how = {"requested": "requested after the main process ended", "signalled": sent,
+               "killed": "killed"}[s.reached]
+        cause = {"grace_expired": "the grace ran out", "no_grace": "no grace",
+                 "second_request": "asked twice", "force": "forced"}.get(s.kill_because or "")
+        lines.append(f"  Stop: {s.reason}, {how}" + (f" ({cause})" if cause else ""))
     c = r.cleanup
     text = str(c)
     if c.leftovers:

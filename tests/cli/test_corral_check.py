@@ -33,15 +33,15 @@ def test_json_report_matches_this_machine(test_cgroup: cgroupfs.Cgroup) -> None:
     assert set(report["controllers"]) == available
     assert ("MemoryMax" in report["properties"]) == ("memory" in available)
     assert "RuntimeMaxSec" in report["properties"]
-    assert test_cgroup.children() == []  # the probe's tasks/ and leaf are gone
+    assert test_cgroup.children() == []  # the probe's root and leaf are gone
 
 
 def test_text_report_says_it_works_and_cleans_up() -> None:
     r = check()
     assert r.returncode == 0 and "corral run works here" in r.stdout
     assert "CLONE_INTO_CGROUP:  yes" in r.stdout and "cgroup.kill:        yes" in r.stdout
-    line = next(x for x in r.stdout.splitlines() if x.startswith("root corral uses:"))
-    root = line.split()[3]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("probe root:"))
+    root = line.split()[2]
     assert "/corral-" in root and not os.path.exists(root)
 
 

@@ -34,7 +34,7 @@ def alive(pid: int) -> bool:
 
 
 def leaf_pids(sup: supervisor.Supervisor, task_id: str) -> list[int]:
-    path = os.path.join(sup.cgroup_root, "tasks", task_id, "cgroup.procs")
+    path = os.path.join(sup.cgroup_root, task_id, "cgroup.procs")
     try:
         with open(path) as f:
             return [int(x) for x in f.read().split()]
@@ -47,5 +47,5 @@ IGNORE_TERM_READY = "trap '' TERM; echo ready; sleep 60"
 
 async def wait_ready(task: supervisor.TaskHandle) -> None:
     """Wait until a task running IGNORE_TERM_READY has installed its trap (said "ready")."""
-    await wait_for(lambda: b"ready" in bytes(task._captures["stdout"].head or b""),
+    await wait_for(lambda: b"ready" in task.output().head,
                    what="ready")

@@ -75,7 +75,7 @@ async def test_three_waves_ignoring_sigterm_with_two_cancels_in_the_second(
         for h in second_wave:
             await wait_ready(h)
         batch.cancel()
-        await wait_for(lambda: all(h._stop.level == "signalled" for h in second_wave),
+        await wait_for(lambda: all(h.stop_level == "signalled" for h in second_wave),
                        what="wave 2 signalled")
         t0 = time.perf_counter()
         batch.cancel()
@@ -86,7 +86,8 @@ async def test_three_waves_ignoring_sigterm_with_two_cancels_in_the_second(
     assert [r.outcome for r in results[:4]] == ["succeeded"] * 4
     for r in results[4:8]:
         assert r.outcome == "cancelled" and r.started and r.signal == signal.SIGKILL
-        assert r.stop is not None and r.stop.forced and r.stop.level == "killed"
+        assert r.stop is not None and r.stop.reached == "killed"
+        assert r.stop.kill_because == "second_request"
     for r in results[8:]:
         assert r.outcome == "cancelled" and not r.started
 
@@ -98,4 +99,4 @@ async def test_a_batch_refused_on_its_second_spec_registers_nothing(
         pytest.skip("this machine delegates the pids controller: the spec is not refused")
     with pytest.raises(supervisor.SpecError, match="pids"):
         await sup.run_batch([TaskSpec(["true"]), bad])
-    assert sup._live == {} and not sup.results  # closing the supervisor will not wait on it
+    assert sup.tasks == [] and not sup.results  # closing the supervisor will not wait on it

@@ -50,7 +50,7 @@ async def test_time_limit_stops_gracefully(sup: supervisor.Supervisor) -> None:
     r = await sup.run(["sleep", "60"], time_limit="0.3s", grace="20s")
     assert r.outcome == "timed_out" and r.signal == signal.SIGTERM
     assert r.stop is not None and r.stop.reason == "time_limit"
-    assert r.stop.level == "signalled" and r.stop.killed_at is None
+    assert r.stop.reached == "signalled" and r.stop.killed_after_s is None
     assert r.time_limit == pytest.approx(0.3)
 
 
@@ -58,9 +58,9 @@ async def test_time_limit_kills_a_task_ignoring_sigterm_after_the_grace(
         sup: supervisor.Supervisor) -> None:
     r = await sup.run(["sh", "-c", IGNORE_TERM + "sleep 60"], time_limit="1s", grace="0.3s")
     assert r.outcome == "timed_out" and r.signal == signal.SIGKILL
-    assert r.stop is not None and r.stop.level == "killed"
-    assert r.stop.killed_at is not None and r.stop.signalled_at is not None
-    assert r.stop.killed_at - r.stop.signalled_at >= 0.3 - 0.01
+    assert r.stop is not None and r.stop.reached == "killed"
+    assert r.stop.killed_after_s is not None and r.stop.signalled_after_s is not None
+    assert r.stop.killed_after_s - r.stop.signalled_after_s >= 0.3 - 0.01
     assert r.cleanup == "clean"
 
 
@@ -77,7 +77,7 @@ async def test_stop_signal_is_configurable_and_can_repeat(sup: supervisor.Superv
     r = await sup.run(["sh", "-c", script], time_limit="0.2s", grace="20s",
                       stop_signal="SIGINT", stop_signal_repeat="0.2s")
     assert r.outcome == "timed_out" and r.exit_code == 7
-    assert r.stop is not None and r.stop.signal == signal.SIGINT and r.stop.level == "signalled"
+    assert r.stop is not None and r.stop.signal == signal.SIGINT and r.stop.reached == "signalled"
 
 
 async def test_caller_cancellation_stops_gracefully_and_records_before_reraising(
@@ -87,7 +87,7 @@ async def test_caller_cancellation_stops_gracefully_and_records_before_reraising
     assert scope.cancelled_caught
     r = next(reversed(sup.results.values()))
     assert r.outcome == "cancelled" and r.signal == signal.SIGTERM
-    assert r.stop is not None and r.stop.reason == "cancel" and r.stop.level == "signalled"
+    assert r.stop is not None and r.stop.reason == "cancel" and r.stop.reached == "signalled"
     assert r.cleanup == "clean"
 
 
@@ -106,12 +106,13 @@ async def test_second_stop_skips_the_grace_and_kills(sup: supervisor.Supervisor)
                                                grace="1h"))
         await wait_ready(task)
         assert task.stop() is True
-        await wait_for(lambda: task._stop.level == "signalled", what="signalled")
+        await wait_for(lambda: task.stop_level == "signalled", what="signalled")
         with trio.fail_after(HANG):
             assert task.stop() is True  # escalates
             r = await task.wait()
     assert r.outcome == "cancelled" and r.signal == signal.SIGKILL
-    assert r.stop is not None and r.stop.forced and r.stop.level == "killed"
+    assert r.stop is not None and r.stop.reached == "killed"
+    assert r.stop.kill_because == "second_request"
     assert task.stop() is False and task.stop(force=True) is False
     assert await task.wait() is r
 
@@ -122,7 +123,7 @@ async def test_stop_force_kills_at_once(sup: supervisor.Supervisor) -> None:
         assert task.stop(force=True)
         r = await task.wait()
     assert r.outcome == "cancelled" and r.signal == signal.SIGKILL
-    assert r.stop is not None and r.stop.signalled_at is None and r.stop.level == "killed"
+    assert r.stop is not None and r.stop.signalled_after_s is None and r.stop.reached == "killed"
 
 
 async def test_stop_of_a_finished_task_changes_nothing(sup: supervisor.Supervisor) -> None:
@@ -243,7 +244,7 @@ async def test_slow_cleanup_that_starts_an_escapee_during_the_grace(
 
 
 async def test_every_leaf_is_removed(sup: supervisor.Supervisor) -> None:
-    tasks = os.path.join(sup.cgroup_root, "tasks")
+    tasks = sup.cgroup_root
     for _ in range(3):
         r = await sup.run(["true"])
         assert r.containment.cgroup and not os.path.exists(r.containment.cgroup)
@@ -253,12 +254,12 @@ async def test_every_leaf_is_removed(sup: supervisor.Supervisor) -> None:
 @pytest.mark.parametrize("value", ["-5s", "0", "nan", "abc", math.inf, True, "5 parsecs"])
 async def test_bad_time_limit_is_refused_before_anything_runs(
         sup: supervisor.Supervisor, value: object) -> None:
-    before = os.listdir(os.path.join(sup.cgroup_root, "tasks"))
+    before = os.listdir(sup.cgroup_root)
     with pytest.raises(supervisor.SpecError) as ei:
         await sup.run(["true"], time_limit=value)
     assert "time_limit" in str(ei.value) and ei.value.field == "time_limit"
     assert isinstance(ei.value, ValueError)
-    assert os.listdir(os.path.join(sup.cgroup_root, "tasks")) == before
+    assert os.listdir(sup.cgroup_root) == before
 
 
 async def test_bad_arguments_name_the_value_rule_and_fix(sup: supervisor.Supervisor) -> None:
@@ -277,8 +278,8 @@ async def test_limits_needing_a_missing_controller_are_refused_before_anything_r
     with pytest.raises(supervisor.SpecError, match=r"memory controller.*not enabled") as ei:
         await sup.run(["true"], limits=supervisor.Limits(memory_max=1 << 30))
     assert ei.value.field == "limits"
-    assert not [d for d in os.listdir(os.path.join(sup.cgroup_root, "tasks"))
-                if os.path.isdir(os.path.join(sup.cgroup_root, "tasks", d))]
+    assert not [d for d in os.listdir(sup.cgroup_root)
+                if os.path.isdir(os.path.join(sup.cgroup_root, d))]
 
 
 async def test_time_limit_ceiling_caps_and_says_so(test_cgroup: object) -> None:
@@ -306,12 +307,12 @@ async def test_ceiling_below_default_is_refused_at_open(test_cgroup: object) -> 
 
 async def test_an_internal_failure_still_gives_one_record_and_kills_the_leaf(
         sup: supervisor.Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
-    import supervisor._task as task_module
+    import supervisor._drive as drive_module
 
     def broken(pidfd: int) -> bool:
         raise RuntimeError("simulated bug in the supervisor")
 
-    monkeypatch.setattr(task_module, "_exited_nowait", broken)  # the one seam
+    monkeypatch.setattr(drive_module, "_exited_nowait", broken)  # the one seam
     with pytest.raises(supervisor.InternalError, match="simulated bug"):
         await sup.run(["sleep", "60"], time_limit="0.2s")  # wakes the driver
     r = next(reversed(sup.results.values()))
@@ -356,7 +357,7 @@ async def test_cancelling_around_the_supervisor_still_stops_and_records(
 async def test_a_late_subscriber_gets_the_kept_output_first(sup: supervisor.Supervisor) -> None:
     async with trio.open_nursery() as n:
         task = await n.start(sup.start, ["sh", "-c", "echo early; sleep 60"])
-        await wait_for(lambda: task._captures["stdout"].total == 6, what="early output read")
+        await wait_for(lambda: task.output().total == 6, what="early output read")
         stream = task.subscribe("stdout")
         with trio.fail_after(HANG):
             assert await stream.receive() == b"early\n"

@@ -46,7 +46,7 @@ async def test_stop_right_after_spawn(sup: supervisor.Supervisor, second: bool) 
         with trio.fail_after(HANG):
             r = await task.wait()
     assert r.outcome == "cancelled" and r.started
-    assert r.stop is not None and r.stop.forced is second
+    assert r.stop is not None and (r.stop.kill_because == "second_request") is second
 
 
 @pytest.mark.parametrize("second", [False, True], ids=["once", "twice"])
@@ -56,13 +56,14 @@ async def test_stop_during_the_grace(sup: supervisor.Supervisor, second: bool) -
                                                grace="0.5s" if not second else "1h"))
         await wait_ready(task)
         task.stop()
-        await wait_for(lambda: task._stop.level == "signalled", what="signalled")
+        await wait_for(lambda: task.stop_level == "signalled", what="signalled")
         if second:
             assert task.stop() is True
         with trio.fail_after(HANG):
             r = await task.wait()
     assert r.outcome == "cancelled" and r.signal == signal.SIGKILL
-    assert r.stop is not None and r.stop.level == "killed" and r.stop.forced is second
+    assert r.stop is not None and r.stop.reached == "killed"
+    assert (r.stop.kill_because == "second_request") is second
 
 
 @pytest.mark.parametrize("second", [False, True], ids=["once", "twice"])
