@@ -73,6 +73,7 @@ struct keeper {
     long pid;
     int pidfd;
     int root_fd;
+    dev_t root_dev;
     bool fallback;
     bool incomplete;
     long long busy_deadline;
@@ -212,14 +213,22 @@ static void remove_child(struct keeper *k, int dir_fd, const char *name)
     }
 }
 
-/* Visits the sub-cgroup name of dir_fd (see walk). */
+/* Visits the sub-cgroup name of dir_fd (see walk).  Never crosses into another filesystem
+ * (something mounted on a cgroup directory): that is reported, and its rmdir fails EBUSY. */
 static void walk_child(struct keeper *k, int dir_fd, const char *name, visit_fn visit,
                        bool remove)
 {
+    struct stat st;
     int fd = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
         if (errno != ENOENT)  /* removed meanwhile: nothing to do there */
             fail(k, "open", name, errno);
+        return;
+    }
+    int err = fstat(fd, &st) < 0 ? errno : st.st_dev != k->root_dev ? EXDEV : 0;
+    if (err) {
+        fail(k, "walk into", name, err);
+        close(fd);
         return;
     }
     size_t old = path_push(&k->path, name);
@@ -573,9 +582,11 @@ static void arm(struct keeper *k)
     struct statfs fs;
     if (fstatfs(k->root_fd, &fs) < 0)
         refuse("--root-fd %d (%s): %s", k->root_fd, k->path.buf, strerror(errno));
-    if (fs.f_type != CGROUP2_SUPER_MAGIC)
+    struct stat st;
+    if (fs.f_type != CGROUP2_SUPER_MAGIC || fstat(k->root_fd, &st) < 0)
         refuse("--root-fd %d (%s) is not a directory on a cgroup2 filesystem", k->root_fd,
                k->path.buf);
+    k->root_dev = st.st_dev;
     if (faccessat(k->root_fd, "cgroup.events", F_OK, 0) < 0)
         refuse("%s has no cgroup.events (%s): it is gone, or the root of a hierarchy, which "
                "must never be killed", k->path.buf, strerror(errno));
