@@ -37,9 +37,9 @@ def run_client(args: argparse.Namespace, body: Callable[[Client], int]) -> int:
     return EXIT_FAILURE
 
 
-def write_frames(frames: Any, out: Any, stream: str) -> dict[str, Any] | None:
-    """Write data frames' bytes to ``out`` (binary), gaps as notes on stderr; the end frame's
-    result (None if the stream ended without one)."""
+def write_frames(frames: Any, out: Any, stream: str) -> Any:
+    """Write data frames' bytes to ``out`` (binary), gaps as notes on stderr; the end frame
+    (None if the stream ended without one, or the task has not finished)."""
     for frame in frames:
         if frame.kind == "data":
             out.write(frame.data)
@@ -48,5 +48,5 @@ def write_frames(frames: Any, out: Any, stream: str) -> dict[str, Any] | None:
             print(f"corral: {stream} bytes {frame.offset}..{frame.end} are no longer held "
                   f"(past the daemon's --output-cap)", file=sys.stderr)
         elif frame.kind == "end":
-            return frame.result if frame.finished else None
+            return frame if frame.finished else None
     return None

@@ -32,9 +32,9 @@ def main(args: argparse.Namespace) -> int:
 
     def body(client: Any) -> int:
         frames = client.output(args.id, stream, args.offset, follow=args.follow)
-        result = write_frames(frames, sys.stdout.buffer, stream)
-        if args.follow and result is not None:
-            return report(result, quiet=True)
+        end = write_frames(frames, sys.stdout.buffer, stream)
+        if args.follow and end is not None:
+            return report(end.result.get("outcome"), end.exit_status, quiet=True)
         return 0
 
     return run_client(args, body)

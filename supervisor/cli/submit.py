@@ -64,8 +64,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def _follow(client: Any, task_id: str) -> dict[str, Any] | None:
-    """stdout here and stderr in a thread (each its own connection); the end's result."""
+def _follow(client: Any, task_id: str) -> Any:
+    """stdout here and stderr in a thread (each its own connection); the end frame."""
     import threading
 
     from ..client import Client
@@ -97,9 +97,10 @@ def main(args: argparse.Namespace) -> int:
             print(task.id)
             return 0
         print(f"corral: task {task.id}", file=sys.stderr)
-        result = _follow(client, task.id) if args.follow else None
-        if result is None:
-            result = client.wait(task.id).result
-        return report(result, quiet=False)
+        end = _follow(client, task.id) if args.follow else None
+        if end is not None:
+            return report(end.result.get("outcome"), end.exit_status, quiet=False)
+        info = client.wait(task.id)
+        return report(info.outcome, info.exit_status, quiet=False)
 
     return run_client(args, body)

@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from ..serve.protocol import exit_status
 from .clientutil import add_socket, run_client
 
 __all__ = ["add_parser", "main"]
@@ -21,18 +20,17 @@ def add_parser(sub: Any) -> None:
     add_socket(p)
 
 
-def report(result: dict[str, Any], quiet: bool) -> int:
-    status = exit_status(result)
-    if not quiet and result.get("outcome") != "succeeded":
-        detail = result.get("error") or f"exit status {status}"
-        print(f"corral: task {result.get('outcome')}: {detail}", file=sys.stderr)
+def report(outcome: str | None, status: int | None, quiet: bool) -> int:
+    """Print a line unless it succeeded (or ``quiet``); the exit status to give."""
+    status = 125 if status is None else status
+    if not quiet and outcome != "succeeded":
+        print(f"corral: task {outcome}: exit status {status}", file=sys.stderr)
     return status
 
 
 def main(args: argparse.Namespace) -> int:
     def body(client: Any) -> int:
         t = client.wait(args.id)
-        assert t.result is not None
-        return report(t.result, args.quiet)
+        return report(t.outcome, t.exit_status, args.quiet)
 
     return run_client(args, body)

@@ -123,13 +123,14 @@ class Daemon:
 
     def publish(self, t: DaemonTask, state: str) -> None:
         event: dict[str, Any] = {"id": t.id, "state": state, "uid": t.uid, "at": time.time()}
-        if t.result_json is not None:
-            event["outcome"] = t.result_json["outcome"]
+        if t.result is not None:
+            event["outcome"] = str(t.result.outcome)
+            event["exit_status"] = t.exit_status
         self.hub.publish(t.uid, event)
 
     def task_finished(self, t: DaemonTask) -> None:
-        self.metrics.finished.labels(outcome=t.result_json["outcome"]
-                                     if t.result_json else "unknown").inc()
+        self.metrics.finished.labels(outcome=str(t.result.outcome) if t.result else
+                                     "unknown").inc()
         self.publish(t, "finished")
         self._finished[t.id] = None
         while len(self._finished) > self.config.keep_finished:

@@ -271,7 +271,8 @@ async def _serve(conn: Connection, stream: trio.SocketStream, router: Router) ->
                     await _refuse(conn, e)
                     return
                 except h11.RemoteProtocolError as e:
-                    status = e.error_status_hint
+                    # (h11 hints 501 for a transfer-encoding it lacks: still the client's fault)
+                    status = e.error_status_hint if e.error_status_hint < 500 else 400
                     code = "headers_too_large" if status == 431 else "bad_request"
                     await _refuse(conn, ApiError(status, code, f"not a valid HTTP/1.1 "
                                                  f"request: {e}"))

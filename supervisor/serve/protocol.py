@@ -290,8 +290,8 @@ class Frame(NamedTuple):
     """One NDJSON line of ``GET /v1/tasks/ID/output``.
 
     ``kind`` is ``"data"`` (``stream``, ``offset``, ``data``), ``"gap"`` (bytes ``offset`` to
-    ``end`` are no longer held), or ``"end"`` (``finished``; ``result`` once the task ended,
-    ``offset`` where to resume while it runs).
+    ``end`` are no longer held), or ``"end"`` (``finished``; ``result`` and ``exit_status``
+    once the task ended, ``offset`` where to resume while it runs).
     """
 
     kind: str
@@ -301,6 +301,7 @@ class Frame(NamedTuple):
     end: int = 0
     finished: bool = False
     result: dict[str, Any] | None = None
+    exit_status: int | None = None
 
 
 def data_frame(stream: str, offset: int, data: bytes) -> dict[str, Any]:
@@ -318,7 +319,7 @@ def parse_frame(line: bytes) -> Frame:
         return Frame("gap", obj.get("stream"), start, end=end)
     if "end" in obj:
         return Frame("end", obj.get("stream"), obj.get("offset", 0), finished=bool(obj["end"]),
-                     result=obj.get("result"))
+                     result=obj.get("result"), exit_status=obj.get("exit_status"))
     return Frame("data", obj["stream"], obj["offset"], base64.b64decode(obj["data"]))
 
 
@@ -326,8 +327,8 @@ class TaskInfo(NamedTuple):
     """A task as the daemon reports it (``GET /v1/tasks/ID``; ``result`` once finished).
 
     ``result`` is the core's result JSON (``TaskResult.to_dict()``, the same as ``corral run
-    --json-file``) and is passed through as it is; ``outcome`` and ``exit_status`` are taken
-    from it for convenience.
+    --json-file``, docs/result.md) passed through as it is; ``outcome`` and ``exit_status``
+    (what ``corral run`` would exit with) are the daemon's summary of it.
     """
 
     id: str
@@ -352,20 +353,20 @@ class TaskInfo(NamedTuple):
         return cls(**fields)
 
 
-def exit_status(result: dict[str, Any]) -> int:
-    """The exit status ``corral run`` would give for this result JSON."""
-    outcome = result.get("outcome")
+def exit_status(outcome: str | None, code: int | None, signal: int | None,
+                error_step: str | None = None, error_errno: int | None = None,
+                stop_reason: str | None = None) -> int:
+    """The exit status ``corral run`` gives for a result with these facts."""
     if outcome == "spawn_failed":
-        if result.get("error_step") == "exec":
-            return EXIT_NOT_FOUND if result.get("error_errno") == 2 else EXIT_CANNOT_RUN
+        if error_step == "exec":
+            return EXIT_NOT_FOUND if error_errno == 2 else EXIT_CANNOT_RUN
         return EXIT_FAILURE
     if outcome == "timed_out":
         return EXIT_TIMED_OUT
     if outcome == "cancelled":
-        stop = result.get("stop") or {}
-        return 128 + (15 if stop.get("reason") == "shutdown" else 2)
-    if result.get("signal") is not None:
-        return 128 + int(result["signal"])
-    if result.get("exit_code") is not None:
-        return int(result["exit_code"])
+        return 128 + (15 if stop_reason == "shutdown" else 2)
+    if signal is not None:
+        return 128 + int(signal)
+    if code is not None:
+        return int(code)
     return EXIT_FAILURE

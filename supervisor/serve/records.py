@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     pid INTEGER,                             -- the main process, once started
     leaf TEXT,                               -- the core's task id: the cgroup leaf's name
     outcome TEXT,
+    exit_status INTEGER,                     -- what corral run would exit with
     result TEXT                              -- TaskResult.to_dict(), JSON
 );
 CREATE UNIQUE INDEX IF NOT EXISTS tasks_idempotency ON tasks (uid, idempotency_key)
@@ -50,7 +51,7 @@ CREATE INDEX IF NOT EXISTS tasks_uid ON tasks (uid, seq);
 """
 
 COLUMNS = ("seq", "uid", "gid", "peer_pid", "name", "idempotency_key", "spec", "state",
-           "created_at", "started_at", "ended_at", "pid", "leaf", "outcome",
+           "created_at", "started_at", "ended_at", "pid", "leaf", "outcome", "exit_status",
            "result")
 
 
@@ -85,11 +86,12 @@ class Records:
         await self._call(_update, self._db, task_id, {
             "state": "running", "started_at": started_at, "pid": pid, "leaf": leaf})
 
-    async def ended(self, task_id: str, result: dict[str, Any]) -> None:
+    async def ended(self, task_id: str, outcome: str, exit_status: int,
+                    started_at: float | None, ended_at: float, result: dict[str, Any]) -> None:
+        """The end row: the result JSON exactly as the core made it."""
         await self._call(_update, self._db, task_id, {
-            "state": "finished", "ended_at": result.get("ended_at"),
-            "outcome": result.get("outcome"), "result": json.dumps(result),
-            "started_at": result.get("started_at")})
+            "state": "finished", "outcome": outcome, "exit_status": exit_status,
+            "started_at": started_at, "ended_at": ended_at, "result": json.dumps(result)})
 
     async def get(self, task_id: str) -> dict[str, Any] | None:
         return await self._call(_get, self._db, task_id)

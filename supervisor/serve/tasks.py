@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class DaemonTask:
     """One accepted task.  ``id`` is the record's (never reused); ``leaf`` is the core's."""
 
-    __slots__ = ("created_at", "done", "ended_at", "gid", "handle", "id", "output",
+    __slots__ = ("created_at", "done", "ended_at", "exit_status", "gid", "handle", "id", "output",
                  "peer_pid", "pid", "request", "result", "result_json", "spec", "started",
                  "started_at", "state", "stop_force", "stop_requests", "uid")
 
@@ -58,6 +58,7 @@ class DaemonTask:
         self.pid: int | None = None
         self.result: TaskResult | None = None
         self.result_json: dict[str, Any] | None = None
+        self.exit_status: int | None = None
         self.started = trio.Event()  # the core handed a handle over (or never will)
         self.done = trio.Event()  # the end record is written
         self.stop_requests = 0  # asked before a handle existed
@@ -70,21 +71,21 @@ class DaemonTask:
         return self.state
 
     def to_json(self, *, full: bool, position: int | None = None) -> dict[str, Any]:
-        r = self.result_json
+        r = self.result
         out: dict[str, Any] = {
             "id": self.id, "state": self.live_state, "argv": list(self.request.argv),
             "uid": self.uid, "gid": self.gid, "name": self.request.name,
             "created_at": self.created_at, "started_at": self.started_at,
             "ended_at": self.ended_at,
             "pid": self.pid,
-            "outcome": r["outcome"] if r else None,
-            "exit_status": exit_status(r) if r else None,
+            "outcome": str(r.outcome) if r else None,
+            "exit_status": self.exit_status,
         }
         if position is not None:
             out["queue_position"] = position
         if full:
             out["spec"] = self.request.to_json()
-            out["result"] = r
+            out["result"] = self.result_json
         return out
 
     def stop(self, force: bool) -> bool:
@@ -102,11 +103,12 @@ def row_json(row: dict[str, Any], *, full: bool) -> dict[str, Any]:
     """A task the daemon no longer holds in memory, from its record."""
     r = row.get("result")
     spec = row["spec"]
+    assert r is None or isinstance(r, dict)
     out: dict[str, Any] = {
         "id": row["id"], "state": row["state"], "argv": spec["argv"], "uid": row["uid"],
         "gid": row["gid"], "name": row["name"], "created_at": row["created_at"],
         "started_at": row["started_at"], "ended_at": row["ended_at"], "pid": row["pid"],
-        "outcome": row["outcome"], "exit_status": exit_status(r) if r else None,
+        "outcome": row["outcome"], "exit_status": row["exit_status"],
     }
     if full:
         out["spec"] = spec
@@ -155,14 +157,25 @@ async def run_task(d: Daemon, t: DaemonTask, *, never_start: bool = False) -> No
         t.started.set()
     t.result = result
     t.result_json = result.to_dict()
+    t.exit_status = exit_status_of(result)
     t.ended_at = result.ended_at
     t.started_at = result.started_at
     with trio.CancelScope(shield=True):  # the record is written whatever else happens
         try:
-            await d.records.ended(t.id, t.result_json)
+            await d.records.ended(t.id, str(result.outcome), t.exit_status, result.started_at,
+                                  result.ended_at, t.result_json)
         except Exception:
             log.exception("task %s: writing its end record failed", t.id)
     t.state = "finished"
     t.handle = None  # the core's handle is done with: let it go
     t.done.set()
     d.task_finished(t)
+
+
+def exit_status_of(result: TaskResult) -> int:
+    """What ``corral run`` would exit with for ``result`` (read from the object: the JSON
+    format is the core's to document, and is passed through untouched)."""
+    stop = result.stop
+    return exit_status(str(result.outcome), result.exit_code, result.signal,
+                       result.error_step, result.error_errno,
+                       None if stop is None else str(stop.reason))

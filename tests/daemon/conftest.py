@@ -42,6 +42,21 @@ settings.load_profile("corral-daemon")
 CORRAL = [sys.executable, "-c", "import sys; from supervisor.cli import main; sys.exit(main())"]
 
 
+def stop_reached(result: dict[str, Any]) -> str:
+    """How far a result's stop escalated (the result format's two spellings so far)."""
+    stop = result["stop"]
+    return str(stop.get("reached", stop.get("level")))
+
+
+def stream_total(result: dict[str, Any], stream: str = "stdout") -> tuple[int, bool]:
+    """(total bytes, log truncated) of a result's stream."""
+    if "output" in result:
+        s = result["output"][stream]
+        return s["total_bytes"], s["log_truncated"]
+    s = result[f"output_{stream}"]
+    return s["total"], s["log_truncated"]
+
+
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:

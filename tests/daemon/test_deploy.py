@@ -56,7 +56,8 @@ wait $daemon
     assert r.returncode == 0, r.stderr + (tmp_path / "daemon.log").read_text()
     leaf = next(line[3:] for line in (tmp_path / "out").read_text().splitlines()
                 if line.startswith("0::"))
-    assert re.fullmatch(r"/corral/tasks/[0-9a-f]+-1", leaf), leaf
+    # a leaf below the --cgroup-root the recipe made, inside the container's namespace
+    assert re.fullmatch(r"/corral(/[\w.-]+)+-1", leaf), leaf
     shown = json.loads((tmp_path / "show.json").read_text())
     assert shown["result"]["outcome"] == "succeeded"
     assert test_cgroup.children() and not test_cgroup.is_populated()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from conftest import RunningDaemon
+from conftest import RunningDaemon, stream_total
 
 Start = Callable[..., RunningDaemon]
 
@@ -49,8 +49,7 @@ def test_bytes_past_the_cap_are_a_gap_then_the_kept_tail(start_daemon: Start) ->
         task = c.submit(["sh", "-c", f"head -c {size} /dev/zero | tr '\\0' x; printf END"])
         result = c.wait(task.id).result
         assert result is not None
-        out = result["output_stdout"]
-        assert out["total"] == size + 3 and out["log_truncated"] is True
+        assert stream_total(result) == (size + 3, True)
         frames = list(c.output(task.id))
     data = [f for f in frames if f.kind == "data"]
     gaps = [f for f in frames if f.kind == "gap"]

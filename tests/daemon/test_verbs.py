@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Callable
 
 import pytest
-from conftest import RunningDaemon, wait_for
+from conftest import RunningDaemon, stop_reached, wait_for
 
 from supervisor.client import ApiError
 
@@ -23,7 +23,7 @@ def test_submit_wait_show_list_and_records(start_daemon: Start) -> None:
         assert done.state == "finished" and done.outcome == "failed"
         assert done.exit_status == 3
         r = done.result
-        assert r is not None and r["exit_code"] == 3 and r["cleanup"]["state"] == "clean"
+        assert r is not None and r["outcome"] == "failed" and r["cleanup"]["state"] == "clean"
         shown = c.show(t.id)
         assert shown.name == "three" and shown.spec == {"argv": ["sh", "-c", "echo out; echo "
                                                                  "err >&2; exit 3"],
@@ -77,7 +77,7 @@ def test_stop_is_graceful_then_forced_and_idempotent(start_daemon: Start) -> Non
         assert c.stop(t.id) is True  # the second request kills now
         done = c.wait(t.id, timeout=20)
         assert done.state == "finished" and done.outcome == "cancelled"
-        assert done.result is not None and done.result["stop"]["level"] == "killed"
+        assert done.result is not None and stop_reached(done.result) == "killed"
         assert c.stop(t.id) is False  # late: nothing changes
         assert c.show(t.id).outcome == "cancelled"
 
@@ -165,7 +165,7 @@ def test_cli_clients(start_daemon: Start) -> None:
     ps = d.corral("ps", check=True).stdout.decode()
     assert task_id in ps and "failed (4)" in ps
     shown = json.loads(d.corral("show", "--json", task_id, check=True).stdout)
-    assert shown["result"]["exit_code"] == 4
+    assert shown["exit_status"] == 4 and shown["result"]["outcome"] == "failed"
     assert d.corral("logs", task_id, check=True).stdout == b"hello\n"
     follow = d.corral("submit", "--follow", "--", "sh", "-c", "echo a; echo b >&2; exit 2")
     assert follow.returncode == 2 and follow.stdout == b"a\n" and b"b\n" in follow.stderr

@@ -115,7 +115,8 @@ class _Follower:
             if done:
                 assert t.result is not None
                 await self._after_file(send, t.result)
-                await send(_line({"end": True, "result": t.result_json}))
+                await send(_line({"end": True, "exit_status": t.exit_status,
+                                  "result": t.result_json}))
                 return
             if not self.follow:
                 await send(_line({"end": False, "offset": self.pos, "state": t.live_state}))
@@ -162,10 +163,20 @@ class _Recorded:
             if fd is not None:
                 os.close(fd)
         result = self.row.get("result")
-        total = (result or {}).get(f"output_{self.stream}", {}).get("total", 0)
+        total = _total(result, self.stream)
         if self.pos < total:
             await send(_line(gap_frame(self.stream, self.pos, total)))
         finished = self.row["state"] == "finished"
-        await send(_line({"end": True, "result": result} if finished else
+        await send(_line({"end": True, "exit_status": self.row["exit_status"],
+                          "result": result} if finished else
                          {"end": False, "offset": max(self.pos, total),
                           "state": self.row["state"]}))
+
+
+def _total(result: dict[str, Any] | None, stream: str) -> int:
+    """Bytes the stream had, from a recorded result (either JSON shape the core has had)."""
+    if not result:
+        return 0
+    nested = (result.get("output") or {}).get(stream) or {}
+    flat = result.get(f"output_{stream}") or {}
+    return int(nested.get("total_bytes", flat.get("total", 0)))
