@@ -121,28 +121,37 @@ class Driver:
             self.stop.waker = None
 
     def _step(self, now: float) -> None:
+        """What happened since the last wait, then the current state's rule."""
         if self.status is None and _exited_nowait(self.pidfd):
             self._on_main_exit(now)
         if self.status is not None and not self._populated():
             self.phase = DONE
         elif self.phase == RUNNING:
-            if self.status is None and self.stop.reason is None and now >= self.limit_at:
-                self.stop.request(StopReason.TIME_LIMIT, by_caller=False)
-            if self.stop.reason is not None or self.status is not None:
-                self._enter_term(now)
+            self._step_running(now)
         elif self.phase == TERM:
-            if self.stop.kill_now or now >= self.grace_end:
-                self._enter_kill(now)
-            elif now >= self.repeat_at:
-                self._send((self.stop.signal, signal.SIGCONT))
-                self.repeat_at = now + (self.spec_repeat or math.inf)
-                self.deadline = min(self.grace_end, self.repeat_at)
+            self._step_term(now)
         elif self.phase == KILL and now >= self.deadline:
-            self.problems.append(f"the leaf did not empty within {KILL_TIMEOUT:.0f}s of "
-                                 f"cgroup.kill")
-            # the main process itself may be stuck (D state): keep waiting for it
-            self.phase = DONE if self.status is not None else KILL
-            self.deadline = math.inf
+            self._step_kill_overdue()
+
+    def _step_running(self, now: float) -> None:
+        if self.status is None and self.stop.reason is None and now >= self.limit_at:
+            self.stop.request(StopReason.TIME_LIMIT, by_caller=False)
+        if self.stop.reason is not None or self.status is not None:
+            self._enter_term(now)
+
+    def _step_term(self, now: float) -> None:
+        if self.stop.kill_now or now >= self.grace_end:
+            self._enter_kill(now)
+        elif now >= self.repeat_at:
+            self._send((self.stop.signal, signal.SIGCONT))
+            self.repeat_at = now + (self.spec_repeat or math.inf)
+            self.deadline = min(self.grace_end, self.repeat_at)
+
+    def _step_kill_overdue(self) -> None:
+        self.problems.append(f"the leaf did not empty within {KILL_TIMEOUT:.0f}s of cgroup.kill")
+        # the main process itself may be stuck (D state): keep waiting for it
+        self.phase = DONE if self.status is not None else KILL
+        self.deadline = math.inf
 
     # ---- the states ------------------------------------------------------------------------
 
@@ -167,6 +176,8 @@ class Driver:
         main_alive = self._main_alive()
         self._leave_running()
         self._thaw()
+        if self.status is not None:
+            self._record_leftovers()  # what appeared since, named as it is now
         try:
             self.leaf.kill()
         except CgroupNotFound:

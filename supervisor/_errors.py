@@ -9,6 +9,8 @@
     │                                               (e.g. a ceiling below the default time limit)
     ├── PlacementError(SupervisorError)             no usable cgroup root: says what was found
     │                                               and what to change
+    ├── KeeperError(SupervisorError)                the keeper (the process that ends our root
+    │                                               if we die) could not start: why, and the fix
     └── InternalError(SupervisorError)              a bug in corral: report it
 
 A task that fails to start is not an exception: its result says ``spawn_failed`` with the errno

@@ -105,7 +105,29 @@ class TaskSpec:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
+        # One check per field group, in the order of the fields; each refuses with a
+        # SpecError naming the field, or stores the normalised value.
+        self._check_argv()
+        self._check_env()
+        self._check_paths()
+        self._check_stdio()
+        self._check_tty()
+        self._check_times()
+        for name in ("output_head", "output_tail"):
+            _byte_count(name, getattr(self, name))
+        if self.log_max_bytes is not None:
+            _byte_count("log_max_bytes", self.log_max_bytes, low=1)
+        if not isinstance(self.limits, Limits):
+            raise SpecError("limits", f"limits must be a cgroupfs.Limits, got {self.limits!r}: "
+                                      f"build one like Limits(memory_max=512 * 2**20)")
+        if not isinstance(self.isolation, Isolation):
+            raise SpecError("isolation", f"isolation must be a supervisor.Isolation, got "
+                                         f"{self.isolation!r}")
+        if self.name is not None and (not isinstance(self.name, str) or len(self.name) > 256):
+            raise SpecError("name", f"name must be a string of at most 256 characters, got "
+                                    f"{self.name!r}")
+
+    def _check_argv(self) -> None:
         argv: Any = self.argv
         if isinstance(argv, str | bytes):
             raise SpecError("argv", f"argv must be a list of strings like [\"make\", \"test\"], "
@@ -121,41 +143,48 @@ class TaskSpec:
             _no_nul("argv", a)
         if not argv[0]:
             raise SpecError("argv", "argv[0] must name the command, got an empty string")
-        set_(self, "argv", tuple(argv))
+        object.__setattr__(self, "argv", tuple(argv))
 
-        if self.env is not None:
-            if not isinstance(self.env, Mapping):
-                raise SpecError("env", f"env must be a mapping of names to strings, "
-                                       f"got {self.env!r}")
-            for k, v in self.env.items():
-                if not isinstance(k, str) or not k or "=" in k:
-                    raise SpecError("env", f"env names must be non-empty strings without '=', "
-                                           f"got {k!r}")
-                if not isinstance(v, str):
-                    raise SpecError("env", f"env[{k!r}] must be a string, got {v!r}: "
-                                           f"convert it with str()")
-                _no_nul("env", k)
-                _no_nul("env", v)
-            set_(self, "env", dict(self.env))
+    def _check_env(self) -> None:
+        if self.env is None:
+            return
+        if not isinstance(self.env, Mapping):
+            raise SpecError("env", f"env must be a mapping of names to strings, got {self.env!r}")
+        for k, v in self.env.items():
+            if not isinstance(k, str) or not k or "=" in k:
+                raise SpecError("env", f"env names must be non-empty strings without '=', "
+                                       f"got {k!r}")
+            if not isinstance(v, str):
+                raise SpecError("env", f"env[{k!r}] must be a string, got {v!r}: convert it "
+                                       f"with str()")
+            _no_nul("env", k)
+            _no_nul("env", v)
+        object.__setattr__(self, "env", dict(self.env))
 
-        if self.cwd is not None:
-            if not isinstance(self.cwd, str | os.PathLike) or not os.fspath(self.cwd):
-                raise SpecError("cwd", f"cwd must be a directory path, got {self.cwd!r}")
-            set_(self, "cwd", os.path.abspath(os.fspath(self.cwd)))
-            _no_nul("cwd", self.cwd)
+    def _check_paths(self) -> None:
+        for name, what in (("cwd", "a directory path"), ("log_file", "a file path")):
+            value: Any = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+                raise SpecError(name, f"{name} must be {what}, got {value!r}")
+            object.__setattr__(self, name, os.path.abspath(os.fspath(value)))
+            _no_nul(name, getattr(self, name))
 
+    def _check_stdio(self) -> None:
         stdin: Any = self.stdin
         if isinstance(stdin, bytearray | memoryview):
-            set_(self, "stdin", bytes(stdin))
+            object.__setattr__(self, "stdin", bytes(stdin))
         elif not (stdin is None or stdin in ("inherit", "pipe") or isinstance(stdin, bytes)):
             raise SpecError("stdin", f"stdin must be None (/dev/null), bytes to feed, \"pipe\" "
                                      f"(TaskHandle.write_stdin) or \"inherit\", got {stdin!r}")
-        self._check_tty()
-
         for name in ("stdout", "stderr"):
             if getattr(self, name) not in ("capture", "inherit"):
                 raise SpecError(name, f"{name} must be \"capture\" or \"inherit\", "
                                       f"got {getattr(self, name)!r}")
+
+    def _check_times(self) -> None:
+        set_ = object.__setattr__
         if self.time_limit is not None:
             set_(self, "time_limit", _duration("time_limit", self.time_limit))
         set_(self, "grace", _duration("grace", self.grace, allow_zero=True))
@@ -172,22 +201,6 @@ class TaskSpec:
         except UnitsError as e:
             raise SpecError("stop_signal", str(e)) from None
         set_(self, "stop_signal", int(sig))
-
-        _byte_count("output_head", self.output_head)
-        _byte_count("output_tail", self.output_tail)
-        if self.log_max_bytes is not None:
-            _byte_count("log_max_bytes", self.log_max_bytes, low=1)
-        if self.log_file is not None:
-            if not isinstance(self.log_file, str | os.PathLike) or not os.fspath(self.log_file):
-                raise SpecError("log_file", f"log_file must be a file path, "
-                                            f"got {self.log_file!r}")
-            set_(self, "log_file", os.path.abspath(os.fspath(self.log_file)))
-        if not isinstance(self.limits, Limits):
-            raise SpecError("limits", f"limits must be a cgroupfs.Limits, got {self.limits!r}: "
-                                      f"build one like Limits(memory_max=512 * 2**20)")
-        if not isinstance(self.isolation, Isolation):
-            raise SpecError("isolation", f"isolation must be a supervisor.Isolation, got "
-                                         f"{self.isolation!r}")
 
     def _check_tty(self) -> None:
         if not isinstance(self.tty, bool):

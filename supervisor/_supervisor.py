@@ -371,30 +371,40 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
         # Armed before any task exists: if this process dies, the keeper kills the root.
         keeper = Keeper.start(placement.root)
         guard.start()
-        watcher, reactor = CgroupWatcher(), IoReactor()
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watcher.run)
-                nursery.start_soon(reactor.run)
-                sup = Supervisor(placement, watcher, reactor, guard, default, ceiling,
-                                 retain_results)
-                nursery.start_soon(sup._guard_root)
-                try:
-                    yield sup
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await sup._shutdown()
-                    nursery.cancel_scope.cancel()
-                    watcher.stop()
-                    reactor.stop()
-        except BaseExceptionGroup as group:
-            # The nursery is ours (it only runs our helpers): what the caller's block raised
-            # comes back as itself, not wrapped in a group of ours.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+        async with _serving(placement, guard, default, ceiling, retain_results) as sup:
+            yield sup
     finally:
         guard.close()
-        placement.close()
-        if keeper is not None:
-            keeper.close()
+        try:
+            placement.close()
+        finally:
+            if keeper is not None:
+                keeper.close()
+
+
+@asynccontextmanager
+async def _serving(placement: Placement, guard: SpawnGuard, default: float | None,
+                   ceiling: float | None, retain: int) -> AsyncIterator[Supervisor]:
+    """The supervisor's own trio tasks (watcher, reactor, root guard) around the caller's
+    block; on exit every task is stopped and recorded first, then they go."""
+    watcher, reactor = CgroupWatcher(), IoReactor()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watcher.run)
+            nursery.start_soon(reactor.run)
+            sup = Supervisor(placement, watcher, reactor, guard, default, ceiling, retain)
+            nursery.start_soon(sup._guard_root)
+            try:
+                yield sup
+            finally:
+                with trio.CancelScope(shield=True):
+                    await sup._shutdown()
+                nursery.cancel_scope.cancel()
+                watcher.stop()
+                reactor.stop()
+    except BaseExceptionGroup as group:
+        # The nursery is ours (it only runs our helpers): what the caller's block raised
+        # comes back as itself, not wrapped in a group of ours.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -394,9 +394,6 @@ def _plumb(task: TaskHandle, undo: contextlib.ExitStack,
     """The child's fds 0, 1, 2, and our ends of them (registered once the spawn succeeded).
     Fds opened for the child go on ``child_ends`` (closed right after the spawn, whatever
     happens: EOF never comes while we hold a writer); ours on ``undo``."""
-    spec, io = task.spec, _Io()
-    assert task._stdout is not None and task._stderr is not None
-
     def ours(fd: int) -> int:
         undo.callback(os.close, fd)
         return fd
@@ -405,36 +402,15 @@ def _plumb(task: TaskHandle, undo: contextlib.ExitStack,
         child_ends.callback(os.close, fd)
         return fd
 
-    if spec.tty:
-        master, slave = os.openpty()
-        ours(master)
-        theirs(slave)
-        if spec.tty_size is not None:
-            fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", *spec.tty_size, 0, 0))
-        os.set_blocking(master, False)
-        io.master = master
-        _capture(task._stdout, spec, "stdout", undo, mode="tty")
-        task._stderr.mode = "tty"
-        task._stderr.close()
-        io.readers.append((master, task._stdout))
-        io.feed = StdinFeed(spec.stdin if isinstance(spec.stdin, bytes) else b"")
-        io.feed_fd = ours(os.dup(master))
-        return [slave, slave, slave], io
-    if spec.stdin == "inherit":
-        stdin = 0
-    elif spec.stdin is None:
-        stdin = theirs(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-    else:
-        r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        os.set_blocking(r, True)  # the child's end: blocking, as any program expects
-        stdin = theirs(r)
-        data = spec.stdin if isinstance(spec.stdin, bytes) else b""
-        io.feed = StdinFeed(data, eof=spec.stdin != "pipe")
-        io.feed_fd = ours(w)
+    if task.spec.tty:
+        return _plumb_tty(task, ours, theirs, undo)
+    io = _Io()
+    stdin = _plumb_stdin(task.spec, io, ours, theirs)
     outs = []
     for name, inherited in (("stdout", 1), ("stderr", 2)):
         cap = task._stdout if name == "stdout" else task._stderr
-        if getattr(spec, name) == "inherit":
+        assert cap is not None
+        if getattr(task.spec, name) == "inherit":
             cap.mode = "inherit"
             cap.close()
             outs.append(inherited)
@@ -443,9 +419,45 @@ def _plumb(task: TaskHandle, undo: contextlib.ExitStack,
         os.set_blocking(ours(r), False)
         enlarge_pipe(r)
         outs.append(theirs(w))
-        _capture(cap, spec, name, undo)
+        _capture(cap, task.spec, name, undo)
         io.readers.append((r, cap))
     return [stdin, *outs], io
+
+
+def _plumb_stdin(spec: TaskSpec, io: _Io, ours: Callable[[int], int],
+                 theirs: Callable[[int], int]) -> int:
+    if spec.stdin == "inherit":
+        return 0
+    if spec.stdin is None:
+        return theirs(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    os.set_blocking(r, True)  # the child's end: blocking, as any program expects
+    data = spec.stdin if isinstance(spec.stdin, bytes) else b""
+    io.feed = StdinFeed(data, eof=spec.stdin != "pipe")
+    io.feed_fd = ours(w)
+    return theirs(r)
+
+
+def _plumb_tty(task: TaskHandle, ours: Callable[[int], int], theirs: Callable[[int], int],
+               undo: contextlib.ExitStack) -> tuple[list[int], _Io]:
+    """A new pseudo-terminal: the slave is the child's 0, 1 and 2 (and its controlling
+    terminal); we read and write the master."""
+    spec, io = task.spec, _Io()
+    assert task._stdout is not None and task._stderr is not None
+    master, slave = os.openpty()
+    ours(master)
+    theirs(slave)
+    if spec.tty_size is not None:
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", *spec.tty_size, 0, 0))
+    os.set_blocking(master, False)
+    io.master = master
+    _capture(task._stdout, spec, "stdout", undo, mode="tty")
+    task._stderr.mode = "tty"
+    task._stderr.close()
+    io.readers.append((master, task._stdout))
+    io.feed = StdinFeed(spec.stdin if isinstance(spec.stdin, bytes) else b"")
+    io.feed_fd = ours(os.dup(master))
+    return [slave, slave, slave], io
 
 
 def _capture(cap: StreamCapture, spec: TaskSpec, name: str, undo: contextlib.ExitStack,
@@ -572,25 +584,8 @@ def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None, problems: l
     oom_kills = None
     if stats is not None and stats.memory_events is not None:
         oom_kills = stats.memory_events.oom_kill
-    stop = task._stop
-    if stop.landed:
-        outcome = Outcome.TIMED_OUT if stop.reason == StopReason.TIME_LIMIT else Outcome.CANCELLED
-    elif sig == 9 and oom_kills:
-        outcome = Outcome.OOM_KILLED
-    elif sig is not None:
-        outcome = Outcome.SIGNALED
-    elif exit_code:
-        outcome = Outcome.FAILED
-    else:
-        outcome = Outcome.SUCCEEDED
-    notes = list(d.notes)
-    if stop.reason is not None and not stop.landed:
-        notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
-    if oom_kills and outcome != Outcome.OOM_KILLED:
-        notes.append(f"the OOM killer ended {oom_kills} process(es) in the task's cgroup")
-    if spawned.fallback_errno:
-        notes.append(f"spawned by {spawned.method}: clone3 into the cgroup was refused "
-                     f"({errno.errorcode.get(spawned.fallback_errno, '?')})")
+    outcome = _classify(task._stop, exit_code, sig, oom_kills)
+    notes = [*d.notes, *_outcome_notes(task._stop, outcome, oom_kills, spawned)]
     notes += [i.text for i in task._rt.incidents if i.at >= t0]
     escaped = tuple(d.escaped.values())
     if escaped:
@@ -599,10 +594,36 @@ def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None, problems: l
     containment = Containment("cgroup", leaf_path, spawned.method,
                               tuple(sorted(task._rt.controllers)), escaped,
                               task.spec.isolation.describe())
+    usage = _usage(stats, d.exited_at - t0, oom_kills)
     return _record(task, outcome, started=True, exit_code=exit_code, sig=sig,
-                   cleanup=_cleanup(d, problems), usage=_usage(stats, d.exited_at - t0,
-                                                                oom_kills),
-                   t0=t0, started_at=started_at, notes=notes, containment=containment)
+                   cleanup=_cleanup(d, problems), usage=usage, t0=t0, started_at=started_at,
+                   notes=notes, containment=containment)
+
+
+def _classify(stop: StopState, exit_code: int | None, sig: int | None,
+              oom_kills: int | None) -> Outcome:
+    """The outcome: a stop that landed first (stopped at its time limit is ``timed_out`` even
+    if it then exits 0), then the OOM killer, then the exit itself."""
+    if stop.landed:
+        return Outcome.TIMED_OUT if stop.reason == StopReason.TIME_LIMIT else Outcome.CANCELLED
+    if sig == 9 and oom_kills:
+        return Outcome.OOM_KILLED
+    if sig is not None:
+        return Outcome.SIGNALED
+    return Outcome.FAILED if exit_code else Outcome.SUCCEEDED
+
+
+def _outcome_notes(stop: StopState, outcome: Outcome, oom_kills: int | None,
+                   spawned: Spawned) -> list[str]:
+    notes = []
+    if stop.reason is not None and not stop.landed:
+        notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
+    if oom_kills and outcome != Outcome.OOM_KILLED:
+        notes.append(f"the OOM killer ended {oom_kills} process(es) in the task's cgroup")
+    if spawned.fallback_errno:
+        notes.append(f"spawned by {spawned.method}: clone3 into the cgroup was refused "
+                     f"({errno.errorcode.get(spawned.fallback_errno, '?')})")
+    return notes
 
 
 def _cleanup(d: Driver, problems: list[str]) -> Cleanup:

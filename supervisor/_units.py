@@ -124,16 +124,7 @@ def parse_duration(
     """
     rule = "a positive duration" if not allow_zero else "a duration (zero or more)"
     rule += ' like "30s", "5min" or "1h 30min"' + (', or "infinity"' if allow_infinity else "")
-    total: Fraction | None  # None is infinity
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise _refuse(what, rule, value, _type_detail(value, "a duration"))
-    if isinstance(value, str):
-        text = value.strip()
-        total = None if text == "infinity" else _sum_duration(text, what, rule, value)
-    elif isinstance(value, float) and (math.isnan(value) or value == -math.inf):
-        raise _refuse(what, rule, value, "NaN is not a duration" if math.isnan(value) else "")
-    else:
-        total = None if value == math.inf else Fraction(value)
+    total = _duration_value(value, what, rule)  # None is infinity
     if total is None:
         if allow_infinity:
             return math.inf
@@ -143,6 +134,18 @@ def parse_duration(
     if total > _ABSURD:
         raise _too_big(what, value, "absurdly long (more than 100 years)", rule)
     return float(total)
+
+
+def _duration_value(value: object, what: str, rule: str) -> Fraction | None:
+    """The exact seconds ``value`` says, None for infinity; refuses what is no duration."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _refuse(what, rule, value, _type_detail(value, "a duration"))
+    if isinstance(value, str):
+        text = value.strip()
+        return None if text == "infinity" else _sum_duration(text, what, rule, value)
+    if isinstance(value, float) and (math.isnan(value) or value == -math.inf):
+        raise _refuse(what, rule, value, "NaN is not a duration" if math.isnan(value) else "")
+    return None if value == math.inf else Fraction(value)
 
 
 def _sum_duration(text: str, what: str, rule: str, value: object) -> Fraction:
@@ -252,29 +255,34 @@ def parse_size(
             if allow_max:
                 return "max"
             raise _refuse(what, rule, value, "a finite size is needed here")
-        if not text:
-            raise _refuse(what, rule, value, "it is empty")
-        if text.endswith("%"):
-            size = _percent_of(text, allow_percent_of, what, rule, value)
-        elif (match := _SIZE.fullmatch(text)) is None:
-            negative = text.startswith("-")
-            raise _refuse(what, rule, value, "sizes cannot be negative" if negative else "")
-        else:
-            number, suffix = match.groups()
-            if suffix not in _SIZE_SUFFIXES:
-                letter = suffix[0].upper()
-                fix = f'; write "{number}{letter}"' if letter in tuple("KMGTPE") else ""
-                why = "K, M, G, T, P, E are powers of 1024; case matters"
-                raise _refuse(what, rule, value, f'"{suffix}" is not a size suffix{fix} ({why})')
-            if "." in number and _SIZE_SUFFIXES[suffix] == 1:
-                raise _refuse(what, rule, value, f'"{number}" is not a whole number of bytes')
-            size = math.floor(_exact(number) * _SIZE_SUFFIXES[suffix])
+        size = _size_text(text, what, rule, value, allow_percent_of)
     if size < 0:
         raise _refuse(what, rule, value, "sizes cannot be negative")
     if size > _INT64_MAX:
         more = '; use "infinity" for no limit' if allow_max else ""
         raise _refuse(what, rule, value, f"that is over 2**63-1 bytes, the kernel's most{more}")
     return size
+
+
+def _size_text(text: str, what: str, rule: str, value: object, percent_of: int | None) -> int:
+    """Bytes in a size's text: a number with a suffix, or a percentage of ``percent_of``."""
+    if not text:
+        raise _refuse(what, rule, value, "it is empty")
+    if text.endswith("%"):
+        return _percent_of(text, percent_of, what, rule, value)
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise _refuse(what, rule, value, "sizes cannot be negative" if text.startswith("-")
+                      else "")
+    number, suffix = match.groups()
+    if suffix not in _SIZE_SUFFIXES:
+        letter = suffix[0].upper()
+        fix = f'; write "{number}{letter}"' if letter in tuple("KMGTPE") else ""
+        why = "K, M, G, T, P, E are powers of 1024; case matters"
+        raise _refuse(what, rule, value, f'"{suffix}" is not a size suffix{fix} ({why})')
+    if "." in number and _SIZE_SUFFIXES[suffix] == 1:
+        raise _refuse(what, rule, value, f'"{number}" is not a whole number of bytes')
+    return int(math.floor(_exact(number) * _SIZE_SUFFIXES[suffix]))
 
 
 def parse_count(
