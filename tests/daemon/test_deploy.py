@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import CORRAL
+from daemon_util import CORRAL
 
 import cgroupfs
 

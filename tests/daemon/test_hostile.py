@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import RunningDaemon, wait_for
+from daemon_util import RunningDaemon, wait_for
 
 from supervisor.client import ApiError
 

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from conftest import RunningDaemon, User, as_users
+from daemon_util import RunningDaemon, User, as_users
 
 from supervisor.client import Client
 

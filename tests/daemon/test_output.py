@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from conftest import RunningDaemon, stream_total
+from daemon_util import RunningDaemon, stream_total
 
 Start = Callable[..., RunningDaemon]
 

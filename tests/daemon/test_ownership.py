@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon, User, as_user
+from daemon_util import RunningDaemon, User, as_user
 
 from supervisor.client import ApiError, Client
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon, User, as_user, stop_reached, wait_for
+from daemon_util import RunningDaemon, User, as_user, stop_reached, wait_for
 
 from supervisor.client import ApiError, Client
 

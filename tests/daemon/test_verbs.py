@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Callable
 
 import pytest
-from conftest import RunningDaemon, stop_reached, wait_for
+from daemon_util import RunningDaemon, stop_reached, wait_for
 
 from supervisor.client import ApiError
 

@@ -1,0 +1,249 @@
+"""Helpers and fixtures for ``corral serve``'s tests (conftest.py registers the fixtures; a
+uniquely named module, since every test folder's conftest is a module named ``conftest``).
+
+- ``start_daemon(*args)``: a ``corral serve`` process on a fresh socket (in a 0755 directory,
+  so other uids can reach it) and state directory, with the test's own ``corral-test-*``
+  cgroup as ``--cgroup-root``.  At teardown: SIGTERM, a clean exit is required, and the
+  cgroup must be empty and removable (tests/conftest.py checks that).
+- ``users``: four throw-away users (``useradd``; unique names; removed at the session's end).
+- ``as_user(user, fn)``: ``fn()`` in a forked child that dropped to the user's uid, gid and
+  groups, so that the daemon sees that uid through SO_PEERCRED; returns what ``fn`` returned
+  (JSON), or re-raises an ``ApiError`` it raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from hypothesis import settings
+
+import cgroupfs
+from supervisor.client import Client
+from supervisor.serve.protocol import ApiError
+
+# no example database in the checkout: the property tests stay reproducible by their seed
+settings.register_profile("corral-daemon", database=None)
+settings.load_profile("corral-daemon")
+
+CORRAL = [sys.executable, "-c", "import sys; from supervisor.cli import main; sys.exit(main())"]
+
+
+def stop_reached(result: dict[str, Any]) -> str:
+    """How far a result's stop escalated (the result format's two spellings so far)."""
+    stop = result["stop"]
+    return str(stop.get("reached", stop.get("level")))
+
+
+def stream_total(result: dict[str, Any], stream: str = "stdout") -> tuple[int, bool]:
+    """(total bytes, log truncated) of a result's stream."""
+    if "output" in result:
+        s = result["output"][stream]
+        return s["total_bytes"], s["log_truncated"]
+    s = result[f"output_{stream}"]
+    return s["total"], s["log_truncated"]
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def connectable(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+class RunningDaemon:
+    def __init__(self, proc: subprocess.Popen[bytes], sock: str, state: Path, log: Path,
+                 cgroup: str) -> None:
+        self.proc = proc
+        self.socket = sock
+        self.state = state
+        self.log = log
+        self.cgroup = cgroup
+
+    def client(self, timeout: float | None = 60) -> Client:
+        return Client(self.socket, timeout=timeout)
+
+    def corral(self, *args: str, check: bool = False, timeout: float = 60,
+               input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        env = dict(os.environ, CORRAL_SOCKET=self.socket)
+        proc = subprocess.run([*CORRAL, *args], capture_output=True, env=env, timeout=timeout,
+                              cwd=os.path.dirname(self.socket), input=input, check=False)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"corral {' '.join(args)} exited {proc.returncode}: "
+                                 f"{proc.stderr.decode()}")
+        return proc
+
+    def curl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["curl", "-sS", "--unix-socket", self.socket, *args],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    def rows(self) -> list[dict[str, Any]]:
+        db = sqlite3.connect(f"file:{self.state}/state.db?mode=ro", uri=True)
+        try:
+            db.row_factory = sqlite3.Row
+            return [dict(r) for r in db.execute("SELECT * FROM tasks ORDER BY seq")]
+        finally:
+            db.close()
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"the daemon did not exit within {timeout}s of SIGTERM; "
+                                     f"log: {self.log.read_text()[-2000:]}") from None
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def start_daemon(test_cgroup: cgroupfs.Cgroup, tmp_path: Path,
+                 ) -> Iterator[Callable[..., RunningDaemon]]:
+    started: list[RunningDaemon] = []
+    sockdirs: list[str] = []
+
+    def start(*extra: str, env: dict[str, str] | None = None) -> RunningDaemon:
+        sockdir = tempfile.mkdtemp(prefix="corral-test-sock-")
+        os.chmod(sockdir, 0o755)
+        sockdirs.append(sockdir)
+        sock = os.path.join(sockdir, "corral.sock")
+        state = tmp_path / f"state{len(started)}"
+        log = tmp_path / f"daemon{len(started)}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [*CORRAL, "serve", "--socket", sock, "--state-dir", str(state),
+                 "--cgroup-root", test_cgroup.path, *extra],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=sockdir,
+                env=env)
+        d = RunningDaemon(proc, sock, state, log, test_cgroup.path)
+        started.append(d)
+        wait_for(lambda: proc.poll() is not None or connectable(sock), "the daemon's socket")
+        assert proc.poll() is None, f"the daemon exited {proc.returncode}: {log.read_text()}"
+        return d
+
+    try:
+        yield start
+    finally:
+        problems = []
+        for d in started:
+            status = d.stop()
+            if status != 0:
+                problems.append(f"the daemon exited {status}: {d.log_text()[-3000:]}")
+            elif "Traceback" in d.log_text():
+                problems.append(f"the daemon logged a traceback: {d.log_text()[-3000:]}")
+        for sockdir in sockdirs:
+            shutil.rmtree(sockdir, ignore_errors=True)
+        assert not problems, "\n".join(problems)
+
+
+class User(NamedTuple):
+    name: str
+    uid: int
+    gid: int
+
+
+@pytest.fixture(scope="session")
+def users() -> Iterator[list[User]]:
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to create test users")
+    tag = secrets.token_hex(3)
+    made: list[User] = []
+    try:
+        for i in range(4):
+            name = f"corral-t{tag}-{i}"
+            subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
+                            "/usr/sbin/nologin", name], check=True, capture_output=True)
+            pw = pwd.getpwnam(name)
+            made.append(User(name, pw.pw_uid, pw.pw_gid))
+        yield made
+    finally:
+        for u in made:
+            subprocess.run(["userdel", u.name], check=False, capture_output=True)
+
+
+def as_user(user: User | None, fn: Callable[[], Any], timeout: float = 120) -> Any:
+    """``fn()`` as ``user`` (None: as root) in a forked child; its JSON-able return value."""
+    return as_users([(user, fn)], timeout)[0]
+
+
+def as_users(calls: list[tuple[User | None, Callable[[], Any]]], timeout: float = 120,
+             ) -> list[Any]:
+    """Each ``fn()`` as its user, all at once (one forked child each); their return values."""
+    children = [_fork_as(user, fn) for user, fn in calls]
+    return [_collect(pid, r, user, timeout) for (pid, r), (user, _) in
+            zip(children, calls, strict=True)]
+
+
+def _fork_as(user: User | None, fn: Callable[[], Any]) -> tuple[int, int]:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            os.close(r)
+            if user is not None:
+                os.setgroups([])
+                os.setgid(user.gid)
+                os.setuid(user.uid)
+            out: dict[str, Any] = {"ok": fn()}
+        except ApiError as e:
+            out = {"api_error": [e.status, e.code, e.message, e.field]}
+        except BaseException as e:
+            out = {"error": repr(e)}
+        try:
+            data = json.dumps(out, default=str).encode()
+            while data:
+                data = data[os.write(w, data):]
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _collect(pid: int, r: int, user: User | None, timeout: float) -> Any:
+    chunks = []
+    deadline = time.monotonic() + timeout
+    with os.fdopen(r, "rb") as f:
+        while chunk := f.read(65536):
+            chunks.append(chunk)
+            assert time.monotonic() < deadline
+    os.waitpid(pid, 0)
+    out = json.loads(b"".join(chunks) or b'{"error": "no answer from the child"}')
+    if "api_error" in out:
+        raise ApiError(*out["api_error"])
+    if "error" in out:
+        raise AssertionError(f"as {user}: {out['error']}")
+    return out["ok"]
