@@ -236,8 +236,9 @@ def _capability_error(what: str, value: object) -> SpecError:
                          "to drop them, or a list of names", value)
 
 
+@functools.lru_cache(maxsize=256)
 def _names(mask: int) -> tuple[str, ...]:
-    return tuple(capability_name(n) for n in range(64) if (mask >> n) & 1)
+    return tuple(capability_name(n) for n in range(mask.bit_length()) if (mask >> n) & 1)
 
 
 def _mask(names: Iterable[str]) -> int:
@@ -247,7 +248,10 @@ def _mask(names: Iterable[str]) -> int:
 # --- the host: our own credentials, capabilities and what the kernel lets us make -------------
 
 
+@functools.cache
 def _proc_status() -> dict[str, str]:
+    """Our /proc/self/status, read once: corral never changes its own capabilities or umask
+    (and reading it costs ~50 us)."""
     with open("/proc/self/status") as f:
         return dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
 
@@ -316,6 +320,7 @@ class _CgroupMounts:
         self._lock = threading.Lock()
         self._fd = -1
         self._mounts: tuple[tuple[str, int], ...] = ()
+        self._visible: tuple[object, object, tuple[tuple[str, int], ...]] = (None, None, ())
 
     def get(self) -> tuple[tuple[str, int], ...]:
         """``(mount point, MS_* flags to keep)`` of each cgroup mount, parents first."""
@@ -331,6 +336,15 @@ class _CgroupMounts:
                 chunks.append(chunk)
             self._mounts = _cgroup_mounts(os.fsdecode(b"".join(chunks)))
             return self._mounts
+
+    def visible(self, tmp: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+        """The mounts less those under a private ``tmp`` (hidden by its tmpfs: nothing to
+        remount there), the same tuple while nothing changed (the spawn caches by it)."""
+        mounts = self.get()
+        if self._visible[:2] != (mounts, tmp):
+            hidden = tuple(t.rstrip("/") + "/" for t in tmp)
+            self._visible = (mounts, tmp, tuple(m for m in mounts if not m[0].startswith(hidden)))
+        return self._visible[2]
 
     def _changed(self) -> bool:
         poller = select.poll()
@@ -496,7 +510,16 @@ class Isolation:
     _r: _Resolved = field(default=_Resolved(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self._all_defaults():
+            return  # every TaskSpec makes one: nothing to check, nothing to look up
         self._normalize({f: f for f in (*_PROPERTY_OF, "rlimits")})
+
+    def _all_defaults(self) -> bool:
+        return (self.user is None and self.group is None and self.supplementary_groups == ()
+                and self.no_new_privileges is False and self.umask is None and not self.rlimits
+                and self.private_network is False and self.private_tmp is False
+                and self.protect_control_groups is False
+                and self.capability_bounding_set is None and self.ambient_capabilities == ())
 
     @classmethod
     def from_properties(cls, items: Iterable[tuple[str, str]]) -> Isolation:
@@ -592,7 +615,7 @@ class Isolation:
 
     def is_empty(self) -> bool:
         """True when the task runs exactly as the supervisor does."""
-        return self == Isolation()
+        return self._all_defaults()
 
     @contextlib.contextmanager
     def prepare(self) -> Iterator[dict[str, Any]]:
@@ -627,11 +650,7 @@ class Isolation:
         return options
 
     def _read_only(self, tmp: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-        if not self.protect_control_groups:
-            return ()
-        # A cgroup mount under /tmp is hidden by the private tmpfs: nothing to remount there.
-        hidden = tuple(t.rstrip("/") + "/" for t in tmp)
-        return tuple(m for m in _CGROUP_MOUNTS.get() if not m[0].startswith(hidden))
+        return _CGROUP_MOUNTS.visible(tmp) if self.protect_control_groups else ()
 
     def describe(self) -> dict[str, Any]:
         """What the task really had, for the result's ``containment`` (JSON-ready).
@@ -699,6 +718,8 @@ def _check_rlimits(iso: Isolation, prefix: str) -> None:
 
 
 def _check_caps(iso: Isolation, names: Mapping[str, str]) -> None:
+    if iso._r.bounding is None and not iso._r.ambient:
+        return
     if iso._r.bounding is not None and not _has_cap("CAP_SETPCAP"):
         raise SpecError(names["capability_bounding_set"], f"{names['capability_bounding_set']}"
                         f" needs CAP_SETPCAP to drop capabilities, which corral lacks; run "
@@ -712,20 +733,24 @@ def _check_caps(iso: Isolation, names: Mapping[str, str]) -> None:
                         f"with {them}, or drop {them} here")
 
 
+@functools.lru_cache(maxsize=64)
+def _user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
 def _describe(iso: Isolation) -> dict[str, Any]:
     r, c = iso._r, iso._r.creds
     uid = os.geteuid() if c.uid is None else c.uid
-    status = _proc_status()
-    bounding = int(status["CapBnd"], 16) & (r.bounding if r.bounding is not None else ~0)
+    bounding = _our_caps("Bnd") & (r.bounding if r.bounding is not None else ~0)
     ambient = r.ambient & bounding
     held = bounding if uid == 0 else ambient  # what execve(2) gives a root / other program
     read_only = [p for p, _ in iso._read_only(_tmp_dirs() if iso.private_tmp else ())]
     routes = _escape_routes(uid, held, cgroupfs_writable=not read_only)
-    umask = int(status["Umask"], 8) if r.umask is None else r.umask
-    try:
-        user: str | None = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        user = c.user_name
+    umask = int(_proc_status()["Umask"], 8) if r.umask is None else r.umask
+    user = c.user_name if c.user_name is not None else _user_name(uid)
     return {
         "user": user, "uid": uid, "gid": os.getegid() if c.gid is None else c.gid,
         "groups": list(os.getgroups() if c.groups is None else c.groups),

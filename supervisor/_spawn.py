@@ -287,6 +287,23 @@ def spawn(
     return Spawned(r.pid, r.pidfd, _METHODS[r.method], r.fallback_errno)
 
 
+def _mount_paths(paths: tuple[str, ...]) -> Any:
+    """The C array of ``paths``: the same few lists (/tmp, the cgroup mounts) come with every
+    isolated spawn, so they are made once and kept (with their strings) by a small cache."""
+    return _mount_paths_kept(paths)[0]
+
+
+@functools.lru_cache(maxsize=16)
+def _mount_paths_kept(paths: tuple[str, ...]) -> tuple[Any, list[Any]]:
+    keep: list[Any] = []
+    return _cstrings([os.fsencode(p) for p in paths], keep), keep
+
+
+@functools.lru_cache(maxsize=16)
+def _mount_flags(flags: tuple[int, ...]) -> Any:
+    return ffi.new("unsigned long[]", list(flags) or [0])
+
+
 @dataclass(frozen=True, slots=True)
 class _IsolationArgs:
     """The isolation keywords of :func:`spawn`, checked, and their place in the C arguments."""
@@ -321,12 +338,10 @@ class _IsolationArgs:
             flags |= lib.CORRAL_SPAWN_SETNS
         if self.mount_namespace:
             flags |= lib.CORRAL_SPAWN_NEWNS
-            a.tmpfs_paths = _cstrings([os.fsencode(p) for p in self.tmpfs], keep)
-            a.n_tmpfs = len(self.tmpfs)
-            a.readonly_paths = _cstrings([os.fsencode(p) for p, _ in self.read_only], keep)
-            ro_flags = ffi.new("unsigned long[]", [f for _, f in self.read_only] or [0])
-            keep.append(ro_flags)
-            a.readonly_flags, a.n_readonly = ro_flags, len(self.read_only)
+            a.tmpfs_paths, a.n_tmpfs = _mount_paths(tuple(self.tmpfs)), len(self.tmpfs)
+            a.readonly_paths = _mount_paths(tuple(p for p, _ in self.read_only))
+            a.readonly_flags = _mount_flags(tuple(f for _, f in self.read_only))
+            a.n_readonly = len(self.read_only)
         if self.rlimits:
             rl = ffi.new("struct corral_rlimit[]", [list(t) for t in self.rlimits])
             keep.append(rl)
