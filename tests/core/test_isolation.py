@@ -95,27 +95,39 @@ def outsider() -> Iterator[int]:
 
 # A hostile task: each line tries one way out and says whether it got through.
 RED_TEAM = r"""
-try() { name=$1; shift; if "$@" >/dev/null 2>&1; then echo "ESCAPED $name"; else echo "blocked $name"; fi; }
+try() {
+    name=$1; shift
+    if "$@" >/dev/null 2>&1; then echo "ESCAPED $name"; else echo "blocked $name"; fi
+}
 own="$CG2$(sed -n 's/^0:://p' /proc/self/cgroup)"
+ptrace="import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True)
+sys.exit(libc.ptrace(16, $OUTSIDER, 0, 0) != 0)"  # PTRACE_ATTACH
 try move-to-foreign-cgroup sh -c "echo $$ > $FOREIGN/cgroup.procs"
 try sub-cgroup-of-own-leaf mkdir "$own/sub"
 try sub-cgroup-elsewhere mkdir "$FOREIGN/sub"
 try freeze-foreign-cgroup sh -c "echo 1 > $FOREIGN/cgroup.freeze"
-try ptrace-outsider $PYTHON -c "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); sys.exit(libc.ptrace(16, $OUTSIDER, 0, 0) != 0)"
+try ptrace-outsider $PYTHON -c "$ptrace"
 try unshare-mount-namespace unshare --mount true
-try remount-cgroupfs-rw mount -o remount,bind,rw "$CG2"
-try remount-in-user-namespace unshare --user --map-root-user --mount sh -c "mount -o remount,bind,rw $CG2 && echo $$ > $FOREIGN/cgroup.procs"
+if [ "$(readlink /proc/self/ns/mnt)" != "$HOST_MNT_NS" ]; then  # never the host's mounts
+    try remount-cgroupfs-rw mount -o remount,bind,rw "$CG2"
+else
+    echo "skipped remount-cgroupfs-rw: the task shares the host's mount namespace"
+fi
+try remount-in-user-namespace unshare --user --map-root-user --mount \
+    sh -c "mount -o remount,bind,rw $CG2 && echo \$\$ > $FOREIGN/cgroup.procs"
 """
 
 
 def red_team_env(foreign: cgroupfs.Cgroup, outsider: int) -> dict[str, str]:
     return {"FOREIGN": foreign.path, "OUTSIDER": str(outsider), "PYTHON": PYTHON,
-            "CG2": cgroupfs.find_cgroup2_mount().mount_point}
+            "CG2": cgroupfs.find_cgroup2_mount().mount_point,
+            "HOST_MNT_NS": os.readlink("/proc/self/ns/mnt")}
 
 
 def assert_nothing_escaped(out: str, foreign: cgroupfs.Cgroup, outsider: int) -> None:
     lines = out.splitlines()
-    assert len(lines) == 8 and all(line.startswith("blocked ") for line in lines), out
+    assert len(lines) == 8 and all(line.startswith(("blocked ", "skipped ")) for line in lines)
+    assert sum(line.startswith("blocked ") for line in lines) >= 7, out
     assert foreign.procs() == [] and foreign.children() == []
     assert "frozen 0" in pathlib.Path(foreign.path, "cgroup.events").read_text()
     status = pathlib.Path(f"/proc/{outsider}/status").read_text()
@@ -143,6 +155,7 @@ async def test_a_root_task_with_read_only_cgroupfs_and_fewer_caps_cannot_escape(
     r = await sup.run(["sh", "-c", RED_TEAM], env=red_team_env(foreign, outsider),
                       isolation=ROOT_LOCKED)
     assert r.outcome == "succeeded", r.stderr
+    assert "blocked remount-cgroupfs-rw" in r.stdout.decode()  # tried, in its own namespace
     assert_nothing_escaped(r.stdout.decode(), foreign, outsider)
     facts = ROOT_LOCKED.describe()
     assert facts["uid"] == 0 and facts["cgroupfs_read_only"] is True
@@ -151,13 +164,28 @@ async def test_a_root_task_with_read_only_cgroupfs_and_fewer_caps_cannot_escape(
     assert facts["could_escape"] is False
 
 
+CONTROL = r"""
+try() {
+    name=$1; shift
+    if "$@" >/dev/null 2>&1; then echo "ESCAPED $name"; else echo "blocked $name"; fi
+}
+try sub-cgroup-elsewhere mkdir "$FOREIGN/sub"
+try ptrace-outsider $PYTHON -c "import ctypes, sys
+sys.exit(ctypes.CDLL(None).ptrace(16, $OUTSIDER, 0, 0) != 0)"
+try unshare-mount-namespace unshare --mount true
+"""
+
+
 async def test_a_plain_root_task_could_escape_and_says_so(
-        sup: supervisor.Supervisor, foreign: cgroupfs.Cgroup) -> None:
-    # the control: the same kind of write succeeds without isolation
-    r = await sup.run(["mkdir", f"{foreign.path}/made-by-the-task"])
-    assert r.outcome == "succeeded"
-    assert [c.rsplit("/", 1)[-1] for c in foreign.children()] == ["made-by-the-task"]
-    os.rmdir(f"{foreign.path}/made-by-the-task")
+        sup: supervisor.Supervisor, foreign: cgroupfs.Cgroup, outsider: int) -> None:
+    # the control: without isolation the same probes get through (harmless ones only:
+    # a sub-cgroup of the test's own, a ptrace of our own sleep, a namespace of its own)
+    r = await sup.run(["sh", "-c", CONTROL], env=red_team_env(foreign, outsider))
+    assert r.stdout.decode().split("\n") == ["ESCAPED sub-cgroup-elsewhere",
+                                              "ESCAPED ptrace-outsider",
+                                              "ESCAPED unshare-mount-namespace", ""]
+    assert [c.rsplit("/", 1)[-1] for c in foreign.children()] == ["sub"]
+    os.rmdir(f"{foreign.path}/sub")
     facts = Isolation().describe()
     assert facts["could_escape"] is True and facts["escape_routes"] == [
         "runs as uid 0", "cgroupfs is writable in its mount namespace"]
@@ -182,6 +210,14 @@ async def test_user_runs_with_its_uid_primary_group_and_groups(
     assert iso.describe()["user"] == u.name
 
 
+# Run inside a task: its network interfaces, and whether each is up (SIOCGIFFLAGS).
+LINKS = ("import fcntl, socket, struct\n"
+         "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+         "for _, name in socket.if_nameindex():\n"
+         "    raw = fcntl.ioctl(s, 0x8913, struct.pack(\"16sH14x\", name.encode(), 0))\n"
+         "    print(name, \"UP\" if struct.unpack(\"16sH14x\", raw)[1] & 1 else \"DOWN\")")
+
+
 async def test_private_network_sees_only_lo_and_not_the_hosts_loopback(
         sup: supervisor.Supervisor, test_user: User) -> None:
     with socket.socket() as listener:
@@ -191,10 +227,9 @@ async def test_private_network_sees_only_lo_and_not_the_hosts_loopback(
         probe = (f"import socket\ntry:\n socket.create_connection(('127.0.0.1', {port}), 5)\n"
                  f" print('connected')\nexcept OSError as e:\n print(type(e).__name__)")
         iso = Isolation(user=test_user.name, private_network=True)
-        r = await sup.run(["sh", "-c", f"ip -o link; {PYTHON} -c \"{probe}\""], isolation=iso)
-        lines = r.stdout.decode().splitlines()
-        assert [line.split()[1] for line in lines[:-1]] == ["lo:"], lines
-        assert "UP" in lines[0] and lines[-1] == "ConnectionRefusedError"
+        r = await sup.run(["sh", "-c", f"{PYTHON} -c '{LINKS}'; {PYTHON} -c \"{probe}\""],
+                          isolation=iso)
+        assert r.stdout.decode().splitlines() == ["lo UP", "ConnectionRefusedError"], r.stderr
         control = await sup.run([PYTHON, "-c", probe], isolation=Isolation(user=test_user.name))
         assert control.stdout == b"connected\n"
     assert iso.describe()["namespaces"] == ["net"]
@@ -429,10 +464,10 @@ def test_corral_run_with_isolation_properties(test_cgroup: cgroupfs.Cgroup,
         [CORRAL, "run", "--cgroup-root", test_cgroup.path, "-p", f"User={test_user.name}",
          "-p", "PrivateNetwork=yes", "-p", "PrivateTmp=yes", "-p", "LimitNOFILE=64",
          "-p", "ProtectControlGroups=yes", "--",
-         "sh", "-c", "id -un; ulimit -n; ip -o link | wc -l; ls -A /tmp | wc -l"],
+         "sh", "-c", "id -un; ulimit -n; ls /proc/self/net/dev_snmp6; ls -A /tmp | wc -l"],
         capture_output=True, text=True, timeout=HANG)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [test_user.name, "64", "1", "0"]
+    assert done.stdout.split() == [test_user.name, "64", "lo", "0"]
 
 
 def test_corral_run_refuses_a_bad_property_before_anything(test_cgroup: cgroupfs.Cgroup) -> None:
