@@ -11,7 +11,9 @@ An empty ``Isolation()`` means the task runs as the supervisor does.  Fields (sy
 in snake_case; ``Isolation.from_properties`` takes the ``-p NAME=VALUE`` spelling)::
 
     user, group, supplementary_groups      names or numbers; User= brings its primary group
-                                           and its groups in /etc/group, as systemd does
+                                           and its groups in /etc/group, as systemd does; a
+                                           name must exist, a number is used as it is (a
+                                           uid without an entry needs group as well)
     no_new_privileges, umask               PR_SET_NO_NEW_PRIVS; "0027" or 0o027
     rlimits                                {"NOFILE": "1024:4096", "CPU": "30s", ...}
     private_network                        a new network namespace: "lo" up, nothing else
@@ -189,11 +191,11 @@ def _rlimit_key(key: Any, what: str) -> str:
 
 
 def _capability(word: str | int, what: str, value: object) -> int:
-    if isinstance(word, int) and not isinstance(word, bool) and 0 <= word < 64:
+    if isinstance(word, int) and not isinstance(word, bool) and 0 <= word <= cap_last_cap():
         return word
     if isinstance(word, str):
         text = word.strip().upper()
-        if text.isdigit() and int(text) < 64:
+        if text.isdigit() and int(text) <= cap_last_cap():
             return int(text)
         if text in CAPABILITIES:
             return CAPABILITIES.index(text)
@@ -325,9 +327,8 @@ class _CgroupMounts:
     def get(self) -> tuple[tuple[str, int], ...]:
         """``(mount point, MS_* flags to keep)`` of each cgroup mount, parents first."""
         with self._lock:
-            if self._fd < 0:
+            if self._fd < 0:  # kept open for the process's life: one fd
                 self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
-                select.poll().register(self._fd, select.POLLPRI)  # fd is valid
             elif not self._changed():
                 return self._mounts
             os.lseek(self._fd, 0, os.SEEK_SET)
@@ -364,8 +365,8 @@ def _cgroup_mounts(text: str) -> tuple[tuple[str, int], ...]:
     mounts = [m for m in parse_mountinfo(text) if m.fstype in ("cgroup", "cgroup2", "tmpfs")]
     top = {m.mount_point: m for m in mounts}  # later lines are mounted over earlier ones
     groups = [m for m in top.values() if m.fstype != "tmpfs"]
-    holders = [m for m in top.values() if m.fstype == "tmpfs"
-               and any(g.mount_point.startswith(m.mount_point.rstrip("/") + "/") for g in groups)]
+    parents = {os.path.dirname(g.mount_point) for g in groups} - {"/"}
+    holders = [m for m in top.values() if m.fstype == "tmpfs" and m.mount_point in parents]
     chosen = sorted(holders + groups, key=lambda m: m.mount_point)
     return tuple((m.mount_point, sum(_MS_KEEP.get(o, 0) for o in m.options.split(",")))
                  for m in chosen)
@@ -417,10 +418,11 @@ def _lookup_user(value: str | int, what: str) -> tuple[int, pwd.struct_passwd | 
 
 
 def _lookup_group(value: str | int, what: str) -> int:
-    number = value if isinstance(value, int) else int(value) if value.isdigit() else None
+    """A group's gid; a number is taken as it is (the kernel needs no entry for it)."""
+    if isinstance(value, int) or value.isdigit():
+        return int(value)
     try:
-        return grp.getgrgid(number).gr_gid if number is not None else grp.getgrnam(
-            str(value)).gr_gid
+        return grp.getgrnam(value).gr_gid
     except KeyError:
         raise SpecError(what, f"{what} names a group that does not exist: {_show(value)} is "
                               f"not in the group database (getent group {value}); create it "

@@ -477,3 +477,39 @@ def test_corral_run_refuses_a_bad_property_before_anything(test_cgroup: cgroupfs
     assert done.returncode == 125
     assert "User names a user that does not exist" in done.stderr
     assert test_cgroup.children() == []
+
+
+HYBRID = """\
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+31 23 0:28 / /sys/fs/cgroup rw,nosuid,nodev,noexec - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,nosuid,nodev,noexec,relatime - cgroup cgroup rw,cpu
+41 31 0:38 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw
+"""
+
+
+@pytest.mark.parametrize(("mountinfo", "expected"), [
+    (HYBRID, [("/sys/fs/cgroup", 0xE), ("/sys/fs/cgroup/cpu", 0x20000E),
+              ("/sys/fs/cgroup/unified", 0x20000E)]),
+    # pure v2; a tmpfs root is no holder (it would make / read-only); escaped spaces
+    ("1 0 0:1 / / rw - tmpfs rootfs rw\n"
+     "2 1 0:2 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n"
+     "3 1 0:3 /x /srv/my\\040cg ro - cgroup2 cgroup2 rw\n",
+     [("/srv/my cg", 0), ("/sys/fs/cgroup", 0x2)]),
+    # a cgroup mount hidden under another mount at the same point is not the one one sees
+    (HYBRID + "50 41 0:40 / /sys/fs/cgroup/unified rw - tmpfs tmpfs rw\n",
+     [("/sys/fs/cgroup", 0xE), ("/sys/fs/cgroup/cpu", 0x20000E)]),
+])
+def test_cgroup_mounts_to_make_read_only(mountinfo: str,
+                                         expected: list[tuple[str, int]]) -> None:
+    from supervisor._isolation import _cgroup_mounts
+
+    assert list(_cgroup_mounts(mountinfo)) == expected
+
+
+async def test_numeric_ids_are_used_as_given(sup: supervisor.Supervisor) -> None:
+    # what the daemon does with a peer's credentials: no database entry needed for numbers
+    iso = Isolation(user=4000000000, group=4000000001, supplementary_groups=[4000000002])
+    r = await sup.run(["sh", "-c", "id -u; id -g; id -G"], isolation=iso)
+    assert r.stdout.decode().split() == ["4000000000", "4000000001", "4000000001",
+                                         "4000000002"]
+    assert iso.describe()["user"] is None
