@@ -29,6 +29,14 @@ CAP_SYS_RESOURCE to raise a hard limit, namespaces the kernel lets it make: prob
 process, in a throwaway thread).  The child does the work between clone and exec, in
 systemd's order (native/corral_native.c); every failure there names its step.
 
+What ``describe()`` cannot see, because it depends on other tasks: a root task reaches the
+mount namespace of any process it may ptrace-read through ``/proc/PID/root``, which for root
+means any root process holding no capability it lacks.  So a root task with a read-only
+cgroupfs and fewer capabilities can still write cgroupfs through a sibling root task that has
+the same capabilities but shares the host's mounts; and a root task, whatever its
+capabilities, may signal every root process, corral's included.  For code that must not get
+out, run it as another user (``user=``); for root tasks, protect them all alike.
+
 Why no pyroute2 at run time: the task's network namespace is made by the child itself
 (``unshare(CLONE_NEWNET)``) and its loopback brought up with one SIOCSIFFLAGS ioctl, two
 syscalls and no helper process.  The netlink alternative (a thread that unshares and opens an
@@ -665,7 +673,8 @@ class Isolation:
         after exec), and ``could_escape`` with ``escape_routes``: it could leave its leaf (or
         freeze or move others) when it may write corral's cgroup files (uid 0, corral's own
         uid, or CAP_DAC_OVERRIDE) and reach a writable cgroupfs (not made read-only, or
-        CAP_SYS_ADMIN to remount or mount one).
+        CAP_SYS_ADMIN to remount or mount one).  ``escape_caveats`` says what depends on
+        other processes (a root task and its root siblings: see the module docstring).
         """
         return _describe(self)
 
@@ -768,7 +777,13 @@ def _describe(iso: Isolation) -> dict[str, Any]:
         "ambient_capabilities": list(_names(ambient)),
         "capabilities": list(_names(held)),
         "could_escape": bool(routes), "escape_routes": routes,
+        "escape_caveats": [_ROOT_CAVEAT] if uid == 0 and not routes else [],
     }
+
+
+_ROOT_CAVEAT = ("as root it reaches the mounts of any root process holding no capability it "
+                "lacks (/proc/PID/root: a sibling task with a writable cgroupfs is a way out) "
+                "and may signal every root process")
 
 
 def _escape_routes(uid: int, held: int, *, cgroupfs_writable: bool) -> list[str]:

@@ -144,6 +144,7 @@ async def test_a_user_task_cannot_escape(sup: supervisor.Supervisor, test_user: 
     facts = iso.describe()
     assert facts["uid"] == test_user.uid and facts["capabilities"] == []
     assert facts["could_escape"] is False and facts["cgroupfs_read_only"] is False
+    assert facts["escape_caveats"] == []
 
 
 ROOT_LOCKED = Isolation(protect_control_groups=True,
@@ -162,6 +163,25 @@ async def test_a_root_task_with_read_only_cgroupfs_and_fewer_caps_cannot_escape(
     assert cgroupfs.find_cgroup2_mount().mount_point in facts["read_only_paths"]
     assert "CAP_SYS_ADMIN" not in facts["capabilities"] and facts["namespaces"] == ["mnt"]
     assert facts["could_escape"] is False
+    assert "/proc/PID/root" in facts["escape_caveats"][0]  # its root siblings matter
+
+
+async def test_known_limit_a_root_sibling_sharing_the_hosts_mounts_is_a_way_out(
+        sup: supervisor.Supervisor, foreign: cgroupfs.Cgroup) -> None:
+    # What escape_caveats says: the protected root task reaches cgroupfs through
+    # /proc/PID/root of a root sibling with the same capabilities in the host's mounts.
+    # (Only a sub-cgroup of the test's own is made.)  Pinned so that a fix updates the caveat.
+    same_caps = Isolation(capability_bounding_set=ROOT_LOCKED.capability_bounding_set)
+    async with trio.open_nursery() as nursery:
+        sibling = await nursery.start(functools.partial(sup.start, ["sleep", "600"],
+                                                        isolation=same_caps))
+        r = await sup.run(["mkdir", f"/proc/{sibling.pid}/root{foreign.path}/via-sibling"],
+                          isolation=ROOT_LOCKED)
+        direct = await sup.run(["mkdir", f"{foreign.path}/direct"], isolation=ROOT_LOCKED)
+        sibling.stop(force=True)
+    assert (r.outcome, direct.outcome) == ("succeeded", "failed")
+    assert [c.rsplit("/", 1)[-1] for c in foreign.children()] == ["via-sibling"]
+    os.rmdir(f"{foreign.path}/via-sibling")
 
 
 CONTROL = r"""
