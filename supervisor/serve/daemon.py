@@ -389,10 +389,13 @@ async def serve(config: Config, *,
         async with open_supervisor(config.cgroup_root, config.default_time_limit,
                                    config.max_time_limit) as sup:
             with bind_listeners(config) as listeners:
-                async with trio.open_nursery() as tasks_nursery:
-                    d = Daemon(config, sup, records, tasks_nursery, notifier)
-                    await run_server(d, listeners, task_status)
-                    # the drain ended the server; only record writes may still run
+                async with trio.open_nursery() as writer:
+                    writer.start_soon(records.run)
+                    async with trio.open_nursery() as tasks_nursery:
+                        d = Daemon(config, sup, records, tasks_nursery, notifier)
+                        await run_server(d, listeners, task_status)
+                        # the drain ended the server; only record writes may still run
+                    writer.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await records.close()

@@ -172,10 +172,11 @@ class Connection:
         headers = [("content-type", resp.content_type), ("content-length", str(len(resp.body)))]
         if self.h11.their_state is not h11.DONE:
             headers.append(("connection", "close"))  # its body was not read: no next request
+        # one write for the whole answer: each send is a syscall and a trio checkpoint
         await self.send_bytes(self.h11.send(h11.Response(status_code=resp.status,
-                                                         headers=headers)))
-        await self.send_bytes(self.h11.send(h11.Data(data=resp.body)))
-        await self.send_bytes(self.h11.send(h11.EndOfMessage()))
+                                                         headers=headers))
+                              + self.h11.send(h11.Data(data=resp.body))
+                              + self.h11.send(h11.EndOfMessage()))
 
     async def send_streaming(self, resp: Streaming) -> None:
         await self.send_bytes(self.h11.send(h11.Response(

@@ -3,7 +3,10 @@
 ``state.db`` in the state directory; WAL; schema versioned with ``PRAGMA user_version`` (a
 newer schema than this daemon knows is refused at start, with the fix).  Every call runs in one
 worker thread, one at a time (``trio.to_thread.run_sync`` under a limiter of 1), never on the
-trio thread: a slow disk delays records, not the event loop.
+trio thread: a slow disk delays records, not the event loop.  Writes are group-committed:
+:meth:`Records.run` takes every write waiting at that moment into one transaction and one
+thread hop, so sixteen busy clients cost about what one does; each caller still returns only
+once its own write is committed.
 
 The row keeps the request as accepted (``spec``), the submitter, the timestamps and the
 result JSON (``TaskResult.to_dict()``, as it is).  Seams for restart adoption and retention
@@ -66,6 +69,32 @@ class Records:
         self.path = path
         self._db = db
         self._limiter = trio.CapacityLimiter(1)
+        self._batch: list[_Write] = []
+        self._wake = trio.Event()
+
+    async def run(self) -> None:
+        """The writer: commit what is waiting, one transaction per batch, until cancelled
+        (then it finishes the batch it holds: a record is never half written)."""
+        while True:
+            if not self._batch:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            batch, self._batch = self._batch, []
+            with trio.CancelScope(shield=True):
+                await self._call(_commit, self._db, batch)
+            for w in batch:
+                w.done.set()
+
+    async def _write(self, fn: Callable[..., Any], *args: Any) -> Any:
+        w = _Write(fn, args)
+        self._batch.append(w)
+        self._wake.set()
+        with trio.CancelScope(shield=True):  # once asked for, a write is waited for
+            await w.done.wait()
+        if w.error is not None:
+            raise w.error
+        return w.result
 
     @classmethod
     async def open(cls, state_dir: str) -> Records:
@@ -79,17 +108,18 @@ class Records:
 
     async def accept(self, row: dict[str, Any]) -> str:
         """Write a new task's row (state queued); returns its id."""
-        return await self._call(_insert, self._db, row)
+        task_id: str = await self._write(_insert, row)
+        return task_id
 
     async def started(self, task_id: str, started_at: float, pid: int | None,
                       leaf: str | None) -> None:
-        await self._call(_update, self._db, task_id, {
+        await self._write(_update, task_id, {
             "state": "running", "started_at": started_at, "pid": pid, "leaf": leaf})
 
     async def ended(self, task_id: str, outcome: str, exit_status: int,
                     started_at: float | None, ended_at: float, result: dict[str, Any]) -> None:
         """The end row: the result JSON exactly as the core made it."""
-        await self._call(_update, self._db, task_id, {
+        await self._write(_update, task_id, {
             "state": "finished", "outcome": outcome, "exit_status": exit_status,
             "started_at": started_at, "ended_at": ended_at, "result": json.dumps(result)})
 
@@ -110,6 +140,39 @@ class Records:
 
     async def close(self) -> None:
         await self._call(self._db.close)
+
+
+class _Write:
+    __slots__ = ("args", "done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def _commit(db: sqlite3.Connection, batch: list[_Write]) -> None:
+    """Every write of ``batch`` in one transaction (worker thread).  If the transaction
+    fails, each write is retried alone, so that one bad write fails only its caller."""
+    try:
+        with db:
+            for w in batch:
+                w.result = w.fn(db, *w.args)
+        return
+    except sqlite3.Error:
+        pass
+    for w in batch:
+        try:
+            with db:
+                w.result = w.fn(db, *w.args)
+        except sqlite3.Error as e:
+            w.error = RecordsError(f"writing the task records at {_path(db)}: {e}")
+
+
+def _path(db: sqlite3.Connection) -> str:
+    return str(db.execute("PRAGMA database_list").fetchone()[2])
 
 
 def _connect(path: str) -> sqlite3.Connection:

@@ -21,7 +21,7 @@ async def handle(d: Daemon, req: Request) -> Response:
     limit = query_int(req.query, "limit", 100, 1, 10000)
     peer = req.peer
     out: list[dict[str, Any]] = []
-    for t in sorted(d.tasks.values(), key=lambda t: -int(t.id)):
+    for t in reversed(d.tasks.values()):  # ids are made in order: newest last
         if peer.may_see(t.uid) and (state is None or t.live_state == state):
             out.append(t.to_json(full=False, position=d.scheduler.position(t)))
             if len(out) == limit:
