@@ -123,14 +123,14 @@ class Daemon:
 
     def publish(self, t: DaemonTask, state: str) -> None:
         event: dict[str, Any] = {"id": t.id, "state": state, "uid": t.uid, "at": time.time()}
-        if t.result is not None:
-            event["outcome"] = str(t.result.outcome)
+        if state == "finished":
+            event["outcome"] = str(t.result.outcome) if t.result else "lost"
             event["exit_status"] = t.exit_status
         self.hub.publish(t.uid, event)
 
     def task_finished(self, t: DaemonTask) -> None:
-        self.metrics.finished.labels(outcome=str(t.result.outcome) if t.result else
-                                     "unknown").inc()
+        outcome = str(t.result.outcome) if t.result else "lost"
+        self.metrics.finished.labels(outcome=outcome).inc()
         self.publish(t, "finished")
         self._finished[t.id] = None
         while len(self._finished) > self.config.keep_finished:
@@ -210,6 +210,9 @@ class Daemon:
                                               self.config.http, router, self._answered)
                 if shed is not None:
                     self.metrics.shed.labels(reason=shed).inc()
+            except Exception:
+                # a bug of ours on one connection: it ends, the daemon goes on
+                log.exception("connection of uid %d", peer.uid)
             finally:
                 self.connections -= 1
 
@@ -343,7 +346,7 @@ def _remove_stale_socket(path: str) -> None:
 
 
 def notify_ready(d: Daemon) -> None:
-    d.notifier.notify(READY="1", STATUS=f"serving; cgroup root {d.sup.cgroup_root}")
+    d.notifier.notify(READY="1", STATUS=f"serving: cgroup root {d.sup.cgroup_root}")
 
 
 async def run_server(d: Daemon, listeners: list[trio.socket.SocketType],
@@ -353,9 +356,9 @@ async def run_server(d: Daemon, listeners: list[trio.socket.SocketType],
             server.start_soon(d.accept_loop, listener, server)
         server.start_soon(d.dispatch)
         server.start_soon(_watch_signals, d, server.cancel_scope)
-        if d.notifier.watchdog_interval:
-            server.start_soon(_watchdog, d)
         notify_ready(d)
+        if d.notifier.enabled:
+            server.start_soon(_tell_systemd, d)
         task_status.started(d)
 
 
@@ -373,11 +376,20 @@ async def _watch_signals(d: Daemon, server: trio.CancelScope) -> None:
                     d.kill_all()
 
 
-async def _watchdog(d: Daemon) -> None:
-    assert d.notifier.watchdog_interval is not None
+async def _tell_systemd(d: Daemon) -> None:
+    """WATCHDOG=1 (when systemd asked for it) and a STATUS= line when the counts change."""
+    interval = min(d.notifier.watchdog_interval or 5.0, 5.0)
+    last = ""
     while True:
-        d.notifier.notify(WATCHDOG="1")
-        await trio.sleep(d.notifier.watchdog_interval)
+        s = d.scheduler
+        status = (f"serving: {s.total_running} running, {s.total_queued} queued, "
+                  f"{d.connections} connections")
+        fields = {"WATCHDOG": "1"} if d.notifier.watchdog_interval else {}
+        if status != last and not d.draining:
+            fields["STATUS"] = last = status
+        if fields:
+            d.notifier.notify(**fields)
+        await trio.sleep(interval)
 
 
 async def serve(config: Config, *,

@@ -212,6 +212,13 @@ async def _handle(handler: Handler, req: Request) -> Response | Streaming:
         return await handler(req)
     except ApiError as e:
         return error_response(e)
+    except Exception as e:
+        # a bug of ours: this request fails, the daemon and everyone else's go on
+        log.exception("answering %s %s", req.method, req.path)
+        return json_response(500, {"error": {
+            "code": "internal", "field": None,
+            "message": f"corral hit an internal error answering this request (a bug; please "
+                       f"report it with the daemon's log): {e!r}"}})
 
 
 async def _answer_long(conn: Connection, req: Request, handler: Handler, verb: str) -> bool:

@@ -78,7 +78,7 @@ class DaemonTask:
             "created_at": self.created_at, "started_at": self.started_at,
             "ended_at": self.ended_at,
             "pid": self.pid,
-            "outcome": str(r.outcome) if r else None,
+            "outcome": str(r.outcome) if r else (self.result_json or {}).get("outcome"),
             "exit_status": self.exit_status,
         }
         if position is not None:
@@ -149,27 +149,58 @@ async def run_task(d: Daemon, t: DaemonTask, *, never_start: bool = False) -> No
             if never_start or t.stop_requests or d.draining:
                 scope.cancel()  # the core's own never-started record
             result = await d.sup.start(t.spec, task_status=status)
+    except Exception as e:
+        # the core refused or failed (a bug, or a state nobody planned for): this task ends
+        # with a record that says so; the daemon and the other tasks go on
+        log.exception("task %s: the supervisor failed it", t.id)
+        await _record_failure(d, t, e)
+        return
     finally:
         if not never_start:
             d.scheduler.finished(t.uid)
             d.wake_dispatcher()
-    if not t.started.is_set():
-        t.started.set()
+    await _take_result(d, t, result)
+
+
+async def _take_result(d: Daemon, t: DaemonTask, result: TaskResult) -> None:
+    t.started.set()
     t.result = result
     t.result_json = result.to_dict()
     t.exit_status = exit_status_of(result)
     t.ended_at = result.ended_at
     t.started_at = result.started_at
-    with trio.CancelScope(shield=True):  # the record is written whatever else happens
+    await _write_end(d, t, str(result.outcome), result.started_at)
+
+
+async def _write_end(d: Daemon, t: DaemonTask, outcome: str, started_at: float | None) -> None:
+    """The end record (shielded: it is written whatever else happens), then the task is
+    finished for waiters, followers and subscribers."""
+    assert t.result_json is not None and t.ended_at is not None and t.exit_status is not None
+    with trio.CancelScope(shield=True):
         try:
-            await d.records.ended(t.id, str(result.outcome), t.exit_status, result.started_at,
-                                  result.ended_at, t.result_json)
+            await d.records.ended(t.id, outcome, t.exit_status, started_at, t.ended_at,
+                                  t.result_json)
         except Exception:
             log.exception("task %s: writing its end record failed", t.id)
     t.state = "finished"
     t.handle = None  # the core's handle is done with: let it go
     t.done.set()
     d.task_finished(t)
+
+
+async def _record_failure(d: Daemon, t: DaemonTask, error: Exception) -> None:
+    """The core's record if it made one before failing; else the daemon's own minimal one,
+    outcome ``lost``."""
+    if t.handle is not None and t.handle.result is not None:
+        await _take_result(d, t, t.handle.result)
+        return
+    t.started.set()
+    t.ended_at = time.time()
+    t.exit_status = 125
+    t.result_json = {"outcome": "lost", "started": t.started_at is not None,
+                     "daemon_error": f"corral serve could not run this task (a bug; see the "
+                                     f"daemon's log): {error!r}"}
+    await _write_end(d, t, "lost", t.started_at)
 
 
 def exit_status_of(result: TaskResult) -> int:

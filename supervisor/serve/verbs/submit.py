@@ -85,8 +85,30 @@ def _row(peer: Peer, r: SubmitRequest) -> dict[str, Any]:
 def build_spec(d: Daemon, peer: Peer, r: SubmitRequest) -> TaskSpec:
     """The core's TaskSpec for a submission; ApiError 400/403 naming the field."""
     import supervisor
-    from supervisor._properties import parse_properties
 
+    _check_allowed(d, peer, r)
+    try:
+        options = _options(peer, r)
+        argv = tuple(r.argv)
+        isolation = run_as_isolation(peer)
+        if isolation is not None:
+            options["isolation"] = isolation
+        elif not peer.is_root:
+            argv = (*setpriv_prefix(peer), *argv)
+        stdin: Any = "pipe" if r.stdin == "pipe" else r.stdin_data
+        spec = supervisor.TaskSpec(
+            argv, inherit_env=False, cwd=options.pop("cwd", "/"), stdin=stdin, name=r.name,
+            log_max_bytes=d.config.output_cap, **options)
+        check_limits(spec.limits, d.sup.controllers, d.sup.cgroup_root)
+    except ValueError as e:
+        field = getattr(e, "field", None) or getattr(e, "what", None)
+        if field in (r.properties or {}):
+            field = f"properties.{field}"
+        raise ApiError(400, "invalid", str(e), field) from None
+    return spec
+
+
+def _check_allowed(d: Daemon, peer: Peer, r: SubmitRequest) -> None:
     if not peer.is_root:
         for name in r.properties or {}:
             if name in ROOT_ONLY_PROPERTIES:
@@ -96,30 +118,21 @@ def build_spec(d: Daemon, peer: Peer, r: SubmitRequest) -> TaskSpec:
         raise ApiError(400, "unsupported", "stdin \"pipe\" is not supported by this corral "
                        "build yet; give the bytes at submission: {\"stdin\": {\"text\": "
                        "\"...\"}}", "stdin")
-    try:
-        props = parse_properties(f"{k}={v}" for k, v in (r.properties or {}).items())
-        options: dict[str, Any] = dict(props.options)
-        env = {**options.pop("env", {}), **(r.env or {})}
-        for key in ("time_limit", "grace", "stop_signal", "cwd"):
-            if getattr(r, key) is not None:
-                options[key] = getattr(r, key)
-        if props.limits:
-            options["limits"] = supervisor.Limits(**props.limits)
-        argv = tuple(r.argv)
-        isolation = run_as_isolation(peer)
-        if isolation is not None:
-            options["isolation"] = isolation
-        elif not peer.is_root:
-            argv = (*setpriv_prefix(peer), *argv)
-        stdin: Any = "pipe" if r.stdin == "pipe" else r.stdin_data
-        spec = supervisor.TaskSpec(
-            argv, env=task_environment(peer, env), inherit_env=False,
-            cwd=options.pop("cwd", "/"), stdin=stdin, name=r.name,
-            log_max_bytes=d.config.output_cap, **options)
-        check_limits(spec.limits, d.sup.controllers, d.sup.cgroup_root)
-    except ValueError as e:
-        field = getattr(e, "field", None) or getattr(e, "what", None)
-        if field in (r.properties or {}):
-            field = f"properties.{field}"
-        raise ApiError(400, "invalid", str(e), field) from None
-    return spec
+
+
+def _options(peer: Peer, r: SubmitRequest) -> dict[str, Any]:
+    """TaskSpec keywords from the properties (the core's parser: the one place their syntax
+    lives) and the request's own fields, which win."""
+    import supervisor
+    from supervisor._properties import parse_properties
+
+    props = parse_properties(f"{k}={v}" for k, v in (r.properties or {}).items())
+    options: dict[str, Any] = dict(props.options)
+    env = {**options.pop("env", {}), **(r.env or {})}
+    options["env"] = task_environment(peer, env)
+    for key in ("time_limit", "grace", "stop_signal", "cwd"):
+        if getattr(r, key) is not None:
+            options[key] = getattr(r, key)
+    if props.limits:
+        options["limits"] = supervisor.Limits(**props.limits)
+    return options
