@@ -2,30 +2,27 @@
 
 systemd-run style: the command runs in the foreground in its own cgroup leaf with our stdin,
 stdout and stderr (live, unbuffered, a terminal stays a terminal), and corral exits with the
-task's status.  Exit statuses (as coreutils ``timeout`` and ``env``):
+task's status (:data:`EPILOG` says which, and what each key does at a terminal).
 
-    the task's own     it exited
-    128+N              a signal N ended it (137 for an OOM kill)
-    124                stopped at its time limit
-    130                cancelled from the terminal (SIGINT); 143 for SIGTERM, 129 for SIGHUP
-    125                corral itself failed, bad arguments included (nothing was started)
-    126 / 127          the command cannot be run / was not found
-
-The first SIGINT or SIGTERM stops the task gracefully, a second kills it now; corral exits only
-after the cleanup, with the summary.
+Signals: :func:`main` blocks the job-control signals before anything else and reads them from a
+signalfd (``terminal.py`` says why and how their origin is told apart), so no KeyboardInterrupt
+is ever raised: that is why trio and the core are imported only once they are blocked, inside
+the functions that use them.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import json
+import logging
 import os
 import signal
 import sys
-from typing import Any
-
-import trio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from cgroupfs import CgroupError, Limits
 
@@ -33,10 +30,25 @@ from .._errors import PlacementError, SupervisorError, first_leaf
 from .._properties import SUPPORTED, parse_properties
 from .._result import Outcome, TaskResult
 from .._spec import TaskSpec
-from .._supervisor import open_supervisor
-from ..placement import check_limits, planned_controllers
-from . import EXIT_FAILURE, die
+from . import EXIT_FAILURE, Parser, die
 from .summary import summary_lines
+from .terminal import (
+    JOB_SIGNALS,
+    WAY_OUT_PRESSES,
+    WAY_OUT_WINDOW,
+    Act,
+    Delivery,
+    Keys,
+    Terminal,
+    block_job_signals,
+    die_by_signal,
+    read_deliveries,
+    sender_cgroup,
+)
+
+if TYPE_CHECKING:
+    from .._supervisor import Supervisor
+    from .._task import TaskHandle
 
 __all__ = ["add_parser", "exit_status", "main"]
 
@@ -44,11 +56,77 @@ EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
 EXIT_TIMED_OUT = 124
 
+EPILOG = f"""\
+keys at a terminal (the task stays in the terminal's foreground process group, so it can
+read the terminal and gets the keys itself, as it would without corral):
+  Ctrl-C, Ctrl-\\  the task's own: a command that ends on them ends (reported as it ended),
+                  a REPL goes on; before the task has started, it never starts
+  Ctrl-C {WAY_OUT_PRESSES} times within {WAY_OUT_WINDOW:g}s
+                  the way out of a program that ignores Ctrl-C: corral stops the task
+                  (stop signal, grace, kill; a hint after the second); once corral is
+                  stopping it, every further Ctrl-C kills it now
+  Ctrl-Z          suspends corral and the task; fg / bg resume both.  The time limit
+                  counts the time spent stopped (as timeout(1)): past it, the task is
+                  stopped as soon as corral resumes
+  the terminal's modes are restored when the task ends, also when it was killed
+
+signals sent to corral's pid by another process (kill, a CI runner, systemd):
+  SIGINT, SIGTERM, SIGHUP, SIGQUIT: the first stops the task gracefully (stop signal,
+  grace, kill), the second kills it now; corral exits after the cleanup.  Told apart from
+  the terminal's keys by the signal's origin (si_code); one the task's own processes send
+  (to the process group corral shares with them) is theirs, and ignored
+
+exit status:
+  the task's own     it exited
+  128+N              signal N ended it (137: SIGKILL or an OOM kill)
+  124                stopped at its time limit
+  130                stopped by Ctrl-C (or SIGINT); 143 by SIGTERM, 129 by SIGHUP,
+                     131 by SIGQUIT
+  125                corral itself failed, bad arguments included (nothing was started)
+  126 / 127          the command cannot be run / was not found
+"""
+
+# options that take a value: they take the next word whatever it starts with (as getopt does)
+_VALUE_OPTIONS = frozenset({"--time-limit", "--grace", "--stop-signal", "-p", "--property",
+                            "-E", "--setenv", "--chdir", "--cgroup-root", "--json-file",
+                            "--json-fd"})
+
+
+class _RunParser(Parser):
+    """``--time-limit -1s`` reaches our validation (a message naming the rule and the fix)
+    instead of argparse's "expected one argument": argparse takes a word starting with '-'
+    for an option unless it looks like a plain negative number."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if args is not None:
+            args = _glue_values(list(args))
+        return super().parse_known_args(args, namespace)
+
+
+def _glue_values(words: list[str]) -> list[str]:
+    """``--grace -1s`` -> ``--grace=-1s`` for each value option before the command."""
+    out: list[str] = []
+    i = 0
+    while i < len(words) and words[i] != "--" and words[i].startswith("-"):
+        word = words[i]
+        if word in _VALUE_OPTIONS and i + 1 < len(words):
+            value = words[i + 1]
+            out += [f"{word}={value}"] if value.startswith("-") and value != "--" \
+                else [word, value]
+            i += 2
+        else:
+            out.append(word)
+            i += 1
+    return out + words[i:]
+
 
 def add_parser(sub: Any) -> None:
     run = sub.add_parser("run", help="run a command in the foreground in its own cgroup",
                          usage="corral run [OPTIONS] -- CMD [ARGS...]",
-                         description="Run CMD in its own cgroup leaf; exit with its status.")
+                         description="Run CMD in its own cgroup leaf; exit with its status.",
+                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if type(run) is Parser:
+        run.__class__ = _RunParser  # the verb's own parsing rule (see _RunParser)
     run.add_argument("--time-limit", metavar="DURATION",
                      help='stop the task after this long ("30s", "5min", "1h 30min")')
     run.add_argument("--grace", metavar="DURATION",
@@ -64,10 +142,12 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--summary", action="store_true",
                      help="print a summary when the task ends (always, unless --quiet, when "
                           "it did not succeed)")
-    run.add_argument("-q", "--quiet", action="store_true", help="no summary, ever")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="nothing but the task's own output and fatal errors: no summary, "
+                          "notes, warnings or hints")
     run.add_argument("--json-file", metavar="PATH", help="write the JSON result to PATH")
     run.add_argument("--json-fd", metavar="FD", type=int,
-                     help="write the JSON result to this open file descriptor")
+                     help="write the JSON result to this file descriptor, open for writing")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
 
@@ -104,7 +184,7 @@ def _spec_from_args(args: argparse.Namespace) -> TaskSpec:
 
 
 def exit_status(result: TaskResult, interrupted_by: int | None) -> int:
-    """corral's exit status for ``result`` (see the module docstring)."""
+    """corral's exit status for ``result`` (see :data:`EPILOG`)."""
     if result.outcome == Outcome.SPAWN_FAILED:
         if result.error_step == "exec":
             return EXIT_NOT_FOUND if result.error_errno == errno.ENOENT else EXIT_CANNOT_RUN
@@ -120,73 +200,288 @@ def exit_status(result: TaskResult, interrupted_by: int | None) -> int:
     return EXIT_FAILURE
 
 
-async def _run(spec: TaskSpec, args: argparse.Namespace) -> tuple[TaskResult, int | None]:
-    interrupted_by: int | None = None
-    # SIGHUP too: a closed terminal must not kill corral and orphan the task's cgroup
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async with open_supervisor(cgroup_root=args.cgroup_root) as sup, \
-                trio.open_nursery() as nursery:
+# ---- the run: signals in, stop requests out --------------------------------------------------
+
+class Control:
+    """The task's stop requests, from the signals corral gets, before and after it exists.
+
+    Runs on the trio thread, called by the signal watcher; no I/O but a hint on stderr and
+    a read of the sender's /proc/PID/cgroup.
+    """
+
+    def __init__(self, sigfd: int, quiet: bool) -> None:
+        self.sigfd = sigfd  # the signalfd of JOB_SIGNALS
+        self.keys = Keys()
+        self.quiet = quiet
+        self.task: TaskHandle | None = None
+        self.root: str | None = None  # the supervisor's cgroup root (filesystem path)
+        self.pending: list[int] = []  # stop requests that came before the task existed
+        self.interrupted_by: int | None = None  # the signal of the first stop request
+        self.terminal_interrupt = False  # a Ctrl-C or Ctrl-\ typed at the terminal was seen
+
+    def attach(self, task: TaskHandle) -> None:
+        self.task = task
+        for signo in self.pending:
+            self._stop(signo)
+        self.pending.clear()
+
+    def poll(self) -> None:
+        """Handle what the signalfd holds now, without waiting."""
+        for delivery in read_deliveries(self.sigfd):
+            self.on_signal(delivery)
+
+    def on_signal(self, d: Delivery) -> None:
+        if d.from_terminal and d.signo in (signal.SIGINT, signal.SIGQUIT):
+            self.terminal_interrupt = True
+        act = self.keys.decide(d, time.monotonic(), started=self.task is not None,
+                               from_task=self._from_task(d))
+        if act is Act.STOP:
+            self._stop(d.signo)
+        elif act is Act.HINT and not self.quiet:
+            _say(_after_echo(self.keys.hint()))
+        elif act is Act.SUSPEND:
+            # SIGTSTP is blocked, so its default (stop) never happens: do it ourselves; the
+            # task got the same SIGTSTP.  `fg`/`bg` send SIGCONT to both.
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    def _stop(self, signo: int) -> None:
+        if self.interrupted_by is None:
+            self.interrupted_by = signo
+        self.keys.stopping = True
+        if self.task is None:
+            self.pending.append(signo)  # before the spawn: the task never starts
+        else:
+            self.task.stop()  # the first asks gracefully; the next one kills now
+
+    def _from_task(self, d: Delivery) -> bool:
+        """Did one of the task's own processes send it (to its process group, ours too)?"""
+        if d.from_terminal or self.root is None or not d.pid:
+            return False
+        path = sender_cgroup(d.pid)
+        if path is None:
+            return False
+        try:
+            import cgroupfs
+
+            where = cgroupfs.cgroup_fs_path(cgroupfs.find_cgroup2_mount(), path)
+        except CgroupError:
+            return False
+        return where.startswith(self.root.rstrip("/") + "/")
+
+
+async def _watch_signals(control: Control) -> None:
+    import trio
+
+    while True:
+        await trio.lowlevel.wait_readable(control.sigfd)
+        control.poll()
+
+
+async def _run(spec: TaskSpec, args: argparse.Namespace, control: Control) -> TaskResult:
+    import trio
+
+    from .._supervisor import open_supervisor
+
+    async with trio.open_nursery() as outer:
+        outer.start_soon(_watch_signals, control)
+        async with open_supervisor(cgroup_root=args.cgroup_root) as sup:
+            control.root = sup.cgroup_root
             if not args.quiet:
                 for note in sup.placement_notes:
-                    print(f"corral: note: {note}", file=sys.stderr)
-            task = await nursery.start(sup.start, spec)
-
-            async def watch_signals() -> None:
-                nonlocal interrupted_by
-                async for signum in signals:
-                    if interrupted_by is None:
-                        interrupted_by = signum
-                    task.stop()  # the first asks gracefully; a second one kills now
-
-            nursery.start_soon(watch_signals)
-            result = await task.wait()
-            nursery.cancel_scope.cancel()
-    return result, interrupted_by
+                    _say(f"corral: note: {note}")
+            result = await _start_and_wait(sup, spec, control)
+        outer.cancel_scope.cancel()
+    return result
 
 
-def _write_json(args: argparse.Namespace, json_file: Any, result: TaskResult,
-                status: int) -> None:
-    data = {"exit_status": status, **result.to_dict()}
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    if json_file is not None:
-        with json_file:
-            json_file.write(text)
+async def _start_and_wait(sup: Supervisor, spec: TaskSpec, control: Control) -> TaskResult:
+    import trio
+
+    async with trio.open_nursery() as nursery:
+        # A key typed just now is still corral's (the program does not exist yet): read it
+        # now rather than at the watcher's next turn, which may come after the spawn.
+        control.poll()
+        with trio.CancelScope() as before_start:
+            if control.pending:
+                # a stop came first (Ctrl-C, kill): started in a cancelled scope, the task
+                # never starts, and its record says so
+                before_start.cancel()
+            task: TaskHandle = await nursery.start(sup.start, spec)
+        control.attach(task)
+        return await task.wait()
+
+
+def _supervise(spec: TaskSpec, args: argparse.Namespace,
+               control: Control) -> tuple[TaskResult | None, BaseException | None]:
+    """Run the task; its result (None if it never got one) and corral's own failure."""
+    import trio
+
+    try:
+        return trio.run(_run, spec, args, control), None
+    except BaseExceptionGroup as group:
+        error = first_leaf(group)
+        if not isinstance(error, SupervisorError | CgroupError | ValueError | OSError):
+            raise
+    except (SupervisorError, CgroupError, ValueError, OSError) as e:
+        error = e
+    task = control.task
+    return (task.result if task is not None else None), error
+
+
+def _signalfd() -> int:
+    from .._spawn import signalfd
+
+    return signalfd(JOB_SIGNALS)
+
+
+# ---- before and after ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Sink:
+    """Where the JSON result goes: ``label`` names it in errors; ``owned`` fds are ours to
+    close."""
+
+    label: str
+    fd: int
+    owned: bool
+
+
+def _open_sinks(args: argparse.Namespace) -> list[_Sink]:
+    """Check and open the JSON destinations now: a result that cannot be written must not be
+    found out after the run."""
+    sinks = []
     if args.json_fd is not None:
-        with os.fdopen(args.json_fd, "w", closefd=False) as f:
-            f.write(text)
-            f.flush()
+        fd = args.json_fd
+        try:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        except OSError as e:
+            die(f"--json-fd {fd}: {e.strerror}; open it for writing first, e.g. {fd}>result.json")
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            die(f"--json-fd {fd}: the descriptor is open read-only and the result is written to "
+                f"it; open it for writing, e.g. {fd}>result.json")
+        sinks.append(_Sink(f"--json-fd {fd}", fd, owned=False))
+    if args.json_file:
+        try:
+            fd = os.open(args.json_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                         0o666)
+        except OSError as e:
+            die(f"--json-file {args.json_file}: {e.strerror}; give a writable path")
+        sinks.append(_Sink(f"--json-file {args.json_file}", fd, owned=True))
+    return sinks
 
 
-def main(args: argparse.Namespace) -> int:
+def _write_json(sinks: list[_Sink], result: TaskResult, status: int) -> None:
+    """Write the record to every sink; a failure is one line on stderr, never a traceback."""
+    data = {"exit_status": status, **result.to_dict()}
+    view = memoryview((json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+    for sink in sinks:
+        try:
+            written = 0
+            while written < len(view):
+                written += os.write(sink.fd, view[written:])
+            if sink.owned:
+                os.close(sink.fd)
+        except OSError as e:
+            _say(f"corral: {sink.label}: writing the result failed: {e.strerror}; the task's "
+                 f"exit status is {status}")
+
+
+def _after_echo(line: str) -> str:
+    """``line`` on a line of its own after the ``^C`` a terminal echoes without a newline."""
+    return f"\n{line}" if _stderr_is_terminal() else line
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (OSError, ValueError):
+        return False
+
+
+def _say(line: str) -> None:
+    """A line on stderr; a stderr that is gone (a hung-up terminal, a closed pipe) is not an
+    error of the task's."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+class _OneLine(logging.Formatter):
+    """``corral: warning: ...``: one line per record, an exception as its repr."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = " ".join(record.getMessage().split("\n"))
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" ({record.exc_info[1]!r})"
+        level = "warning" if record.levelno < logging.ERROR else "error"
+        return f"corral: {level}: {text}"
+
+
+def configure_logging(quiet: bool) -> None:
+    """The library logs and never configures logging; the command does: one line per
+    warning on stderr, nothing under ``--quiet`` (Python's last-resort handler included)."""
+    root = logging.getLogger()
+    if any(isinstance(h.formatter, _OneLine) for h in root.handlers):
+        return  # configured already (main() called twice in one process)
+    handler: logging.Handler = logging.NullHandler() if quiet else logging.StreamHandler()
+    handler.setFormatter(_OneLine())
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
+def _report(args: argparse.Namespace, sinks: list[_Sink], result: TaskResult, status: int,
+            after_key: bool) -> None:
+    """The JSON record first (it matters most), then the lines on stderr.  ``after_key``: a
+    key typed at the terminal ended the task, and its ``^C`` echo ends no line."""
+    _write_json(sinks, result, status)
+    if result.outcome == Outcome.SPAWN_FAILED:
+        _say(f"corral: {result.error}")
+    if not args.quiet and (args.summary or result.outcome != Outcome.SUCCEEDED):
+        lines = summary_lines(result, status)
+        if after_key:
+            lines[0] = _after_echo(lines[0])
+        for line in lines:
+            _say(line)
+
+
+def _prepare(args: argparse.Namespace) -> TaskSpec:
     try:
         spec = _spec_from_args(args)
         if not spec.limits.is_empty():
+            from ..placement import check_limits, planned_controllers
+
             # refused before anything is made: what the root would offer, read, not created
             check_limits(spec.limits, *planned_controllers(args.cgroup_root))
     except (ValueError, PlacementError) as e:
         die(str(e))
-    if args.json_fd is not None:
-        try:
-            os.fstat(args.json_fd)
-        except OSError as e:
-            die(f"--json-fd {args.json_fd}: {e.strerror}; open it first, e.g. 3>result.json")
-    json_file = None
-    if args.json_file:
-        # opened now: a result that cannot be written must not be found out after the run
-        try:
-            json_file = open(args.json_file, "w")  # noqa: SIM115 (closed in _write_json)
-        except OSError as e:
-            die(f"--json-file {args.json_file}: {e.strerror}; give a writable path")
+    return spec
+
+
+def main(args: argparse.Namespace) -> int:
+    # First of all: from here on no Ctrl-C, kill or Ctrl-Z can interrupt corral anywhere;
+    # they wait on the signalfd for the watcher.
+    block_job_signals()
+    configure_logging(args.quiet)
+    spec = _prepare(args)
+    sinks = _open_sinks(args)
+    terminal = Terminal.open()
+    control = Control(_signalfd(), args.quiet)
     try:
-        result, interrupted_by = trio.run(_run, spec, args)
-    except* (PlacementError, SupervisorError, CgroupError, ValueError) as eg:
-        die(str(first_leaf(eg)))
-    status = exit_status(result, interrupted_by)
-    if result.outcome == Outcome.SPAWN_FAILED:
-        print(f"corral: {result.error}", file=sys.stderr)
-    if not args.quiet and (args.summary or result.outcome != Outcome.SUCCEEDED):
-        for line in summary_lines(result, status):
-            print(line, file=sys.stderr)
-    if json_file is not None or args.json_fd is not None:
-        _write_json(args, json_file, result, status)
+        result, error = _supervise(spec, args, control)
+    finally:
+        os.close(control.sigfd)
+        if terminal is not None:
+            terminal.restore()  # before anything is printed: the summary in sane modes
+            terminal.close()
+    if result is None:
+        die(str(error))
+    status = EXIT_FAILURE if error is not None else exit_status(result, control.interrupted_by)
+    ended_by_key = control.terminal_interrupt and (
+        result.outcome == Outcome.CANCELLED or result.signal in (signal.SIGINT, signal.SIGQUIT))
+    _report(args, sinks, result, status, ended_by_key)
+    if error is not None:
+        die(str(error))
+    if status == 128 + signal.SIGINT and ended_by_key:
+        die_by_signal(signal.SIGINT)
     return status
