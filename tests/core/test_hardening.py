@@ -1,0 +1,453 @@
+"""The hardening issue's promises, each tried the way a hostile task, a crash or a busy host
+tried it (one test or more per numbered item; the item is named in each test's comment).
+
+Tasks that attack the tree are given the cgroup2 mount as $MNT, so that they find their own
+leaf from /proc/self/cgroup (``$MNT$(cgroup path)``) and their supervisor's root above it.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import trio
+from sup_util import HANG, IGNORE_TERM_READY, alive, wait_for, wait_ready
+
+import cgroupfs
+import supervisor
+from supervisor import TaskSpec, _output
+from supervisor._output import IoReactor, StreamCapture
+
+MNT = cgroupfs.find_cgroup2_mount().mount_point
+LEAF = 'LEAF="$MNT$(sed -n "s/^0:://p" /proc/self/cgroup)"; '
+ROOT = LEAF + 'ROOT="$(dirname "$LEAF")"; '
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {"MNT": MNT, **extra}
+
+
+# ---- 1. streams are removed by identity, never by fd number --------------------------------
+
+async def test_a_stream_the_reactor_closed_at_eof_is_not_removed_again_under_its_number(
+        ) -> None:
+    reactor = IoReactor()
+    async with trio.open_nursery() as n:
+        n.start_soon(reactor.run)
+        r1, w1 = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        first = reactor.add_reader(r1, StreamCapture(64, 64))
+        os.close(w1)  # EOF: the reactor closes r1 itself
+        with trio.fail_after(HANG):
+            await first.done.wait()
+        r2, w2 = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        assert r2 == r1  # the kernel hands out the lowest free number: the old one
+        capture = StreamCapture(64, 64)
+        second = reactor.add_reader(r2, capture)
+        reactor.remove(first)  # the first task's late cleanup
+        os.write(w2, b"still mine")  # would be EPIPE (or lost) had r2 been closed
+        os.close(w2)
+        with trio.fail_after(HANG):
+            await second.done.wait()
+        assert capture.result().data == b"still mine"
+        reactor.stop()
+
+
+async def test_writers_under_random_stops_lose_no_byte_and_die_of_no_sigpipe(
+        sup: supervisor.Supervisor) -> None:
+    size = 1 << 20
+    writer = TaskSpec(["head", "-c", str(size), "/dev/zero"], output_head=0, output_tail=0)
+    rng = random.Random(7)
+    results: list[supervisor.TaskResult] = []
+
+    async def one(stop_after: float | None) -> None:
+        async with trio.open_nursery() as n:
+            task = await n.start(sup.start, writer)
+            if stop_after is not None:
+                await trio.sleep(stop_after)
+                task.stop(force=rng.random() < 0.5)
+            results.append(await task.wait())
+
+    with trio.fail_after(HANG * 4):
+        limiter = trio.CapacityLimiter(32)
+        async with trio.open_nursery() as n:
+            for i in range(128):
+                async def run(stop: float | None = rng.choice([None, 0, 0.001, 0.005])) -> None:
+                    async with limiter:
+                        await one(stop)
+                n.start_soon(run)
+    assert len(results) == 128
+    for r in results:
+        assert r.signal != signal.SIGPIPE, r
+        if r.outcome == "succeeded":
+            assert r.output_stdout.total == size, r
+
+
+# ---- 2. ownership without pids or clocks ---------------------------------------------------
+
+async def test_a_second_supervisor_on_the_same_root_leaves_the_first_ones_tasks_alone(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    async with supervisor.open_supervisor(cgroup_root=test_cgroup.path) as first, \
+            trio.open_nursery() as n:
+        task = await n.start(first.start, ["sleep", "600"])
+        async with supervisor.open_supervisor(cgroup_root=test_cgroup.path) as second:
+            assert second.cgroup_root != first.cgroup_root
+            r = await second.run(["true"])
+            assert r.outcome == "succeeded"
+        assert task.pid is not None and alive(task.pid) and task.result is None
+        task.stop()
+        assert (await task.wait()).outcome == "cancelled"
+
+
+async def test_a_supervisor_in_another_pid_namespace_keeps_its_tasks(
+        test_cgroup: cgroupfs.Cgroup, tmp_path: os.PathLike[str]) -> None:
+    corral = os.path.join(os.path.dirname(sys.executable), "corral")
+    ready = os.path.join(tmp_path, "ready")
+    other = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", corral, "run",
+         "--cgroup-root", test_cgroup.path, "-q", "--", "sh", "-c",
+         f"echo $$ > {ready}; exec sleep 600"], stdout=subprocess.DEVNULL)
+    try:
+        await wait_for(lambda: os.path.exists(ready) and bool(open(ready).read().strip()),
+                       what="the other namespace's task")
+        (theirs,) = test_cgroup.children()  # its pid there is small: it may exist here too
+        async with supervisor.open_supervisor(cgroup_root=test_cgroup.path) as sup:
+            assert (await sup.run(["true"])).outcome == "succeeded"
+        with cgroupfs.Cgroup.open(os.path.join(test_cgroup.path, theirs)) as root:
+            assert root.is_populated()  # untouched: we could not take its lock
+    finally:
+        # unshare ignores SIGTERM while it waits: stop its child, corral (PID 1 in there)
+        with open(f"/proc/{other.pid}/task/{other.pid}/children") as f:
+            for pid in f.read().split():
+                os.kill(int(pid), signal.SIGTERM)
+        other.wait(HANG)
+    assert not test_cgroup.is_populated()
+
+
+async def test_a_root_nobody_holds_is_cleared_by_the_next_supervisor(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    stale = test_cgroup.make_child("corral-4242-abcdef")
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        with stale.make_child("t-1") as leaf:
+            leaf.add_proc(sleeper.pid)
+        async with supervisor.open_supervisor(cgroup_root=test_cgroup.path) as sup:
+            assert any("corral-4242-abcdef" in note and "1 process(es)" in note
+                       for note in sup.placement_notes)
+            assert not os.path.exists(stale.path)
+        assert sleeper.wait(HANG) == -signal.SIGKILL
+    finally:
+        stale.close()
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+
+
+# ---- 4. inotify watches are released ---------------------------------------------------------
+
+def kernel_inotify_watches() -> int:
+    """Watches this process holds, as the kernel counts them (every inotify fd)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
+                continue
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                count += sum(line.startswith("inotify wd:") for line in f)
+        except OSError:
+            continue
+    return count
+
+
+async def test_watches_return_to_where_they_were_after_tasks_that_leave_processes(
+        sup: supervisor.Supervisor) -> None:
+    await sup.run(["sh", "-c", "sleep 0.05 & exit 0"])  # warm up: the supervisor's own
+    before = kernel_inotify_watches()
+    for _ in range(20):
+        r = await sup.run(["sh", "-c", "sleep 0.05 & exit 0"], grace="5s")
+        assert r.cleanup.leftovers
+    assert kernel_inotify_watches() == before
+
+
+# ---- 5. names that are not UTF-8 -----------------------------------------------------------
+
+BAD_NAME = ("( printf '\\377\\376bad' > /proc/self/comm; trap 'exit 0' TERM; "
+            "while :; do sleep 0.05; done ) & sleep 0.2; exit 0")
+
+
+async def test_a_process_named_in_invalid_utf8_is_recorded_and_serialised(
+        sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", BAD_NAME], grace="5s")
+    assert r.outcome == "succeeded" and r.cleanup == "clean"
+    assert "\ufffd\ufffdbad" in [p.comm for p in r.cleanup.leftovers]
+    json.dumps(r.to_dict())  # the record is JSON, whatever the kernel said
+
+
+def test_corral_run_writes_the_record_when_a_name_is_not_utf8(
+        test_cgroup: cgroupfs.Cgroup, tmp_path: os.PathLike[str]) -> None:
+    out = os.path.join(tmp_path, "r.json")
+    corral = os.path.join(os.path.dirname(sys.executable), "corral")
+    p = subprocess.run([corral, "run", "--cgroup-root", test_cgroup.path, "--summary",
+                        "--json-file", out, "--", "sh", "-c", BAD_NAME],
+                       capture_output=True, timeout=HANG)
+    assert p.returncode == 0, p.stderr
+    assert b"Traceback" not in p.stderr and "\ufffd\ufffdbad".encode() in p.stderr
+    data = json.loads(open(out, encoding="utf-8").read())
+    assert "\ufffd\ufffdbad" in [p["comm"] for p in data["cleanup"]["leftovers"]]
+
+
+# ---- 6. a main process (or a child) that leaves its leaf -----------------------------------
+
+async def test_a_main_process_that_leaves_its_leaf_is_still_stopped_and_the_record_says_so(
+        sup: supervisor.Supervisor, test_cgroup: cgroupfs.Cgroup) -> None:
+    elsewhere = test_cgroup.make_child("elsewhere")
+    try:
+        script = 'echo $$ > "$ELSEWHERE/cgroup.procs"; exec sleep 600'
+        with trio.fail_after(HANG):
+            r = await sup.run(["sh", "-c", script], env={"ELSEWHERE": elsewhere.path},
+                              time_limit="0.3s", grace="0.3s")
+        assert r.outcome == "timed_out" and r.signal == signal.SIGTERM
+        assert r.stop is not None and r.stop.landed
+        assert r.containment.broken and r.cleanup == "incomplete"
+        (escaped,) = r.containment.escaped
+        assert escaped.comm == "sleep" and escaped.cgroup is not None
+        assert escaped.cgroup.endswith("/elsewhere")
+        assert not elsewhere.is_populated()
+    finally:
+        elsewhere.destroy()
+
+
+async def test_a_leftover_that_moves_itself_out_is_killed_and_reported(
+        sup: supervisor.Supervisor, test_cgroup: cgroupfs.Cgroup) -> None:
+    elsewhere = test_cgroup.make_child("elsewhere")
+    try:
+        mover = ('trap "" TERM; sleep 0.3; echo $$ > "$ELSEWHERE/cgroup.procs"; '
+                 'exec sleep 600')
+        script = f"sh -c '{mover}' & sleep 0.1; exit 0"
+        with trio.fail_after(HANG):
+            r = await sup.run(["sh", "-c", script], env={"ELSEWHERE": elsewhere.path},
+                              grace="2s")
+        assert r.outcome == "succeeded" and r.cleanup == "incomplete"
+        (escaped,) = r.containment.escaped
+        assert escaped.ended == "killed" and escaped.cgroup is not None
+        assert escaped.cgroup.endswith("/elsewhere")
+        await wait_for(lambda: not elsewhere.is_populated(), what="the escapee's death")
+    finally:
+        elsewhere.destroy()
+
+
+# ---- 7. sub-cgroups made inside a leaf ----------------------------------------------------
+
+SUB_TERM = LEAF + textwrap.dedent("""\
+    mkdir "$LEAF/sub"
+    sh -c 'echo $$ > "$1/sub/cgroup.procs"; trap "echo sub-got-term; exit 0" TERM;
+           echo ready; while :; do sleep 0.05; done' sub "$LEAF" &
+    wait
+""")
+
+
+async def test_processes_in_a_sub_cgroup_get_the_stop_signal_and_the_subtree_goes(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", SUB_TERM], env=env(),
+                                               grace="30s"))
+        await wait_ready(task)
+        task.stop()
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert b"sub-got-term" in r.stdout  # the stop signal, not the kill, reached it
+    assert r.stop is not None and r.stop.reached == "signalled"
+    assert r.cleanup == "clean" and r.containment.cgroup is not None
+    assert not os.path.exists(r.containment.cgroup)
+
+
+async def test_a_leftover_in_a_sub_cgroup_is_listed(sup: supervisor.Supervisor) -> None:
+    script = LEAF + ('mkdir "$LEAF/sub"; sh -c \'echo $$ > "$1/sub/cgroup.procs"; '
+                     'exec sleep 600\' sub "$LEAF" & sleep 0.2; exit 0')
+    r = await sup.run(["sh", "-c", script], env=env(), grace="5s")
+    assert [p.comm for p in r.cleanup.leftovers] == ["sleep"]
+    assert r.cleanup.leftovers_ended_by == "stop signal" and r.cleanup == "clean"
+
+
+# ---- 8. a task that freezes corral's cgroups ------------------------------------------------
+
+async def test_a_task_freezing_the_root_blocks_no_other_task(
+        sup: supervisor.Supervisor) -> None:
+    # it freezes the root (and so itself) over and over; corral thaws, spawns, stops on time
+    freezer = ROOT + 'while :; do echo 1 > "$ROOT/cgroup.freeze"; done'
+    async with trio.open_nursery() as n:
+        hostile = await n.start(functools.partial(sup.start, ["sh", "-c", freezer], env=env(),
+                                                  time_limit="3s", grace="0.5s"))
+        with trio.fail_after(HANG):
+            others = [await sup.run(["sh", "-c", "echo ok"]) for _ in range(5)]
+            limited = await sup.run(["sleep", "60"], time_limit="0.5s", grace="0.5s")
+            r = await hostile.wait()
+    assert all(o.outcome == "succeeded" and o.stdout == b"ok\n" for o in others)
+    assert limited.outcome == "timed_out"
+    assert r.outcome == "timed_out"
+    noted = [note for o in [*others, limited, r] for note in o.notes if "frozen" in note]
+    assert noted and all("thawed" in note or "ancestor" in note for note in noted)
+
+
+async def test_a_task_that_freezes_its_own_leaf_is_thawed_to_be_stopped(
+        sup: supervisor.Supervisor) -> None:
+    script = LEAF + 'echo 1 > "$LEAF/cgroup.freeze"; sleep 600'
+    with trio.fail_after(HANG):
+        r = await sup.run(["sh", "-c", script], env=env(), time_limit="0.5s", grace="10s")
+    assert r.outcome == "timed_out" and r.signal == signal.SIGTERM
+    assert r.stop is not None and r.stop.reached == "signalled"
+    assert any("had frozen" in note for note in r.notes)
+
+
+# ---- 9. the supervisor's own stop never turns the caller's first request into a kill -------
+
+async def test_after_fail_fast_the_first_cancel_is_still_graceful(
+        sup: supervisor.Supervisor) -> None:
+    specs = [TaskSpec(["sh", "-c", IGNORE_TERM_READY], grace="1h"),
+             TaskSpec(["sh", "-c", "sleep 0.3; exit 3"])]
+    async with trio.open_nursery() as n:
+        batch = await n.start(functools.partial(sup.start_batch, specs, 2, fail_fast=True))
+        stubborn = batch.handles[0]
+        await wait_ready(stubborn)
+        await wait_for(lambda: stubborn.stop_level == "signalled", what="fail-fast stop")
+        batch.cancel()  # the caller's first: still graceful
+        await trio.sleep(0.3)
+        assert stubborn.result is None and stubborn.stop_level == "signalled"
+        batch.cancel()  # the caller's second: kill now
+        with trio.fail_after(HANG):
+            results = await batch.wait()
+    r = results[0]
+    assert r.stop is not None and r.stop.reason == "fail_fast"
+    assert r.stop.reached == "killed" and r.stop.kill_because == "second_request"
+
+
+async def test_after_the_time_limit_the_callers_first_stop_does_not_kill(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", IGNORE_TERM_READY],
+                                               time_limit="0.3s", grace="1h"))
+        await wait_for(lambda: task.stop_level == "signalled", what="time limit")
+        assert task.stop() is True
+        await trio.sleep(0.3)
+        assert task.result is None
+        assert task.stop() is True
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "timed_out" and r.stop is not None
+    assert r.stop.kill_because == "second_request"
+
+
+# ---- 10. Ctrl-C twice during run(): kill now, one KeyboardInterrupt --------------------------
+
+TWO_CTRL_C = """
+import json, os, signal, sys, threading, time, trio, supervisor
+
+def interrupt(flag):
+    # from a thread, as a terminal would: trio then raises KeyboardInterrupt in the main task
+    # (sent from a trio task, it would be raised in that task instead)
+    for wanted in ("ready", "got-term"):
+        while not (os.path.exists(flag) and open(flag).read().strip() == wanted):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+async def main(root, flag):
+    threading.Thread(target=interrupt, args=(flag,), daemon=True).start()
+    async with supervisor.open_supervisor(cgroup_root=root) as sup:
+        try:
+            await sup.run(["sh", "-c", "trap 'echo got-term > $F' TERM; echo ready > $F; "
+                                       "while :; do sleep 0.05; done"],
+                          env={"F": flag}, grace="1h")
+        finally:
+            (r,) = sup.results.values()
+            print(json.dumps({"outcome": str(r.outcome), "signal": r.signal,
+                              "why": r.stop.kill_because}), flush=True)
+
+try:
+    trio.run(main, *sys.argv[1:])
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+except BaseException as e:
+    print("other", repr(e), flush=True)
+"""
+
+
+def test_a_second_ctrl_c_during_run_kills_now_and_raises_one_keyboard_interrupt(
+        test_cgroup: cgroupfs.Cgroup, tmp_path: os.PathLike[str]) -> None:
+    flag = os.path.join(tmp_path, "flag")
+    r = subprocess.run([sys.executable, "-c", TWO_CTRL_C, test_cgroup.path, flag],
+                       capture_output=True, text=True, timeout=HANG)
+    record, last = r.stdout.splitlines()
+    assert last == "KeyboardInterrupt", r.stdout + r.stderr
+    assert json.loads(record) == {"outcome": "cancelled", "signal": 9,
+                                  "why": "second_request"}
+    assert test_cgroup.children() == [] and not test_cgroup.is_populated()
+
+
+# ---- 11. a failing stdin feeder is a note, not a cancel ----------------------------------
+
+async def test_a_failing_stdin_write_is_recorded_and_is_not_a_stop(
+        sup: supervisor.Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(fd: int, data: bytes) -> int:
+        raise OSError(errno.EFAULT, "simulated failure of the write")
+
+    monkeypatch.setattr(_output, "_write_stdin", failing)  # the seam
+    r = await sup.run(["cat"], stdin=b"hello")
+    assert r.outcome == "succeeded" and r.stop is None
+    assert any("writing the task's stdin failed" in n and "simulated" in n for n in r.notes)
+
+
+# ---- 12. the small ones ---------------------------------------------------------------------
+
+async def test_a_stopped_task_still_gets_the_stop_signal(sup: supervisor.Supervisor) -> None:
+    with trio.fail_after(HANG):
+        r = await sup.run(["sh", "-c", "kill -STOP $$; sleep 600"], time_limit="0.3s",
+                          grace="1h")
+    assert r.outcome == "timed_out" and r.signal == signal.SIGTERM
+    assert r.stop is not None and r.stop.reached == "signalled"
+
+
+@pytest.mark.parametrize("value", ["1us", "0.05s", 0.01])
+def test_a_stop_signal_repeat_below_the_floor_is_refused(value: object) -> None:
+    with pytest.raises(supervisor.SpecError, match="at least 0.1s") as ei:
+        TaskSpec(["true"], stop_signal_repeat=value)
+    assert ei.value.field == "stop_signal_repeat"
+
+
+@pytest.mark.parametrize("value", [10**400, -10**400, 1e308])
+def test_an_absurd_time_limit_is_a_spec_error(value: object) -> None:
+    with pytest.raises(supervisor.SpecError, match="time_limit"):
+        TaskSpec(["true"], time_limit=value)
+
+
+async def test_leftovers_are_named_as_they_were_when_stopped_and_late_ones_are_included(
+        sup: supervisor.Supervisor) -> None:
+    # the leftover becomes "sleep" by exec after the main's exit, then forks a latecomer
+    late = ("trap '' TERM; sleep 0.2; exec sh -c 'trap \"\" TERM; sleep 600 & "
+            "exec sleep 600'")
+    r = await sup.run(["sh", "-c", f"sh -c \"{late}\" & sleep 0.05; exit 0"], grace="1s")
+    # the shell (exec'd into sleep), its "sleep 0.2" seen at the main's exit, the latecomer
+    first, *rest = r.cleanup.leftovers
+    assert first.comm == "sleep" and len(rest) == 2, r.cleanup
+    assert all(p.comm == "sleep" for p in rest)
+    assert r.cleanup.leftovers_ended_by == "killed"
+
+
+# ---- 13. without an explicit ceiling the default is the ceiling ---------------------------
+
+async def test_without_a_ceiling_the_default_caps_longer_limits(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
+                                          default_time_limit="0.5s") as sup:
+        with trio.fail_after(HANG):
+            r = await sup.run(["sleep", "600"], time_limit="1h", grace="0.2s")
+        assert r.outcome == "timed_out" and r.time_limit == 0.5
+        assert any("capped to the 500ms ceiling" in n for n in r.notes)
+        r = await sup.run(["true"], time_limit="0.2s")
+        assert r.time_limit == 0.2 and r.notes == ()
