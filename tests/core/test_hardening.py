@@ -77,12 +77,13 @@ async def test_writers_under_random_stops_lose_no_byte_and_die_of_no_sigpipe(
 
     with trio.fail_after(HANG * 4):
         limiter = trio.CapacityLimiter(32)
+        async def run(stop: float | None) -> None:
+            async with limiter:
+                await one(stop)
+
         async with trio.open_nursery() as n:
-            for i in range(128):
-                async def run(stop: float | None = rng.choice([None, 0, 0.001, 0.005])) -> None:
-                    async with limiter:
-                        await one(stop)
-                n.start_soon(run)
+            for _ in range(128):
+                n.start_soon(run, rng.choice([None, 0, 0.001, 0.005]))
     assert len(results) == 128
     for r in results:
         assert r.signal != signal.SIGPIPE, r
