@@ -116,7 +116,7 @@ async def test_a_supervisor_in_another_pid_namespace_keeps_its_tasks(
          "--cgroup-root", test_cgroup.path, "-q", "--", "sh", "-c",
          f"echo $$ > {ready}; exec sleep 600"], stdout=subprocess.DEVNULL)
     try:
-        await wait_for(lambda: os.path.exists(ready) and bool(open(ready).read().strip()),
+        await wait_for(lambda: os.path.exists(ready) and os.path.getsize(ready) > 0,
                        what="the other namespace's task")
         (theirs,) = test_cgroup.children()  # its pid there is small: it may exist here too
         async with supervisor.open_supervisor(cgroup_root=test_cgroup.path) as sup:
@@ -200,7 +200,8 @@ def test_corral_run_writes_the_record_when_a_name_is_not_utf8(
                        capture_output=True, timeout=HANG)
     assert p.returncode == 0, p.stderr
     assert b"Traceback" not in p.stderr and "\ufffd\ufffdbad".encode() in p.stderr
-    data = json.loads(open(out, encoding="utf-8").read())
+    with open(out, encoding="utf-8") as f:
+        data = json.load(f)
     assert "\ufffd\ufffdbad" in [p["comm"] for p in data["cleanup"]["leftovers"]]
 
 
@@ -416,7 +417,7 @@ async def test_a_stopped_task_still_gets_the_stop_signal(sup: supervisor.Supervi
 
 @pytest.mark.parametrize("value", ["1us", "0.05s", 0.01])
 def test_a_stop_signal_repeat_below_the_floor_is_refused(value: object) -> None:
-    with pytest.raises(supervisor.SpecError, match="at least 0.1s") as ei:
+    with pytest.raises(supervisor.SpecError, match=r"at least 0\.1s") as ei:
         TaskSpec(["true"], stop_signal_repeat=value)
     assert ei.value.field == "stop_signal_repeat"
 
