@@ -167,7 +167,15 @@ def held_rss(held: int) -> tuple[int, int]:
 
 
 def startup(sock: str, n: int) -> tuple[float, float, float]:
-    """Medians: ``corral ps``, ``python -c pass``, one list request in-process (seconds)."""
+    """Medians: ``corral ps``, ``python -c pass``, one list request in-process (seconds).
+
+    Bytecode is compiled first, as an installed package has it: with
+    PYTHONDONTWRITEBYTECODE=1 in the environment every start would compile the client."""
+    import compileall
+
+    import supervisor
+
+    compileall.compile_dir(os.path.dirname(supervisor.__file__), quiet=1)
     ps = [SCRIPT, "ps"] if os.access(SCRIPT, os.X_OK) else [*CORRAL, "ps"]
     env = dict(os.environ, CORRAL_SOCKET=sock)
 

@@ -15,7 +15,6 @@ whose message names the value, the rule and the fix.
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any, NamedTuple
 
@@ -190,6 +189,8 @@ def _stdin(obj: dict[str, Any]) -> tuple[str | None, bytes | None]:
         if isinstance(value.get("text"), str):
             return None, value["text"].encode("utf-8", "surrogatepass")
         if isinstance(value.get("base64"), str):
+            import base64
+
             try:
                 return None, base64.b64decode(value["base64"], validate=True)
             except ValueError:
@@ -227,6 +228,8 @@ class SubmitRequest(NamedTuple):
         if self.stdin == "pipe":
             out["stdin"] = "pipe"
         elif self.stdin_data is not None:
+            import base64
+
             out["stdin"] = {"base64": base64.b64encode(self.stdin_data).decode("ascii")}
         return out
 
@@ -305,6 +308,8 @@ class Frame(NamedTuple):
 
 
 def data_frame(stream: str, offset: int, data: bytes) -> dict[str, Any]:
+    import base64  # (not at module level: `corral ps` never needs it)
+
     return {"stream": stream, "offset": offset, "data": base64.b64encode(data).decode("ascii")}
 
 
@@ -320,6 +325,8 @@ def parse_frame(line: bytes) -> Frame:
     if "end" in obj:
         return Frame("end", obj.get("stream"), obj.get("offset", 0), finished=bool(obj["end"]),
                      result=obj.get("result"), exit_status=obj.get("exit_status"))
+    import base64
+
     return Frame("data", obj["stream"], obj["offset"], base64.b64decode(obj["data"]))
 
 

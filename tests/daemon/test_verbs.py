@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 from collections.abc import Callable
 
@@ -178,6 +179,7 @@ def test_cli_clients(start_daemon: Start) -> None:
     assert missing.returncode == 125 and b"no task '999999'" in missing.stderr
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl (apt-get install curl)")
 def test_curl_speaks_to_every_verb(start_daemon: Start) -> None:
     d = start_daemon()
     made = json.loads(d.curl("-X", "POST", "http://corral/v1/tasks", "-d",
