@@ -331,6 +331,7 @@ class _CgroupMounts:
         self._fd = -1
         self._mounts: tuple[tuple[str, int], ...] = ()
         self._visible: tuple[object, object, tuple[tuple[str, int], ...]] = (None, None, ())
+        self._tmp: tuple[str, ...] = ()
 
     def get(self) -> tuple[tuple[str, int], ...]:
         """``(mount point, MS_* flags to keep)`` of each cgroup mount, parents first."""
@@ -344,7 +345,13 @@ class _CgroupMounts:
             while chunk := os.read(self._fd, 65536):
                 chunks.append(chunk)
             self._mounts = _cgroup_mounts(os.fsdecode(b"".join(chunks)))
+            self._tmp = _tmp_dirs()
             return self._mounts
+
+    def tmp_dirs(self) -> tuple[str, ...]:
+        """/tmp and /var/tmp as they were when the mounts last changed."""
+        self.get()
+        return self._tmp
 
     def visible(self, tmp: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
         """The mounts less those under a private ``tmp`` (hidden by its tmpfs: nothing to
@@ -488,6 +495,7 @@ class _Resolved:
     rlimits: tuple[tuple[str, int, int], ...] = ()
     bounding: int | None = None  # bit N: capability N kept; None: the set is left alone
     ambient: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)  # the spawn's, less the mounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -594,6 +602,7 @@ class Isolation:
         set_("_r", _Resolved(creds, umask, tuple((n, s, h) for n, (s, h) in rlimits.items()),
                              bounding, ambient))
         _check_host(self, names)
+        set_("_r", dataclasses.replace(self._r, options=self._static_options()))
 
     def _normalized_rlimits(self, prefix: str) -> dict[str, tuple[int, int]]:
         given: Any = self.rlimits
@@ -637,6 +646,14 @@ class Isolation:
         yield self._spawn_options()
 
     def _spawn_options(self) -> dict[str, Any]:
+        options = dict(self._r.options)
+        if options.get("mount_namespace"):
+            options["tmpfs"] = _CGROUP_MOUNTS.tmp_dirs() if self.private_tmp else ()
+            options["read_only"] = self._read_only(options["tmpfs"])
+        return options
+
+    def _static_options(self) -> dict[str, Any]:
+        """The spawn's keywords that depend on nothing but this value (made once)."""
         r, c = self._r, self._r.creds
         options: dict[str, Any] = {}
         for key, value in (("uid", c.uid), ("gid", c.gid), ("groups", c.groups),
@@ -649,8 +666,6 @@ class Isolation:
             options["new_netns"] = True
         if self.private_tmp or self.protect_control_groups:
             options["mount_namespace"] = True
-            options["tmpfs"] = _tmp_dirs() if self.private_tmp else ()
-            options["read_only"] = self._read_only(options["tmpfs"])
         if r.bounding is not None:
             options["drop_bounding_caps"] = ((1 << (cap_last_cap() + 1)) - 1) & ~r.bounding
         if r.ambient:
@@ -758,7 +773,8 @@ def _describe(iso: Isolation) -> dict[str, Any]:
     bounding = _our_caps("Bnd") & (r.bounding if r.bounding is not None else ~0)
     ambient = r.ambient & bounding
     held = bounding if uid == 0 else ambient  # what execve(2) gives a root / other program
-    read_only = [p for p, _ in iso._read_only(_tmp_dirs() if iso.private_tmp else ())]
+    read_only = [p for p, _ in iso._read_only(_CGROUP_MOUNTS.tmp_dirs() if iso.private_tmp
+                                              else ())]
     routes = _escape_routes(uid, held, cgroupfs_writable=not read_only)
     umask = int(_proc_status()["Umask"], 8) if r.umask is None else r.umask
     user = c.user_name if c.user_name is not None else _user_name(uid)

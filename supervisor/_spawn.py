@@ -161,6 +161,21 @@ def _cstrings(items: Sequence[bytes], keep: list[Any]) -> Any:
     return arr
 
 
+@functools.lru_cache(maxsize=64)
+def _cached_cstrings(items: tuple[str, ...]) -> tuple[Any, list[Any]]:
+    """A NULL-terminated C array of ``items`` and what keeps its strings alive.  Most spawns
+    repeat the same environment, PATH candidates and mount points: encoding them anew cost
+    ~40 us per spawn."""
+    keep: list[Any] = []
+    return _cstrings([os.fsencode(s) for s in items], keep), keep
+
+
+def _strings_for_child(items: tuple[str, ...], keep: list[Any]) -> Any:
+    held = _cached_cstrings(items)
+    keep.append(held)  # alive for this spawn even if the cache lets it go meanwhile
+    return held[0]
+
+
 # Capability numbers as the kernel knows them (linux/capability.h; capabilities(7)).
 CAPABILITIES: tuple[str, ...] = (
     "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
@@ -251,13 +266,12 @@ def spawn(
     bargv = [os.fsencode(a) for a in argv]
     environ = os.environ if env is None else env
     candidates = resolve_executable(os.fsdecode(bargv[0]), environ.get("PATH"))
-    benv = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in environ.items()]
 
     keep: list[Any] = []
     a = ffi.new("struct corral_spawn_args *")
-    a.exec_paths = _cstrings([os.fsencode(c) for c in candidates], keep)
+    a.exec_paths = _strings_for_child(tuple(candidates), keep)
     a.argv = _cstrings(bargv, keep)
-    a.envp = _cstrings(benv, keep)
+    a.envp = _strings_for_child(tuple(f"{k}={v}" for k, v in environ.items()), keep)
     a.cgroup_fd = cgroup_fd
     a.stdin_fd, a.stdout_fd, a.stderr_fd = stdin, stdout, stderr
     if pass_fds:
@@ -285,18 +299,6 @@ def spawn(
         target = {"exec": os.fsdecode(bargv[0]), "chdir": cwd}.get(step)
         raise SpawnError(-rc, step, target or iso.target(step, r.index))
     return Spawned(r.pid, r.pidfd, _METHODS[r.method], r.fallback_errno)
-
-
-def _mount_paths(paths: tuple[str, ...]) -> Any:
-    """The C array of ``paths``: the same few lists (/tmp, the cgroup mounts) come with every
-    isolated spawn, so they are made once and kept (with their strings) by a small cache."""
-    return _mount_paths_kept(paths)[0]
-
-
-@functools.lru_cache(maxsize=16)
-def _mount_paths_kept(paths: tuple[str, ...]) -> tuple[Any, list[Any]]:
-    keep: list[Any] = []
-    return _cstrings([os.fsencode(p) for p in paths], keep), keep
 
 
 @functools.lru_cache(maxsize=16)
@@ -338,8 +340,9 @@ class _IsolationArgs:
             flags |= lib.CORRAL_SPAWN_SETNS
         if self.mount_namespace:
             flags |= lib.CORRAL_SPAWN_NEWNS
-            a.tmpfs_paths, a.n_tmpfs = _mount_paths(tuple(self.tmpfs)), len(self.tmpfs)
-            a.readonly_paths = _mount_paths(tuple(p for p, _ in self.read_only))
+            a.tmpfs_paths = _strings_for_child(tuple(self.tmpfs), keep)
+            a.n_tmpfs = len(self.tmpfs)
+            a.readonly_paths = _strings_for_child(tuple(p for p, _ in self.read_only), keep)
             a.readonly_flags = _mount_flags(tuple(f for _, f in self.read_only))
             a.n_readonly = len(self.read_only)
         if self.rlimits:
