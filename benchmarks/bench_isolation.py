@@ -15,6 +15,12 @@ the netlink way (a thread unshares, brings lo up with pyroute2's IPRoute and han
 namespace's fd to the spawn), which is what the module docstring of supervisor/_isolation.py
 chose against.  systemd-run with the same properties is timed only where systemd runs.
 
+Each figure is given twice: wall time per task, and CPU time per task (user + system of the
+spawning process and of its children, from getrusage): on a shared 2-core machine the wall
+time moves by +-30% with other people's load, the CPU time far less, so read its ratio when the
+load average is high.  (The kernel's asynchronous network-namespace teardown runs in kernel
+threads and is in neither.)
+
 Variants alternate in rounds, in an order rotated each round, with a pause between them: the
 kernel tears network namespaces down asynchronously (a workqueue), so without it each variant
 would pay for the previous one's namespaces.  Figures are medians over rounds; the ratio is the
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import resource
 import shutil
 import statistics
 import subprocess
@@ -40,6 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from _common import host_note, paired_ratio, scratch_cgroup, sync_sigterm_as_interrupt
 
@@ -163,6 +171,25 @@ def floor_args(iso: Isolation) -> list[str]:
     return args
 
 
+class Measured(NamedTuple):
+    wall: float  # seconds per task
+    cpu: float  # CPU seconds per task, user + system, of the spawner and its children
+
+
+def _cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def measured(fn: Callable[[], float], n: int) -> Measured:
+    """Wall time as ``fn`` reports it per task, CPU time per task around it: the floor's
+    process and its tasks are our children, ours are our own time and our children."""
+    c0 = _cpu()
+    wall = fn()
+    return Measured(wall, (_cpu() - c0) / n)
+
+
 def run_floor(exe: str, n: int, leaf: Cgroup, args: list[str]) -> float:
     out = subprocess.run([exe, str(n), os.path.join(leaf.path, "cgroup.procs"), *args],
                          capture_output=True, text=True, check=True)
@@ -274,20 +301,24 @@ def main() -> int:
         if have_pyroute2:
             variants["netns by thread + pyroute2, joined by fd"] = \
                 lambda: pyroute2_netns(args.tasks, leaf, devnull)
-        times: dict[str, list[float]] = {name: [] for name in variants}
+        times: dict[str, list[Measured]] = {name: [] for name in variants}
         names = list(variants)
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 time.sleep(args.settle)
-                times[name].append(variants[name]())
-        for name, ts in times.items():
-            print(f"  {name:42s} {statistics.median(ts) * 1e6:7.0f} us/task")
+                times[name].append(measured(variants[name], args.tasks))
+        print(f"  {'':42s} {'wall':>7s}    {'CPU':>7s}")
+        for name, ms in times.items():
+            print(f"  {name:42s} {statistics.median(m.wall for m in ms) * 1e6:7.0f} us "
+                  f"{statistics.median(m.cpu for m in ms) * 1e6:7.0f} us /task")
         for label, a, b in (("ours / C floor, full", "ours, full", "C floor, full"),
                             ("ours / C floor, netns only", "ours, PrivateNetwork only",
                              "C floor, netns only"),
                             ("C floor full / posix_spawn", "C floor, full",
                              "posix_spawn (no isolation)")):
-            print(f"  ratio {label:28s} {paired_ratio(times[a], times[b]):.2f}x")
+            wall = paired_ratio([m.wall for m in times[a]], [m.wall for m in times[b]])
+            cpu = paired_ratio([m.cpu for m in times[a]], [m.cpu for m in times[b]])
+            print(f"  ratio {label:28s} wall {wall:.2f}x, CPU {cpu:.2f}x")
         if not have_pyroute2:
             print("  (pyroute2 not installed: the netlink variant was not timed)")
         print(f"  {systemd_run_note()}")
