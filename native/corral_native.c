@@ -561,6 +561,11 @@ int corral_spawn(const struct corral_spawn_args *a, struct corral_spawn_result *
     r->pid = -1;
     r->pidfd = -1;
 
+    /* A child sharing our memory that changes its uid or gid makes that memory, ours, not
+     * dumpable (commit_creds() resets the mm's flag): we give it back once the child has
+     * exec'd (no core dumps, root-owned /proc/self otherwise, for no reason of ours). */
+    int dumpable = prctl(PR_GET_DUMPABLE, 0UL, 0UL, 0UL, 0UL);
+
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
 
@@ -576,6 +581,8 @@ int corral_spawn(const struct corral_spawn_args *a, struct corral_spawn_result *
     if (r->fallback_errno != 0 && r->step == CORRAL_STEP_NONE)
         ret = spawn_vfork_join(a, r, &c);
 
+    if (dumpable == 1 && prctl(PR_GET_DUMPABLE, 0UL, 0UL, 0UL, 0UL) != 1)
+        prctl(PR_SET_DUMPABLE, 1UL, 0UL, 0UL, 0UL);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 
     if (ret < 0) {

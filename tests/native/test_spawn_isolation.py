@@ -260,3 +260,17 @@ def test_isolation_on_the_vfork_fallback_path(host_mounts: None) -> None:
                       force_fallback=True, new_netns=True, mount_namespace=True,
                       tmpfs=["/tmp"], uid=65534, gid=65534, groups=[])
     assert (status, out.split()) == (0, ["65534", "0", "lo"])
+
+
+def test_a_uid_change_in_the_child_leaves_us_dumpable() -> None:
+    # the child shares our memory until exec; its setresuid() must not leave our mm
+    # marked non-dumpable (prctl(2) PR_GET_DUMPABLE)
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_get_dumpable = 3
+    assert libc.prctl(pr_get_dumpable, 0, 0, 0, 0) == 1
+    for fallback in (False, True):
+        status, _ = run(["true"], uid=65534, gid=65534, groups=[], force_fallback=fallback)
+        assert status == 0
+        assert libc.prctl(pr_get_dumpable, 0, 0, 0, 0) == 1
