@@ -322,8 +322,17 @@ class Cgroup:
         unless ``missing_ok=False`` (then ``CgroupNotFound``).
         """
         if recursive:
-            for rel in reversed(self.descendants()):
-                _fileio.rmdir_retrying(os.path.join(self._path, rel), busy_timeout, missing_ok=True)
+            # the usual leaf has no sub-cgroups: one rmdir, and the walk only if it is refused
+            try:
+                _fileio.rmdir_retrying(self._path, 0, missing_ok=missing_ok)
+            except CgroupBusy:
+                for rel in reversed(self.descendants()):
+                    _fileio.rmdir_retrying(os.path.join(self._path, rel), busy_timeout,
+                                           missing_ok=True)
+            else:
+                logger.debug("removed cgroup %s", self._path)
+                self.close()
+                return
         _fileio.rmdir_retrying(self._path, busy_timeout, missing_ok=missing_ok)
         logger.debug("removed cgroup %s", self._path)
         self.close()
@@ -449,8 +458,11 @@ class Cgroup:
         """
         _controllers.set_limits(self.fd, self._path, limits)
 
-    def read_stats(self, controllers: Collection[str] | None = None) -> CgroupStats:
+    def read_stats(self, controllers: Collection[str] | None = None, *,
+                   only: Collection[str] | None = None) -> CgroupStats:
         """Usage figures; ``None`` for each file this cgroup does not have.  ``controllers``:
-        the ones enabled for it, if the caller knows (saves trying the others' files)."""
-        return read_stats(self._read_optional, controllers)
+        the ones enabled for it, if the caller knows (saves trying the others' files);
+        ``only``: read just these files (e.g. ``{"cpu.stat", "memory.peak"}``), the rest is
+        ``None``."""
+        return read_stats(self._read_optional, controllers, only)
 

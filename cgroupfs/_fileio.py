@@ -50,9 +50,11 @@ def read_file(dir_fd: int, dir_path: str, name: str) -> str:
         chunks = []
         while True:
             chunk = os.read(fd, _CHUNK)
-            if not chunk:
-                break
             chunks.append(chunk)
+            # kernfs and procfs fill a read as far as the file goes: a short read is the
+            # end (saves the empty read that would say so, on every file we read)
+            if len(chunk) < _CHUNK:
+                break
     except OSError as exc:
         # A file of a cgroup removed while we read it answers ENODEV; it is the
         # same situation as ENOENT at open time, so report it as such.

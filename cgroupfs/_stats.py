@@ -166,24 +166,29 @@ def _parsed(text: str | None, parse: Callable[[str], _T]) -> _T | None:
 
 
 def read_stats(read_optional: Callable[[str], str | None],
-               controllers: Collection[str] | None = None) -> CgroupStats:
+               controllers: Collection[str] | None = None,
+               only: Collection[str] | None = None) -> CgroupStats:
     """Gather ``CgroupStats`` with ``read_optional(name)`` (``None`` if absent).
 
     With ``controllers`` (those enabled for this cgroup), the files of the others are not even
-    tried: they cannot exist, and each miss costs a failed open.
+    tried: they cannot exist, and each miss costs a failed open.  With ``only`` (file names),
+    just those are read and every other field is ``None``.
     """
     def absent(name: str) -> None:
         return None
 
-    mem = read_optional if controllers is None or "memory" in controllers else absent
-    pids = read_optional if controllers is None or "pids" in controllers else absent
+    def wanted(name: str) -> str | None:
+        return read_optional(name) if only is None or name in only else None
+
+    mem = wanted if controllers is None or "memory" in controllers else absent
+    pids = wanted if controllers is None or "pids" in controllers else absent
     return CgroupStats(
-        cpu=_parsed(read_optional("cpu.stat"), CpuStat.parse),
+        cpu=_parsed(wanted("cpu.stat"), CpuStat.parse),
         memory_current=_single_int(mem("memory.current")),
         memory_peak=_single_int(mem("memory.peak")),
         memory_events=_parsed(mem("memory.events"), MemoryEvents.parse),
         pids_current=_single_int(pids("pids.current")),
         pids_peak=_single_int(pids("pids.peak")),
         pids_events=_parsed(pids("pids.events"), PidsEvents.parse),
-        cgroup=_parsed(read_optional("cgroup.stat"), CgroupStat.parse),
+        cgroup=_parsed(wanted("cgroup.stat"), CgroupStat.parse),
     )

@@ -93,11 +93,13 @@ class Driver:
     async def run(self) -> None:
         """Drive to DONE.  Raises only for our own bugs (the caller kills the leaf then)."""
         try:
+            # (nothing to step before the first wait: the spawn had no checkpoint, so no stop
+            # request and no deadline can have come; an exit already shows on the pidfd)
             while True:
+                await self._wait()
                 self._step(trio.current_time())
                 if self.phase == DONE:
                     break
-                await self._wait()
             self._check_seen()
         finally:
             self.stop.finish()

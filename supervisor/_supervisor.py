@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import secrets
 from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -269,27 +270,30 @@ class Supervisor:
             raise interrupt
 
     async def _guard_root(self) -> None:
-        """A task with write access to our cgroups may freeze our root: thaw it at once (our
-        own freeze only; an ancestor's is noted and waited out), and say so in the records of
-        the tasks running meanwhile.  Runs until cancelled."""
+        """A task with write access to our cgroups may freeze our root: thaw it at once, and
+        say so in the records of the tasks running meanwhile.  Woken by writes to the root's
+        cgroup.freeze only (IN_MODIFY), so it costs nothing per task.  Runs until cancelled.
+        (A freeze of an ancestor outside corral is not ours to undo: a stop still ends a
+        frozen task, by cgroup.kill at the end of its grace.)"""
         root, watcher = self._placement.root, self._rt.watcher
-        while True:
-            await watcher.wait_until(root, lambda ev: ev.frozen)
+        path = os.path.join(root.path, "cgroup.freeze")
+
+        def frozen() -> bool:
             try:
-                own = root.read_file("cgroup.freeze").strip() == "1"
-                if own:
-                    root.write_file("cgroup.freeze", "0")
-            except CgroupError as e:
-                log.warning("checking our root %s for a freeze: %s", root.path, e)
+                return root.read_file("cgroup.freeze").strip() == "1"
+            except CgroupError:
+                return False
+
+        while True:
+            try:
+                await watcher.wait_file(path, frozen)
+                root.write_file("cgroup.freeze", "0")
+            except (CgroupError, FileNotFoundError) as e:
+                log.warning("guarding our root %s against freezes: %s", root.path, e)
                 return
-            if own:
-                text = (f"corral's root {root.path} was frozen (someone wrote 1 to its "
-                        f"cgroup.freeze: a task with write access to corral's cgroups?) while "
-                        f"this task ran; corral thawed it")
-            else:
-                text = (f"corral's root {root.path} was frozen by an ancestor cgroup outside "
-                        f"corral's control while this task ran")
-                await watcher.wait_until(root, lambda ev: not ev.frozen)
+            text = (f"corral's root {root.path} was frozen (someone wrote 1 to its "
+                    f"cgroup.freeze: a task with write access to corral's cgroups?) while this "
+                    f"task ran; corral thawed it")
             log.warning("%s", text)
             self._rt.incidents.append(Incident(trio.current_time(), text))
             del self._rt.incidents[:-100]  # bounded: the newest hundred

@@ -565,9 +565,13 @@ def _lost(task: TaskHandle, leaf: Cgroup, exc: BaseException, t0: float,
                 notes=["corral hit an internal error while supervising this task"])
 
 
+_USAGE_FILES = frozenset({"cpu.stat", "memory.peak", "memory.events", "pids.peak"})
+
+
 def _read_usage(leaf: Cgroup, controllers: frozenset[str]) -> CgroupStats | None:
+    """What the record keeps of the leaf's accounting (and only that: read at every end)."""
     try:
-        return leaf.read_stats(controllers)
+        return leaf.read_stats(controllers, only=_USAGE_FILES)
     except CgroupNotFound:
         return None
     except CgroupError as e:

@@ -60,18 +60,29 @@ class CgroupWatcher:
     async def wait_until(self, cg: Cgroup, condition: Callable[[CgroupEvents], bool]) -> None:
         """Return once ``condition(cg.read_events())`` holds; a cgroup that is gone counts as
         empty and unfrozen (``populated 0``, ``frozen 0``)."""
+        gone = CgroupEvents(False, False)
         try:
-            wd = inotify_add_watch(self._fd, cg.events_path)
+            await self.wait_file(cg.events_path, lambda: condition(_events(cg)))
+        except FileNotFoundError:
+            if not condition(gone):
+                raise
+
+    async def wait_file(self, path: str, condition: Callable[[], bool]) -> None:
+        """Return once ``condition()`` holds, checking it again whenever ``path`` is modified
+        (the kernel's IN_MODIFY: for cgroup.events a state change, for any other interface
+        file a write to it).  FileNotFoundError if ``path`` does not exist."""
+        try:
+            wd = inotify_add_watch(self._fd, path)
         except OSError as e:
-            if e.errno == errno.ENOENT and condition(CgroupEvents(False, False)):
-                return
+            if e.errno == errno.ENOENT:
+                raise FileNotFoundError(e.errno, e.strerror, path) from None
             raise
         watch = self._watches.get(wd)
         if watch is None:
             watch = self._watches[wd] = _Watch()
         watch.users += 1
         try:
-            while not condition(_events(cg)):
+            while not condition():
                 if self._closed:
                     raise RuntimeError("the cgroup watcher is closed; the supervisor is gone")
                 if watch.changed is None:
