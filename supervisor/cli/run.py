@@ -4,10 +4,12 @@ systemd-run style: the command runs in the foreground in its own cgroup leaf wit
 stdout and stderr (live, unbuffered, a terminal stays a terminal), and corral exits with the
 task's status (:data:`EPILOG` says which, and what each key does at a terminal).
 
-Signals: :func:`main` blocks the job-control signals before anything else and reads them from a
-signalfd (``terminal.py`` says why and how their origin is told apart), so no KeyboardInterrupt
-is ever raised: that is why trio and the core are imported only once they are blocked, inside
-the functions that use them.
+Signals: the job-control signals are blocked before anything else, in :func:`add_parser` (the
+first of this module the command line calls) and again in :func:`main`, and read from a
+signalfd (``terminal.py`` says why, and how their origin is told apart), so no KeyboardInterrupt
+is ever raised.  That is why this module imports only the standard library at its top: the
+core (~0.3 s of imports, trio among them) is imported inside the functions that use it, once
+the signals are blocked.
 """
 
 from __future__ import annotations
@@ -15,23 +17,13 @@ from __future__ import annotations
 import argparse
 import errno
 import fcntl
-import json
-import logging
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cgroupfs import CgroupError, Limits
-
-from .._errors import PlacementError, SupervisorError, first_leaf
-from .._properties import SUPPORTED, parse_properties
-from .._result import Outcome, TaskResult
-from .._spec import TaskSpec
 from . import EXIT_FAILURE, Parser, die
-from .summary import summary_lines
 from .terminal import (
     JOB_SIGNALS,
     WAY_OUT_PRESSES,
@@ -47,6 +39,10 @@ from .terminal import (
 )
 
 if TYPE_CHECKING:
+    import logging
+
+    from .._result import TaskResult
+    from .._spec import TaskSpec
     from .._supervisor import Supervisor
     from .._task import TaskHandle
 
@@ -121,6 +117,11 @@ def _glue_values(words: list[str]) -> list[str]:
 
 
 def add_parser(sub: Any) -> None:
+    # Only the command line calls this, and for `corral run` it is the first of this verb
+    # that runs: from here on a Ctrl-C waits on the signalfd (see the module docstring).
+    block_job_signals()
+    from .._properties import SUPPORTED
+
     run = sub.add_parser("run", help="run a command in the foreground in its own cgroup",
                          usage="corral run [OPTIONS] -- CMD [ARGS...]",
                          description="Run CMD in its own cgroup leaf; exit with its status.",
@@ -152,6 +153,11 @@ def add_parser(sub: Any) -> None:
 
 
 def _spec_from_args(args: argparse.Namespace) -> TaskSpec:
+    from cgroupfs import Limits
+
+    from .._properties import parse_properties
+    from .._spec import TaskSpec
+
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -185,13 +191,13 @@ def _spec_from_args(args: argparse.Namespace) -> TaskSpec:
 
 def exit_status(result: TaskResult, interrupted_by: int | None) -> int:
     """corral's exit status for ``result`` (see :data:`EPILOG`)."""
-    if result.outcome == Outcome.SPAWN_FAILED:
+    if result.outcome == "spawn_failed":
         if result.error_step == "exec":
             return EXIT_NOT_FOUND if result.error_errno == errno.ENOENT else EXIT_CANNOT_RUN
         return EXIT_FAILURE
-    if result.outcome == Outcome.TIMED_OUT:
+    if result.outcome == "timed_out":
         return EXIT_TIMED_OUT
-    if result.outcome == Outcome.CANCELLED:
+    if result.outcome == "cancelled":
         return 128 + (interrupted_by or signal.SIGINT)
     if result.signal is not None:
         return 128 + result.signal
@@ -209,10 +215,11 @@ class Control:
     a read of the sender's /proc/PID/cgroup.
     """
 
-    def __init__(self, sigfd: int, quiet: bool) -> None:
+    def __init__(self, sigfd: int, quiet: bool, said: set[str]) -> None:
         self.sigfd = sigfd  # the signalfd of JOB_SIGNALS
         self.keys = Keys()
         self.quiet = quiet
+        self.said = said  # what the library's warnings said already
         self.task: TaskHandle | None = None
         self.root: str | None = None  # the supervisor's cgroup root (filesystem path)
         self.pending: list[int] = []  # stop requests that came before the task existed
@@ -255,16 +262,16 @@ class Control:
 
     def _from_task(self, d: Delivery) -> bool:
         """Did one of the task's own processes send it (to its process group, ours too)?"""
+        import cgroupfs
+
         if d.from_terminal or self.root is None or not d.pid:
             return False
         path = sender_cgroup(d.pid)
         if path is None:
             return False
         try:
-            import cgroupfs
-
             where = cgroupfs.cgroup_fs_path(cgroupfs.find_cgroup2_mount(), path)
-        except CgroupError:
+        except cgroupfs.CgroupError:
             return False
         return where.startswith(self.root.rstrip("/") + "/")
 
@@ -288,7 +295,8 @@ async def _run(spec: TaskSpec, args: argparse.Namespace, control: Control) -> Ta
             control.root = sup.cgroup_root
             if not args.quiet:
                 for note in sup.placement_notes:
-                    _say(f"corral: note: {note}")
+                    if note not in control.said:
+                        _say(f"corral: note: {note}")
             result = await _start_and_wait(sup, spec, control)
         outer.cancel_scope.cancel()
     return result
@@ -316,6 +324,10 @@ def _supervise(spec: TaskSpec, args: argparse.Namespace,
     """Run the task; its result (None if it never got one) and corral's own failure."""
     import trio
 
+    from cgroupfs import CgroupError
+
+    from .._errors import SupervisorError, first_leaf
+
     try:
         return trio.run(_run, spec, args, control), None
     except BaseExceptionGroup as group:
@@ -336,8 +348,7 @@ def _signalfd() -> int:
 
 # ---- before and after ------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class _Sink:
+class _Sink(NamedTuple):
     """Where the JSON result goes: ``label`` names it in errors; ``owned`` fds are ours to
     close."""
 
@@ -372,6 +383,8 @@ def _open_sinks(args: argparse.Namespace) -> list[_Sink]:
 
 def _write_json(sinks: list[_Sink], result: TaskResult, status: int) -> None:
     """Write the record to every sink; a failure is one line on stderr, never a traceback."""
+    import json
+
     data = {"exit_status": status, **result.to_dict()}
     view = memoryview((json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
     for sink in sinks:
@@ -407,37 +420,62 @@ def _say(line: str) -> None:
         pass
 
 
-class _OneLine(logging.Formatter):
-    """``corral: warning: ...``: one line per record, an exception as its repr."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = " ".join(record.getMessage().split("\n"))
-        if record.exc_info and record.exc_info[1] is not None:
-            text += f" ({record.exc_info[1]!r})"
-        level = "warning" if record.levelno < logging.ERROR else "error"
-        return f"corral: {level}: {text}"
+_said: set[str] | None = None  # what the command's log handler printed, once it has one
 
 
-def configure_logging(quiet: bool) -> None:
+def configure_logging(quiet: bool) -> set[str]:
     """The library logs and never configures logging; the command does: one line per
-    warning on stderr, nothing under ``--quiet`` (Python's last-resort handler included)."""
+    warning on stderr (``corral: warning: ...``), nothing under ``--quiet`` (Python's
+    last-resort handler included).  Returns the messages said so far (a live set), so that
+    a placement note that repeats a warning is not printed twice."""
+    import logging
+
+    global _said
+    if _said is not None:
+        return _said  # configured already (main() called twice in one process)
+    said: set[str] = set()
+
+    def remember(record: logging.LogRecord) -> bool:
+        said.add(record.getMessage())
+        return True
+
+    handler = logging.StreamHandler()
+    handler.addFilter(remember)
+    handler.setFormatter(_one_line_formatter())
+    if quiet:
+        handler.setLevel(logging.CRITICAL + 1)
     root = logging.getLogger()
-    if any(isinstance(h.formatter, _OneLine) for h in root.handlers):
-        return  # configured already (main() called twice in one process)
-    handler: logging.Handler = logging.NullHandler() if quiet else logging.StreamHandler()
-    handler.setFormatter(_OneLine())
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+    _said = said
+    return said
+
+
+def _one_line_formatter() -> logging.Formatter:
+    """``corral: warning: ...``: one line per record, an exception as its repr."""
+    import logging
+
+    class OneLine(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            text = " ".join(record.getMessage().split("\n"))
+            if record.exc_info and record.exc_info[1] is not None:
+                text += f" ({record.exc_info[1]!r})"
+            level = "warning" if record.levelno < logging.ERROR else "error"
+            return f"corral: {level}: {text}"
+
+    return OneLine()
 
 
 def _report(args: argparse.Namespace, sinks: list[_Sink], result: TaskResult, status: int,
             after_key: bool) -> None:
     """The JSON record first (it matters most), then the lines on stderr.  ``after_key``: a
     key typed at the terminal ended the task, and its ``^C`` echo ends no line."""
+    from .summary import summary_lines
+
     _write_json(sinks, result, status)
-    if result.outcome == Outcome.SPAWN_FAILED:
+    if result.outcome == "spawn_failed":
         _say(f"corral: {result.error}")
-    if not args.quiet and (args.summary or result.outcome != Outcome.SUCCEEDED):
+    if not args.quiet and (args.summary or result.outcome != "succeeded"):
         lines = summary_lines(result, status)
         if after_key:
             lines[0] = _after_echo(lines[0])
@@ -446,6 +484,8 @@ def _report(args: argparse.Namespace, sinks: list[_Sink], result: TaskResult, st
 
 
 def _prepare(args: argparse.Namespace) -> TaskSpec:
+    from .._errors import PlacementError
+
     try:
         spec = _spec_from_args(args)
         if not spec.limits.is_empty():
@@ -462,11 +502,11 @@ def main(args: argparse.Namespace) -> int:
     # First of all: from here on no Ctrl-C, kill or Ctrl-Z can interrupt corral anywhere;
     # they wait on the signalfd for the watcher.
     block_job_signals()
-    configure_logging(args.quiet)
+    said = configure_logging(args.quiet)
     spec = _prepare(args)
     sinks = _open_sinks(args)
     terminal = Terminal.open()
-    control = Control(_signalfd(), args.quiet)
+    control = Control(_signalfd(), args.quiet, said)
     try:
         result, error = _supervise(spec, args, control)
     finally:
@@ -478,7 +518,7 @@ def main(args: argparse.Namespace) -> int:
         die(str(error))
     status = EXIT_FAILURE if error is not None else exit_status(result, control.interrupted_by)
     ended_by_key = control.terminal_interrupt and (
-        result.outcome == Outcome.CANCELLED or result.signal in (signal.SIGINT, signal.SIGQUIT))
+        result.outcome == "cancelled" or result.signal in (signal.SIGINT, signal.SIGQUIT))
     _report(args, sinks, result, status, ended_by_key)
     if error is not None:
         die(str(error))

@@ -14,7 +14,8 @@ ever runs) and reads them from a signalfd, which says where each came from
   process group, e.g. ``trap 'kill 0' EXIT``, reaches corral only because they share it).
 
 The spawn empties the child's signal mask and resets its dispositions, so tasks never inherit
-the blocked set.  Nothing here imports trio: :func:`block_job_signals` must run first.
+the blocked set.  Nothing here imports trio, or much at all: :func:`block_job_signals` must
+run as early as it can.
 
 What is left for ``--pty`` (a pseudo-terminal owned by the core): :class:`Terminal` saves and
 restores the modes and knows whether corral holds the foreground; raw mode, SIGWINCH and
@@ -32,8 +33,7 @@ import signal
 import struct
 import sys
 import termios
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["JOB_SIGNALS", "Act", "Delivery", "Keys", "Terminal", "block_job_signals",
            "die_by_signal", "read_deliveries", "sender_cgroup"]
@@ -56,8 +56,7 @@ def block_job_signals() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, JOB_SIGNALS)
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
     """One delivered signal: its number, ``si_code`` and sender pid (0 for the kernel)."""
 
     signo: int
@@ -107,7 +106,6 @@ class Act(enum.Enum):
     SUSPEND = "suspend"  # Ctrl-Z: stop corral as well (the task got it from the terminal)
 
 
-@dataclass
 class Keys:
     """What each signal means to ``corral run`` (pure: no I/O, no clock of its own).
 
@@ -120,10 +118,11 @@ class Keys:
       second), and once corral has asked it to stop, each further Ctrl-C escalates.
     """
 
-    presses: int = WAY_OUT_PRESSES
-    window: float = WAY_OUT_WINDOW
-    stopping: bool = False  # corral has asked the task to stop
-    _times: collections.deque[float] = field(default_factory=collections.deque)
+    def __init__(self, presses: int = WAY_OUT_PRESSES, window: float = WAY_OUT_WINDOW) -> None:
+        self.presses = presses
+        self.window = window
+        self.stopping = False  # corral has asked the task to stop
+        self._times: collections.deque[float] = collections.deque()
 
     def decide(self, d: Delivery, now: float, *, started: bool, from_task: bool = False) -> Act:
         if d.signo == signal.SIGTSTP:

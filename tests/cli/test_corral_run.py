@@ -201,6 +201,9 @@ def test_stdin_and_environment_pass_through(root: str, tmp_path: pathlib.Path) -
     (["-p", "Frobnicate=1"], "unknown or unsupported property 'Frobnicate'; supported: MemoryMax"),
     (["-p", "MemoryMax=12Q"], 'MemoryMax must be a size'),
     (["--time-limit=-5s"], "time_limit must be a positive duration"),
+    # a value starting with '-' reaches our validation, not argparse's "expected one argument"
+    (["--time-limit", "-1s"], 'time_limit must be a positive duration like "30s"'),
+    (["--grace", "-1s"], 'grace must be a duration (zero or more) like "30s"'),
     (["--time-limit", "soon"], "time_limit must be"),
     (["--grace", "1 fortnight"], "grace must be"),
     (["--stop-signal", "SIGFOO"], "stop_signal"),
@@ -236,23 +239,23 @@ def test_limit_the_host_cannot_apply_exits_125_naming_the_controller(
     assert watch.names() == []
 
 
-def test_discovered_root_is_removed_afterwards() -> None:
-    r = subprocess.run([CORRAL, "run", "--summary", "--", "sh", "-c",
-                        "cat /proc/self/cgroup"], capture_output=True, text=True, timeout=HANG)
+def test_own_root_is_removed_afterwards(root: str) -> None:
+    r = corral("run", "--summary", "--", "sh", "-c", "cat /proc/self/cgroup", root=root)
     assert r.returncode == 0
     leaf = next(line[3:] for line in r.stdout.splitlines() if line.startswith("0::"))
-    assert "/corral-" in leaf
     instance = os.path.dirname(leaf)
+    assert os.path.basename(instance).startswith("corral-")
     mount = cgroupfs.find_cgroup2_mount()
+    assert os.path.dirname(cgroupfs.cgroup_fs_path(mount, instance)) == root
     assert not os.path.exists(cgroupfs.cgroup_fs_path(mount, instance))
 
 
-def test_a_killed_corral_leaves_nothing_for_long(tmp_path: pathlib.Path) -> None:
+def test_a_killed_corral_leaves_nothing_for_long(root: str, tmp_path: pathlib.Path) -> None:
     # corral itself dies by SIGKILL (nothing can catch that): its keeper, a tiny process that
     # outlives it, kills the task (setsid escapee included) and removes its cgroups; no other
     # corral needs to start
     ready = tmp_path / "ready"
-    p = subprocess.Popen([CORRAL, "run", "--", "sh", "-c",
+    p = subprocess.Popen([CORRAL, "run", "--cgroup-root", root, "--", "sh", "-c",
                           f"setsid sleep 600 & cat /proc/self/cgroup > {ready}; sleep 600"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + HANG
@@ -286,6 +289,81 @@ def test_unwritable_json_file_is_refused_before_the_run(root: str, tmp_path: pat
                root=root)
     assert r.returncode == 125 and "--json-file /nonexistent-dir/r.json" in r.stderr
     assert not marker.exists()
+
+
+def test_json_fd_open_read_only_is_refused_before_the_run(root: str,
+                                                          tmp_path: pathlib.Path) -> None:
+    marker = tmp_path / "ran"
+    watch = Creations(root)
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        r = subprocess.run([CORRAL, "run", "--cgroup-root", root, "--json-fd", str(fd), "--",
+                            "touch", str(marker)], pass_fds=[fd], capture_output=True,
+                           text=True, timeout=HANG)
+    finally:
+        os.close(fd)
+    assert r.returncode == 125
+    assert r.stderr.startswith(f"corral: --json-fd {fd}: ") and r.stderr.count("\n") == 1
+    assert "read-only" in r.stderr and f"{fd}>result.json" in r.stderr, r.stderr
+    assert not marker.exists() and watch.names() == []
+
+
+def unwritable_fd(kind: str) -> tuple[int, str]:
+    """An fd open for writing whose writes fail, and the failure's strerror."""
+    if kind == "full":
+        return os.open("/dev/full", os.O_WRONLY), "No space left on device"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end, "Broken pipe"
+
+
+@pytest.mark.parametrize("kind", ["full", "closed-pipe"])
+def test_json_write_failure_is_one_line_and_keeps_the_tasks_status(root: str,
+                                                                   kind: str) -> None:
+    fd, reason = unwritable_fd(kind)
+    try:
+        r = subprocess.run([CORRAL, "run", "--cgroup-root", root, "--json-fd", str(fd), "--",
+                            "sh", "-c", "exit 3"], pass_fds=[fd], capture_output=True,
+                           text=True, timeout=HANG)
+    finally:
+        os.close(fd)
+    assert r.returncode == 3
+    lines = [line for line in r.stderr.splitlines() if line.startswith("corral: --json-fd")]
+    assert lines == [f"corral: --json-fd {fd}: writing the result failed: {reason}; the task's "
+                     f"exit status is 3"], r.stderr
+    assert "Traceback" not in r.stderr and "Exit status: 3" in r.stderr
+
+
+def stale_root(root: str) -> subprocess.Popen[bytes]:
+    """What a corral SIGKILLed with its keeper would leave: an unlocked root of its own below
+    ``root``, a process still in it."""
+    stale = os.path.join(root, "corral-999999-abcdef")
+    os.mkdir(stale)
+    p = subprocess.Popen(["sh", "-c", f"echo $$ > {stale}/cgroup.procs && exec sleep 600"])
+    deadline = time.monotonic() + HANG
+    while not pathlib.Path(stale, "cgroup.procs").read_text().strip():
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.01)
+    return p
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["default", "quiet"])
+def test_library_warnings_are_one_line_each_and_silent_under_quiet(root: str,
+                                                                    quiet: bool) -> None:
+    left = stale_root(root)
+    try:
+        r = corral("run", *(["-q"] if quiet else []), "--", "true", root=root)
+        assert r.returncode == 0
+        assert left.wait(HANG) == -signal.SIGKILL  # the stale root was cleared
+    finally:
+        if left.poll() is None:
+            left.kill()
+            left.wait()
+    if quiet:
+        assert r.stderr == ""
+    else:  # logged by the library, printed once (not again as a placement note)
+        assert r.stderr.startswith("corral: warning: removed ") and \
+            r.stderr.count("\n") == 1, r.stderr
 
 
 def test_sighup_to_corral_stops_the_task_gracefully(root: str) -> None:
