@@ -4,8 +4,8 @@
 
 1. submit-to-result of /bin/true over the socket (submit + wait, the Python client) against
    ``sup.run(["/bin/true"])`` in-process; target <= 1.5x + 1 ms.
-2. tasks/s with 16 concurrent clients (threads, one connection each) against 16 concurrent
-   ``sup.run`` in one trio program.
+2. tasks/s with 16 concurrent clients (processes, one connection each) against 16
+   concurrent ``sup.run`` in one trio program.
 3. the daemon's RSS holding 1000 running tasks (``sleep``); target <= 64 MiB.
 4. ``corral ps`` start-up against ``python -c pass`` plus one request; target <= 1.3x.
 
@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -128,18 +127,34 @@ def in_process_rate(concurrency: int, total: int) -> float:
 
 
 def throughput(sock: str, clients: int, per_client: int) -> float:
-    def worker() -> None:
-        with Client(sock) as c:
-            for _ in range(per_client):
-                c.wait(c.submit(["/bin/true"]).id)
-
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    """Tasks/s with ``clients`` client processes (forked: threads would measure the GIL of
+    one client process more than the daemon), each submit+wait in a loop."""
+    go_r, go_w = os.pipe()
+    pids = []
+    for _ in range(clients):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(go_w)
+                with Client(sock) as c:
+                    os.read(go_r, 1)  # all start together
+                    for _ in range(per_client):
+                        c.wait(c.submit(["/bin/true"]).id)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+    time.sleep(0.5)
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return clients * per_client / (time.perf_counter() - t0)
+    os.write(go_w, b"x" * clients)
+    failed = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in pids)
+    elapsed = time.perf_counter() - t0
+    os.close(go_r)
+    os.close(go_w)
+    if failed:
+        raise SystemExit(f"{failed} client processes failed")
+    return clients * per_client / elapsed
 
 
 def rss_kib(pid: int) -> int:

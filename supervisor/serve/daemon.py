@@ -6,7 +6,8 @@
 2. ``open_supervisor``: the cgroup root (the library's own discovery, or ``--cgroup-root``).
 3. ``bind_listeners``: the sockets systemd passed (LISTEN_FDS), or ``--socket`` bound here.
 4. ``notify_ready``: READY=1 and a STATUS= line for systemd (Type=notify).
-5. ``run_server``: accept connections, dispatch queued tasks, ping the watchdog, until SIGTERM.
+5. ``run_server``: accept connections (tasks start as they are queued and as others end),
+   keep systemd told (STATUS=, WATCHDOG=1), until SIGTERM.
 6. ``drain`` (on SIGTERM): refuse new tasks (503), end queued tasks unstarted, stop running
    ones gracefully (reason ``shutdown``), write every record, then close; a second SIGTERM
    kills every task now.
@@ -90,7 +91,6 @@ class Daemon:
         self.draining = False
         self.live = 0  # task lives not yet ended
         self._all_ended = trio.Event()
-        self._wake = trio.Event()
         self.stdin_pipes = _stdin_pipe_supported()
         self.metrics = Metrics(self._gauges)  # last: it reads the gauges above at once
 
@@ -119,7 +119,7 @@ class Daemon:
         self.live += 1
         self.metrics.submitted.inc()
         self.publish(t, "queued")
-        self.wake_dispatcher()
+        self.dispatch()
 
     def publish(self, t: DaemonTask, state: str) -> None:
         event: dict[str, Any] = {"id": t.id, "state": state, "uid": t.uid, "at": time.time()}
@@ -151,17 +151,13 @@ class Daemon:
 
     # ---- dispatch -------------------------------------------------------------------------
 
-    def wake_dispatcher(self) -> None:
-        self._wake.set()
-
-    async def dispatch(self) -> None:
-        """Start queued tasks as the limits allow, round-robin between uids."""
-        while True:
-            t = None if self.draining else self.scheduler.next_ready()
+    def dispatch(self) -> None:
+        """Start queued tasks as the limits allow, round-robin between uids.  Called when a
+        task is queued and when one ends (no dispatcher task: one scheduling round less)."""
+        while not self.draining:
+            t = self.scheduler.next_ready()
             if t is None:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                continue
+                return
             self.nursery.start_soon(run_task, self, t)
 
     def _gauges(self) -> dict[str, tuple[str, float]]:
@@ -354,7 +350,6 @@ async def run_server(d: Daemon, listeners: list[trio.socket.SocketType],
     async with trio.open_nursery() as server:
         for listener in listeners:
             server.start_soon(d.accept_loop, listener, server)
-        server.start_soon(d.dispatch)
         server.start_soon(_watch_signals, d, server.cancel_scope)
         notify_ready(d)
         if d.notifier.enabled:
@@ -401,13 +396,10 @@ async def serve(config: Config, *,
         async with open_supervisor(config.cgroup_root, config.default_time_limit,
                                    config.max_time_limit) as sup:
             with bind_listeners(config) as listeners:
-                async with trio.open_nursery() as writer:
-                    writer.start_soon(records.run)
-                    async with trio.open_nursery() as tasks_nursery:
-                        d = Daemon(config, sup, records, tasks_nursery, notifier)
-                        await run_server(d, listeners, task_status)
-                        # the drain ended the server; only record writes may still run
-                    writer.cancel_scope.cancel()
+                async with trio.open_nursery() as tasks_nursery:
+                    d = Daemon(config, sup, records, tasks_nursery, notifier)
+                    await run_server(d, listeners, task_status)
+                    # the drain ended the server; only record writes may still run
     finally:
         with trio.CancelScope(shield=True):
             await records.close()

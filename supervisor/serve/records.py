@@ -4,9 +4,9 @@
 newer schema than this daemon knows is refused at start, with the fix).  Every call runs in one
 worker thread, one at a time (``trio.to_thread.run_sync`` under a limiter of 1), never on the
 trio thread: a slow disk delays records, not the event loop.  Writes are group-committed:
-:meth:`Records.run` takes every write waiting at that moment into one transaction and one
-thread hop, so sixteen busy clients cost about what one does; each caller still returns only
-once its own write is committed.
+every write waiting at a moment goes into one transaction and one thread hop, so sixteen
+busy clients cost about what one does; each caller still returns only once its own write is
+committed.
 
 The row keeps the request as accepted (``spec``), the submitter, the timestamps and the
 result JSON (``TaskResult.to_dict()``, as it is).  Seams for restart adoption and retention
@@ -70,28 +70,28 @@ class Records:
         self._db = db
         self._limiter = trio.CapacityLimiter(1)
         self._batch: list[_Write] = []
-        self._wake = trio.Event()
-
-    async def run(self) -> None:
-        """The writer: commit what is waiting, one transaction per batch, until cancelled
-        (then it finishes the batch it holds: a record is never half written)."""
-        while True:
-            if not self._batch:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                continue
-            batch, self._batch = self._batch, []
-            with trio.CancelScope(shield=True):
-                await self._call(_commit, self._db, batch)
-            for w in batch:
-                w.done.set()
+        self._flushing = False
 
     async def _write(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Queue a write and return once it is committed.  The first writer to find no
+        flush running flushes (its own write and every one queued meanwhile, batch after
+        batch); the others wait for theirs.  Shielded: once asked for, a write is finished
+        (a record is never half written)."""
         w = _Write(fn, args)
         self._batch.append(w)
-        self._wake.set()
-        with trio.CancelScope(shield=True):  # once asked for, a write is waited for
-            await w.done.wait()
+        with trio.CancelScope(shield=True):
+            if self._flushing:
+                await w.done.wait()
+            else:
+                self._flushing = True
+                try:
+                    while self._batch:
+                        batch, self._batch = self._batch, []
+                        await self._call(_commit, self._db, batch)
+                        for done in batch:
+                            done.done.set()
+                finally:
+                    self._flushing = False
         if w.error is not None:
             raise w.error
         return w.result

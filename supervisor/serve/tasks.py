@@ -158,7 +158,7 @@ async def run_task(d: Daemon, t: DaemonTask, *, never_start: bool = False) -> No
     finally:
         if not never_start:
             d.scheduler.finished(t.uid)
-            d.wake_dispatcher()
+            d.dispatch()
     await _take_result(d, t, result)
 
 
