@@ -291,9 +291,17 @@ _FORBIDDEN = _raw_error("403 Forbidden", "forbidden", "your uid is not in the gr
 # ---- the steps of serve() ----------------------------------------------------------------
 
 async def open_state(config: Config) -> Records:
+    """The state directory and the records.  Rows an earlier run left without an end are
+    reported, and left as they are: adopting or recovering them is the restart work's seam
+    (``Records.unfinished``)."""
     for path in (config.state_dir, os.path.join(config.state_dir, "output")):
         os.makedirs(path, mode=0o700, exist_ok=True)
-    return await Records.open(config.state_dir)
+    records = await Records.open(config.state_dir)
+    earlier = await records.unfinished()
+    if earlier:
+        log.warning("%d task(s) of an earlier run have no end record (ids %s...); they are "
+                    "left as recorded", len(earlier), ", ".join(r["id"] for r in earlier[:5]))
+    return records
 
 
 @contextmanager
