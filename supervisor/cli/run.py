@@ -34,6 +34,7 @@ from .terminal import (
     Terminal,
     block_job_signals,
     die_by_signal,
+    may_suspend,
     read_deliveries,
     sender_cgroup,
 )
@@ -246,7 +247,7 @@ class Control:
             self._stop(d.signo)
         elif act is Act.HINT and not self.quiet:
             _say(_after_echo(self.keys.hint()))
-        elif act is Act.SUSPEND:
+        elif act is Act.SUSPEND and may_suspend():
             # SIGTSTP is blocked, so its default (stop) never happens: do it ourselves; the
             # task got the same SIGTSTP.  `fg`/`bg` send SIGCONT to both.
             os.kill(os.getpid(), signal.SIGSTOP)

@@ -36,7 +36,7 @@ import termios
 from typing import Any, NamedTuple
 
 __all__ = ["JOB_SIGNALS", "Act", "Delivery", "Keys", "Terminal", "block_job_signals",
-           "die_by_signal", "read_deliveries", "sender_cgroup"]
+           "die_by_signal", "may_suspend", "read_deliveries", "sender_cgroup"]
 
 # Blocked from the start of `corral run` and read from a signalfd.  SIGTTIN/SIGTTOU keep their
 # default (stop): corral must be stopped, not wrongly allowed, when it touches the terminal
@@ -218,6 +218,17 @@ class Terminal:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def may_suspend() -> bool:
+    """May corral stop itself for a SIGTSTP?  Not when its process group is orphaned (no
+    member's parent is in the session but outside the group: nobody there would ever resume
+    it), as the kernel decides for a SIGTSTP left to its default action (signal(7))."""
+    try:
+        parent = os.getppid()
+        return os.getsid(parent) == os.getsid(0) and os.getpgid(parent) != os.getpgrp()
+    except OSError:
+        return False  # the parent is gone: we were reparented, nobody's job any more
 
 
 def die_by_signal(signo: int) -> None:

@@ -296,6 +296,25 @@ def test_ctrl_z_suspends_both_and_fg_bg_resume_both(shell: Shell) -> None:
     assert shell.record()["exit"] == {"code": None, "signal": 2, "signal_name": "SIGINT"}
 
 
+def test_ctrl_z_never_stops_an_orphaned_corral(tmp_path: pathlib.Path, root: str) -> None:
+    # A pane's shell without job control: its process group (corral's) is orphaned, nobody
+    # would resume a stopped corral, so, as the kernel does for its default action, corral
+    # does not stop itself (and the kernel does not stop the task)
+    tmux = Tmux(f"{CORRAL} run --cgroup-root {root} --json-file {tmp_path}/r.json -- "
+                f"sleep 1.5; sleep 60")
+    try:
+        found: list[int] = []
+        wait_until(lambda: found.extend(p for p in children(tmux.pane_pid) if blocks_sigint(p))
+                   or found, "corral to start")
+        tmux.keys("C-z")
+        wait_until(lambda: (tmp_path / "r.json").exists() and (tmp_path / "r.json").read_text(),
+                   "the record")
+        record = json.loads((tmp_path / "r.json").read_text())
+        assert record["outcome"] == "succeeded" and record["exit_status"] == 0
+    finally:
+        tmux.close()
+
+
 def test_time_limit_counts_the_time_spent_stopped(shell: Shell) -> None:
     limit = 3.0
     shell.corral(f"--time-limit {limit:g}s -- sleep 60")
