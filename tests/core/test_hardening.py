@@ -301,9 +301,16 @@ async def test_a_task_freezing_the_root_blocks_no_other_task(
 async def test_a_task_that_freezes_its_own_leaf_is_thawed_to_be_stopped(
         sup: supervisor.Supervisor) -> None:
     script = LEAF + 'echo 1 > "$LEAF/cgroup.freeze"; sleep 600'
-    with trio.fail_after(HANG):
-        r = await sup.run(["sh", "-c", script], env=env(), time_limit="0.5s", grace="10s")
-    assert r.outcome == "timed_out" and r.signal == signal.SIGTERM
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", script], env=env(),
+                                               grace="30s"))
+        assert task.cgroup is not None
+        with cgroupfs.Cgroup.open(task.cgroup) as leaf:
+            await wait_for(lambda: leaf.read_events().frozen, what="the task's freeze")
+        task.stop()
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "cancelled" and r.signal == signal.SIGTERM
     assert r.stop is not None and r.stop.reached == "signalled"
     assert any("had frozen" in note for note in r.notes)
 
