@@ -261,6 +261,21 @@ def systemd_run_note() -> str:
     return f"systemd-run --wait with the same properties: {statistics.median(times) * 1e3:.1f} ms"
 
 
+def report(times: dict[str, list[Measured]]) -> None:
+    print(f"  {'':42s} {'wall':>7s}    {'CPU':>7s}")
+    for name, ms in times.items():
+        print(f"  {name:42s} {statistics.median(m.wall for m in ms) * 1e6:7.0f} us "
+              f"{statistics.median(m.cpu for m in ms) * 1e6:7.0f} us /task")
+    for label, a, b in (("ours / C floor, full", "ours, full", "C floor, full"),
+                        ("ours / C floor, netns only", "ours, PrivateNetwork only",
+                         "C floor, netns only"),
+                        ("C floor full / posix_spawn", "C floor, full",
+                         "posix_spawn (no isolation)")):
+        wall = paired_ratio([m.wall for m in times[a]], [m.wall for m in times[b]])
+        cpu = paired_ratio([m.cpu for m in times[a]], [m.cpu for m in times[b]])
+        print(f"  ratio {label:28s} wall {wall:.2f}x, CPU {cpu:.2f}x")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="30 tasks x 2 rounds: a smoke test")
@@ -307,18 +322,7 @@ def main() -> int:
             for name in names[r % len(names):] + names[:r % len(names)]:
                 time.sleep(args.settle)
                 times[name].append(measured(variants[name], args.tasks))
-        print(f"  {'':42s} {'wall':>7s}    {'CPU':>7s}")
-        for name, ms in times.items():
-            print(f"  {name:42s} {statistics.median(m.wall for m in ms) * 1e6:7.0f} us "
-                  f"{statistics.median(m.cpu for m in ms) * 1e6:7.0f} us /task")
-        for label, a, b in (("ours / C floor, full", "ours, full", "C floor, full"),
-                            ("ours / C floor, netns only", "ours, PrivateNetwork only",
-                             "C floor, netns only"),
-                            ("C floor full / posix_spawn", "C floor, full",
-                             "posix_spawn (no isolation)")):
-            wall = paired_ratio([m.wall for m in times[a]], [m.wall for m in times[b]])
-            cpu = paired_ratio([m.cpu for m in times[a]], [m.cpu for m in times[b]])
-            print(f"  ratio {label:28s} wall {wall:.2f}x, CPU {cpu:.2f}x")
+        report(times)
         if not have_pyroute2:
             print("  (pyroute2 not installed: the netlink variant was not timed)")
         print(f"  {systemd_run_note()}")

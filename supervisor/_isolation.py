@@ -146,27 +146,41 @@ def _umask(value: Any, what: str) -> int | None:
 
 
 def _rlimit_one(text: str, kind: str, what: str, value: object) -> int:
+    """One side of a Limit*= value, in the kernel's unit for that limit."""
     rule = f'{_RLIMIT_RULES[kind]}, "infinity", or "SOFT:HARD" of those'
     if text == "infinity":
         return _INFINITY
     try:
-        if kind == "seconds":
-            return math.ceil(parse_duration(text, what, allow_zero=True))
-        if kind == "usec" and not text.isdigit():
-            return round(parse_duration(text, what, allow_zero=True) * 1_000_000)
-        if kind == "size":
-            size = parse_size(text, what, allow_max=False)
-            assert isinstance(size, int)
-            return size
+        found = _rlimit_with_units(text, kind, what) if kind in ("seconds", "size", "usec") \
+            else None
     except UnitsError:
         raise _refuse(what, rule, value) from None
+    if found is None:
+        found = _rlimit_plain(text, kind)
+    if found is None:
+        raise _refuse(what, rule, value)
+    return found
+
+
+def _rlimit_with_units(text: str, kind: str, what: str) -> int | None:
+    if kind == "seconds":  # whole seconds, rounded up (rlimit_parse_sec)
+        return math.ceil(parse_duration(text, what, allow_zero=True))
+    if kind == "usec":  # a bare number is microseconds (rlimit_parse_usec)
+        return int(text) if text.isdigit() else round(
+            parse_duration(text, what, allow_zero=True) * 1_000_000)
+    size = parse_size(text, what, allow_max=False)
+    assert isinstance(size, int)
+    return size
+
+
+def _rlimit_plain(text: str, kind: str) -> int | None:
+    """A count, or a nice level ("-20".."+19" is 40..1 as RLIMIT_NICE; 0..40 raw)."""
     if kind == "nice" and text[:1] in "+-" and text[1:].isdigit():
         level = int(text) if text[0] == "-" else int(text[1:])
-        if -20 <= level <= 19:
-            return 20 - level
-    elif text.isdigit() and (kind != "nice" or int(text) <= 40) and int(text) < _INFINITY:
+        return 20 - level if -20 <= level <= 19 else None
+    if text.isdigit() and (kind != "nice" or int(text) <= 40) and int(text) < _INFINITY:
         return int(text)
-    raise _refuse(what, rule, value)
+    return None
 
 
 def _rlimit(name: str, value: Any, what: str) -> tuple[int, int]:
@@ -466,19 +480,24 @@ def _credentials(user: Any, group: Any, supplementary: tuple[str | int, ...],
         raise SpecError(names["user"], f"{names['user']} {user} has no entry in the user "
                                        f"database, so it has no primary group: give "
                                        f"{names['group']} as well, or create the user")
-    gid = entry.pw_gid if gid is None and entry is not None else gid
-    assert gid is not None
-    if entry is not None and gid != 0:
-        base = os.getgrouplist(entry.pw_name, gid)
-    elif uid == 0 and not extra:
-        return _Credentials(uid=uid, gid=gid, user_name=entry.pw_name if entry else None)
-    else:
-        base = [gid] if gid != 0 else []
-    groups = tuple(dict.fromkeys([*base, *extra]))
+    if gid is None:
+        assert entry is not None
+        gid = entry.pw_gid
+    name = entry.pw_name if entry is not None else None
+    if uid == 0 and gid == 0 and not extra:
+        return _Credentials(uid=uid, gid=gid, user_name=name)  # root keeps its groups
+    groups = _user_groups(name, gid, extra)
     if len(groups) > os.sysconf("SC_NGROUPS_MAX"):
         raise SpecError(names["supplementary_groups"], f"{names['user']} {user} would be in "
                         f"{len(groups)} groups, more than the kernel's NGROUPS_MAX")
-    return _Credentials(uid, gid, groups, entry.pw_name if entry else None)
+    return _Credentials(uid, gid, groups, name)
+
+
+def _user_groups(name: str | None, gid: int, extra: list[int]) -> tuple[int, ...]:
+    """initgroups(name, gid) (never for gid 0), then the extra ones, each once."""
+    base = os.getgrouplist(name, gid) if name is not None and gid != 0 else (
+        [gid] if gid != 0 else [])
+    return tuple(dict.fromkeys([*base, *extra]))
 
 
 # --- Isolation -----------------------------------------------------------------------------
@@ -771,30 +790,33 @@ def _describe(iso: Isolation) -> dict[str, Any]:
     r, c = iso._r, iso._r.creds
     uid = os.geteuid() if c.uid is None else c.uid
     bounding = _our_caps("Bnd") & (r.bounding if r.bounding is not None else ~0)
-    ambient = r.ambient & bounding
-    held = bounding if uid == 0 else ambient  # what execve(2) gives a root / other program
-    read_only = [p for p, _ in iso._read_only(_CGROUP_MOUNTS.tmp_dirs() if iso.private_tmp
-                                              else ())]
+    held = bounding if uid == 0 else r.ambient & bounding  # what execve(2) gives the program
+    tmp = _CGROUP_MOUNTS.tmp_dirs() if iso.private_tmp else ()
+    read_only = [p for p, _ in iso._read_only(tmp)]
     routes = _escape_routes(uid, held, cgroupfs_writable=not read_only)
-    umask = int(_proc_status()["Umask"], 8) if r.umask is None else r.umask
-    user = c.user_name if c.user_name is not None else _user_name(uid)
     return {
-        "user": user, "uid": uid, "gid": os.getegid() if c.gid is None else c.gid,
-        "groups": list(os.getgroups() if c.groups is None else c.groups),
-        "umask": f"{umask:04o}", "no_new_privileges": iso.no_new_privileges,
+        **_describe_credentials(iso, uid), "no_new_privileges": iso.no_new_privileges,
         "rlimits": {n: ["infinity" if v == _INFINITY else v for v in (s, h)]
                     for n, s, h in r.rlimits},
-        "namespaces": [n for n, on in (("net", iso.private_network),
-                                       ("mnt", iso.private_tmp or iso.protect_control_groups))
-                       if on],
+        "namespaces": ["net"] * iso.private_network + ["mnt"] * bool(
+            iso.private_tmp or iso.protect_control_groups),
         "private_network": iso.private_network, "private_tmp": iso.private_tmp,
         "cgroupfs_read_only": bool(read_only), "read_only_paths": read_only,
         "capability_bounding_set": list(_names(bounding)),
-        "ambient_capabilities": list(_names(ambient)),
+        "ambient_capabilities": list(_names(r.ambient & bounding)),
         "capabilities": list(_names(held)),
         "could_escape": bool(routes), "escape_routes": routes,
         "escape_caveats": [_ROOT_CAVEAT] if uid == 0 and not routes else [],
     }
+
+
+def _describe_credentials(iso: Isolation, uid: int) -> dict[str, Any]:
+    r, c = iso._r, iso._r.creds
+    umask = int(_proc_status()["Umask"], 8) if r.umask is None else r.umask
+    return {"user": c.user_name if c.user_name is not None else _user_name(uid), "uid": uid,
+            "gid": os.getegid() if c.gid is None else c.gid,
+            "groups": list(os.getgroups() if c.groups is None else c.groups),
+            "umask": f"{umask:04o}"}
 
 
 _ROOT_CAVEAT = ("as root it reaches the mounts of any root process holding no capability it "
