@@ -562,30 +562,11 @@ class Isolation:
     def from_properties(cls, items: Iterable[tuple[str, str]]) -> Isolation:
         """From ``(NAME, VALUE)`` pairs of systemd properties, in order (``-p User=agent``).
 
-        As in a unit file, a later assignment replaces an earlier one, except for
-        SupplementaryGroups= (added up; "" empties it) and the capability sets (merged as
-        systemd.exec(5) says).  Errors name the property.
+        As in a unit file, a later assignment replaces an earlier one and an empty one
+        resets the setting, except for SupplementaryGroups= (added up; "" empties it) and the
+        capability sets (merged as systemd.exec(5) says).  Errors name the property.
         """
-        fields: dict[str, Any] = {"rlimits": {}}
-        caps: dict[str, int | None] = {"CapabilityBoundingSet": None, "AmbientCapabilities": None}
-        everything = (1 << (cap_last_cap() + 1)) - 1
-        for name, value in items:
-            if name.startswith("Limit") and name.removeprefix("Limit") in _RLIMITS:
-                fields["rlimits"][name.removeprefix("Limit")] = value
-            elif name in caps:
-                caps[name] = _capability_line(value, name, caps[name], everything)
-            elif name == "SupplementaryGroups":
-                words = value.split()
-                fields[_FIELD_OF[name]] = [*fields.get(_FIELD_OF[name], ()), *words] \
-                    if words else []
-            elif name in _FIELD_OF:
-                fields[_FIELD_OF[name]] = value
-            else:
-                raise SpecError(name, f"{name} is not an isolation property; they are: "
-                                      f"{', '.join(ISOLATION_PROPERTIES)}")
-        for name, mask in caps.items():
-            if mask is not None:
-                fields[_FIELD_OF[name]] = list(_names(mask))
+        fields = _gather_properties(items)
         iso = object.__new__(cls)
         for f in dataclasses.fields(cls):
             default = f.default if f.default_factory is dataclasses.MISSING else \
@@ -711,6 +692,35 @@ class Isolation:
         other processes (a root task and its root siblings: see the module docstring).
         """
         return _describe(self)
+
+
+def _gather_properties(items: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """Isolation's fields from property assignments in order (see from_properties)."""
+    fields: dict[str, Any] = {"rlimits": {}}
+    caps: dict[str, int | None] = {"CapabilityBoundingSet": None, "AmbientCapabilities": None}
+    everything = (1 << (cap_last_cap() + 1)) - 1
+    for name, value in items:
+        limit = name.removeprefix("Limit")
+        if name.startswith("Limit") and limit in _RLIMITS:
+            fields["rlimits"][limit] = value
+            if not value.strip():
+                del fields["rlimits"][limit]
+        elif name in caps:
+            caps[name] = _capability_line(value, name, caps[name], everything)
+        elif name == "SupplementaryGroups":
+            words = value.split()
+            fields[_FIELD_OF[name]] = [*fields.get(_FIELD_OF[name], ()), *words] if words else []
+        elif name in _FIELD_OF:
+            fields[_FIELD_OF[name]] = value
+            if not value.strip():  # an empty assignment resets, as in a unit file
+                del fields[_FIELD_OF[name]]
+        else:
+            raise SpecError(name, f"{name} is not an isolation property; they are: "
+                                  f"{', '.join(ISOLATION_PROPERTIES)}")
+    for name, mask in caps.items():
+        if mask is not None:
+            fields[_FIELD_OF[name]] = list(_names(mask))
+    return fields
 
 
 def _check_host(iso: Isolation, names: Mapping[str, str]) -> None:

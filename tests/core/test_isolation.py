@@ -455,6 +455,14 @@ def test_limit_values_read_as_systemd_reads_them() -> None:
     assert _rlimit("STACK", ("8M", "16M"), "rlimits") == (8 << 20, 16 << 20)
 
 
+def test_an_empty_assignment_resets_the_setting() -> None:
+    from supervisor._properties import parse_properties
+
+    opts = parse_properties(["User=nobody", "User=", "LimitNOFILE=64", "LimitNOFILE=",
+                             "PrivateNetwork=yes", "PrivateNetwork="]).options
+    assert opts["isolation"].is_empty()
+
+
 def test_capability_sets_merge_as_systemd_says() -> None:
     from supervisor._properties import parse_properties
 
