@@ -15,7 +15,8 @@ Example::
 Every method raises :class:`supervisor.serve.protocol.ApiError` for an answer that is not a
 success (``.status``, ``.code``, ``.field``), and :class:`DaemonUnavailable` when the daemon
 cannot be reached.  Types (``TaskInfo``, ``Frame``) are the protocol module's, shared with the
-daemon.
+daemon.  :class:`AsyncClient` has the same methods for trio (``await c.submit(...)``,
+``async for frame in c.output(...)``); trio is imported only when it is used.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import trio
 
 from .serve.protocol import (
     DEFAULT_SOCKET,
@@ -36,7 +40,8 @@ from .serve.protocol import (
     parse_frame,
 )
 
-__all__ = ["ApiError", "Client", "DaemonUnavailable", "Frame", "TaskInfo", "default_socket"]
+__all__ = ["ApiError", "AsyncClient", "Client", "DaemonUnavailable", "Frame", "TaskInfo",
+           "default_socket"]
 
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -266,3 +271,223 @@ class Client:
 
 class _Stale(Exception):
     """A kept-alive connection was closed by the daemon before our request."""
+
+
+def _head(line: bytes, header_lines: list[bytes]) -> tuple[int, dict[str, str]]:
+    status = int(line.split(None, 2)[1])
+    headers = {}
+    for raw in header_lines:
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def _request_bytes(method: str, path: str, body: bytes | None, content_type: str) -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nhost: corral\r\n"
+    if body is not None:
+        head += f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + (body or b"")
+
+
+class AsyncClient:
+    """:class:`Client` for trio: one keep-alive connection; the same methods, awaited.
+
+    ``async with AsyncClient() as c: task = await c.submit(["make"])``; ``output`` and
+    ``events`` are async iterators.  Cancelling a call closes the connection (the next call
+    opens a new one).
+    """
+
+    def __init__(self, socket_path: str | None = None) -> None:
+        self.socket_path = socket_path or default_socket()
+        self._stream: trio.SocketStream | None = None
+        self._buf = bytearray()
+        self._streaming: object | None = None  # the output/events iterator holding it
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        stream, self._stream = self._stream, None
+        self._buf.clear()
+        if stream is not None:
+            await stream.aclose()
+
+    def _drop(self) -> None:
+        """Close now, without waiting (a call abandoned half way)."""
+        if self._stream is not None:
+            self._stream.socket.close()
+            self._stream = None
+        self._buf.clear()
+
+    async def _connect(self) -> trio.SocketStream:
+        import trio
+
+        try:
+            self._stream = await trio.open_unix_socket(self.socket_path)
+        except OSError as e:
+            raise DaemonUnavailable(
+                f"cannot reach the corral daemon at {self.socket_path}: {e.strerror or e}; "
+                f"start it (corral serve, or systemctl start corral) or point "
+                f"{SOCKET_ENV} at its socket") from None
+        return self._stream
+
+    async def _fill(self) -> None:
+        import trio
+
+        assert self._stream is not None
+        try:
+            data = await self._stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            data = b""
+        if not data:
+            raise _Stale()
+        self._buf += data
+
+    async def _readline(self) -> bytes:
+        while (i := self._buf.find(b"\n")) < 0:
+            await self._fill()
+        line = bytes(self._buf[:i + 1])
+        del self._buf[:i + 1]
+        return line
+
+    async def _read(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            await self._fill()
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        return data
+
+    async def _request(self, method: str, path: str, body: bytes | None = None,
+                       content_type: str = "application/json") -> tuple[int, dict[str, str]]:
+        import trio
+
+        if self._streaming is not None:
+            # an iterator was left behind mid-stream (async generators are closed late):
+            # its connection cannot carry another request
+            self._drop()
+            self._streaming = None
+        for attempt in (0, 1):
+            stream = self._stream or await self._connect()
+            try:
+                await stream.send_all(_request_bytes(method, path, body, content_type))
+                first = await self._readline()
+                lines = []
+                while (line := await self._readline()) not in (b"\r\n", b"\n"):
+                    lines.append(line)
+                return _head(first, lines)
+            except (_Stale, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._drop()
+                if attempt:
+                    raise DaemonUnavailable(f"the corral daemon at {self.socket_path} "
+                                            f"closed the connection") from None
+            except BaseException:
+                self._drop()
+                raise
+        raise AssertionError("unreachable")
+
+    async def _chunks(self, headers: dict[str, str]) -> AsyncIterator[bytes]:
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while size := int((await self._readline()).split(b";")[0].strip() or b"0", 16):
+                yield await self._read(size)
+                await self._readline()
+            while await self._readline() not in (b"\r\n", b"\n"):
+                pass
+        else:
+            yield await self._read(int(headers.get("content-length", "0")))
+        if headers.get("connection", "").lower() == "close":
+            self._drop()
+
+    async def _body(self, headers: dict[str, str]) -> bytes:
+        return b"".join([c async for c in self._chunks(headers)])
+
+    async def _call(self, method: str, path: str, obj: Any = None, *,
+                    ok: tuple[int, ...] = (200, 201)) -> tuple[int, Any]:
+        body = None if obj is None else json.dumps(obj).encode()
+        status, headers = await self._request(method, path, body)
+        try:
+            data = await self._body(headers)
+        except BaseException:
+            self._drop()
+            raise
+        if status not in ok:
+            raise ApiError.from_response(status, data)
+        return status, json.loads(data)
+
+    async def _lines(self, path: str) -> AsyncIterator[bytes]:
+        status, headers = await self._request("GET", path)
+        if status != 200:
+            raise ApiError.from_response(status, await self._body(headers))
+        pending = b""
+        done = False
+        token = self._streaming = object()
+        try:
+            async for chunk in self._chunks(headers):
+                pending += chunk
+                *whole, pending = pending.split(b"\n")
+                for line in whole:
+                    if line.strip():
+                        yield line
+            done = True
+        finally:
+            if self._streaming is token:  # (else a later request already dropped it)
+                if not done:
+                    self._drop()  # abandoned mid-stream: the connection cannot be reused
+                self._streaming = None
+
+    # ---- the verbs (as Client's) --------------------------------------------------------
+
+    async def submit(self, argv: list[str], **options: Any) -> TaskInfo:
+        stdin = options.pop("stdin", None)
+        if isinstance(stdin, bytes):
+            options["stdin_data"] = stdin
+        elif stdin is not None:
+            options["stdin"] = stdin
+        request = SubmitRequest(list(argv), **options)
+        _, obj = await self._call("POST", "/v1/tasks", request.to_json())
+        return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
+
+    async def list(self, state: str | None = None, limit: int = 100) -> list[TaskInfo]:
+        query = urlencode({k: v for k, v in (("state", state), ("limit", limit)) if v})
+        _, obj = await self._call("GET", f"/v1/tasks?{query}")
+        return [TaskInfo.from_json(t) for t in obj["tasks"]]
+
+    async def show(self, task_id: str) -> TaskInfo:
+        _, obj = await self._call("GET", f"/v1/tasks/{quote(task_id)}")
+        return TaskInfo.from_json(obj)
+
+    async def wait(self, task_id: str) -> TaskInfo:
+        """Until the task has finished (long polls of 60 s); cancel the caller to give up."""
+        while True:
+            status, obj = await self._call("GET", f"/v1/tasks/{quote(task_id)}/wait?"
+                                           f"timeout=60s", ok=(200, 202))
+            if status == 200:
+                return TaskInfo.from_json(obj)
+
+    async def output(self, task_id: str, stream: str = "stdout", offset: int = 0,
+                     follow: bool = False) -> AsyncIterator[Frame]:
+        query = urlencode({"stream": stream, "offset": offset,
+                           "follow": "true" if follow else "false"})
+        async for line in self._lines(f"/v1/tasks/{quote(task_id)}/output?{query}"):
+            yield parse_frame(line)
+
+    async def stop(self, task_id: str, force: bool = False) -> bool:
+        _, obj = await self._call("POST", f"/v1/tasks/{quote(task_id)}/stop",
+                                  {"force": force})
+        return bool(obj["changed"])
+
+    async def write_stdin(self, task_id: str, data: bytes, eof: bool = False) -> None:
+        path = f"/v1/tasks/{quote(task_id)}/stdin?eof={'true' if eof else 'false'}"
+        status, headers = await self._request("POST", path, data, "application/octet-stream")
+        body = await self._body(headers)
+        if status != 200:
+            raise ApiError.from_response(status, body)
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        async for line in self._lines("/v1/events"):
+            yield json.loads(line)
+
+    async def limits(self) -> dict[str, Any]:
+        return (await self._call("GET", "/v1/limits"))[1]  # type: ignore[no-any-return]

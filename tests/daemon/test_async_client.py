@@ -1,0 +1,54 @@
+"""``supervisor.client.AsyncClient``: the same verbs for trio programs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import trio
+from daemon_util import RunningDaemon
+
+from supervisor.client import ApiError, AsyncClient
+
+Start = Callable[..., RunningDaemon]
+
+
+async def test_async_client_verbs(start_daemon: Start) -> None:
+    d = await trio.to_thread.run_sync(start_daemon)
+    async with AsyncClient(d.socket) as c:
+        task = await c.submit(["sh", "-c", "echo one; sleep 0.1; echo two; exit 5"])
+        data = b""
+        end = None
+        async for frame in c.output(task.id, follow=True):
+            if frame.kind == "data":
+                assert frame.offset == len(data)
+                data += frame.data
+            elif frame.kind == "end":
+                end = frame
+        assert data == b"one\ntwo\n" and end is not None and end.exit_status == 5
+        info = await c.wait(task.id)
+        assert info.outcome == "failed" and info.exit_status == 5
+        assert [t.id for t in await c.list()] == [task.id]
+        assert (await c.show(task.id)).result == info.result
+        assert (await c.limits())["uid"] == 0
+        long = await c.submit(["sleep", "30"])
+        assert await c.stop(long.id, force=True) is True
+        assert (await c.wait(long.id)).outcome == "cancelled"
+        with pytest.raises(ApiError) as caught:
+            await c.show("12345")
+        assert caught.value.status == 404
+
+
+async def test_async_client_survives_an_abandoned_stream(start_daemon: Start) -> None:
+    d = await trio.to_thread.run_sync(start_daemon)
+    async with AsyncClient(d.socket) as c:
+        task = await c.submit(["sh", "-c", "while :; do echo x; sleep 0.01; done"])
+        with trio.move_on_after(0.3):
+            async for _ in c.output(task.id, follow=True):
+                pass
+        # the connection was dropped mid-stream; the next call opens a new one
+        assert await c.stop(task.id, force=True) is True
+        async for event in c.events():
+            assert event == {"subscribed": True}
+            break
+        assert (await c.wait(task.id)).outcome == "cancelled"
