@@ -224,14 +224,21 @@ def _read_into(fd: int, capture: StreamCapture) -> bool:
 
 class Stream:
     """One pipe end registered with the reactor: read into ``capture``, or written from
-    ``feed``.  ``done`` is set once the reactor has let go of it (EOF, error, or removal)."""
+    ``feed``.  ``done`` is set once the reactor has let go of it (EOF, error, or removal).
 
-    __slots__ = ("capture", "done", "fd", "feed")
+    ``hold`` (a pseudo-terminal's master): at the end of the stream the fd is kept open until
+    :meth:`IoReactor.remove`, as a terminal emulator keeps it until its child has exited.
+    Closing the last master fd hangs the terminal up, which sends SIGHUP to the session: a
+    program that closes its stdio before it exits (cat does) would die of it."""
 
-    def __init__(self, fd: int, capture: StreamCapture | None, feed: StdinFeed | None) -> None:
+    __slots__ = ("capture", "done", "fd", "feed", "hold")
+
+    def __init__(self, fd: int, capture: StreamCapture | None, feed: StdinFeed | None,
+                 hold: bool = False) -> None:
         self.fd = fd
         self.capture = capture
         self.feed = feed
+        self.hold = hold
         self.done = trio.Event()
 
 
@@ -250,20 +257,22 @@ class IoReactor:
     def __init__(self) -> None:
         self._epoll = select.epoll()
         self._streams: dict[int, Stream] = {}
+        self._held: dict[int, Stream] = {}  # ended, fd kept open until remove()
         self._scope = trio.CancelScope(shield=True)
 
-    def add_reader(self, fd: int, capture: StreamCapture) -> Stream:
+    def add_reader(self, fd: int, capture: StreamCapture, *, hold: bool = False) -> Stream:
         """Read non-blocking ``fd`` into ``capture`` from now on, until EOF or :meth:`remove`;
-        the reactor owns ``fd`` from now on and closes it."""
-        stream = Stream(fd, capture, None)
+        the reactor owns ``fd`` from now on and closes it (with ``hold``: only at remove)."""
+        stream = Stream(fd, capture, None, hold)
         self._streams[fd] = stream
         self._epoll.register(fd, select.EPOLLIN)
         return stream
 
-    def add_writer(self, fd: int, feed: StdinFeed) -> Stream:
+    def add_writer(self, fd: int, feed: StdinFeed, *, hold: bool = False) -> Stream:
         """Write ``feed``'s bytes to non-blocking ``fd`` as the task reads them; closes ``fd``
-        after ``feed.eof`` once all is written, or when the task's end closes."""
-        stream = Stream(fd, None, feed)
+        after ``feed.eof`` once all is written, or when the task's end closes (with ``hold``:
+        only at remove)."""
+        stream = Stream(fd, None, feed, hold)
         self._streams[fd] = stream
         self._epoll.register(fd, select.EPOLLOUT if feed.buffer or feed.eof else 0)
         return stream
@@ -277,6 +286,10 @@ class IoReactor:
         """Stop serving ``stream`` now: read what is already buffered (bounded: a writer outside
         the leaf may still be writing), close its fd, end its capture.  A stream the reactor
         already let go of is left alone, whatever now has its fd number."""
+        if self._held.get(stream.fd) is stream:
+            del self._held[stream.fd]
+            os.close(stream.fd)
+            return
         if self._streams.get(stream.fd) is not stream:
             return
         if stream.capture is not None:
@@ -288,10 +301,15 @@ class IoReactor:
                     break
         self._close(stream)
 
-    def _close(self, stream: Stream) -> None:
+    def _close(self, stream: Stream, *, ended: bool = False) -> None:
+        """Let go of ``stream``; ``ended``: at its end (EOF, hang-up, error), when a held
+        stream keeps its fd open for :meth:`remove`."""
         del self._streams[stream.fd]
         self._epoll.unregister(stream.fd)
-        os.close(stream.fd)
+        if ended and stream.hold:
+            self._held[stream.fd] = stream
+        else:
+            os.close(stream.fd)
         if stream.capture is not None:
             stream.capture.close()
         if stream.feed is not None:
@@ -304,13 +322,13 @@ class IoReactor:
         try:
             for _ in range(self._ROUND):
                 if not _read_into(stream.fd, stream.capture):
-                    self._close(stream)  # EOF
+                    self._close(stream, ended=True)  # EOF
                     return
         except BlockingIOError:
             pass
         except OSError as e:
             log.warning("reading a task's output (fd %d): %s", stream.fd, e)
-            self._close(stream)
+            self._close(stream, ended=True)
 
     def _serve_writer(self, stream: Stream, events: int) -> None:
         feed = stream.feed
@@ -322,18 +340,18 @@ class IoReactor:
         except BlockingIOError:
             pass
         except (BrokenPipeError, ConnectionResetError):
-            self._close(stream)  # the task closed its stdin: not a failure
+            self._close(stream, ended=True)  # the task closed its stdin: not a failure
             return
         except OSError as e:
             if e.errno != errno.EIO:  # EIO: a terminal whose every slave fd closed (its end)
                 feed.error = e
-            self._close(stream)
+            self._close(stream, ended=True)
             return
         if len(feed.buffer) < STDIN_BUFFER:
             feed.wake()
         if not feed.buffer:
             if feed.eof or events & (select.EPOLLERR | select.EPOLLHUP):
-                self._close(stream)
+                self._close(stream, ended=True)
             else:
                 self._epoll.modify(stream.fd, 0)  # nothing to write: wait for poke()
 
@@ -353,6 +371,8 @@ class IoReactor:
         finally:
             for stream in list(self._streams.values()):
                 self._close(stream)
+            for stream in list(self._held.values()):
+                self.remove(stream)
             self._epoll.close()
 
     def stop(self) -> None:

@@ -219,8 +219,9 @@ class TaskHandle:
         await trio.lowlevel.checkpoint()
 
     def close_stdin(self) -> None:
-        """End of input: what is queued is written, then the pipe is closed (a ``tty`` task
-        gets its terminal's end-of-file character instead).  Idempotent."""
+        """End of input: what is queued is written, then the pipe is closed.  A ``tty`` task
+        gets its terminal's end-of-file character instead, once, as if Ctrl-D were pressed
+        (which ends input at the start of a line).  Idempotent for a pipe."""
         feed, stream = self._feed()
         if feed.eof or feed.broken:
             return
@@ -472,11 +473,11 @@ def _capture(cap: StreamCapture, spec: TaskSpec, name: str, undo: contextlib.Exi
 
 def _register_io(task: TaskHandle, io: _Io) -> None:
     """Hand our ends to the reactor (it owns and closes them from now on)."""
-    reactor = task._rt.reactor
-    io.streams = [reactor.add_reader(fd, cap) for fd, cap in io.readers]
+    reactor, tty = task._rt.reactor, task.spec.tty
+    io.streams = [reactor.add_reader(fd, cap, hold=tty) for fd, cap in io.readers]
     io.readers = []
     if io.feed is not None:
-        io.feed_stream = reactor.add_writer(io.feed_fd, io.feed)
+        io.feed_stream = reactor.add_writer(io.feed_fd, io.feed, hold=tty)
     task._io = io
 
 

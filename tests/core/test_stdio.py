@@ -1,0 +1,110 @@
+"""A task's stdin as a live pipe, and a task on its own pseudo-terminal (tty=True)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import trio
+from sup_util import HANG, wait_for
+
+import supervisor
+
+
+async def test_stdin_pipe_is_fed_while_the_task_runs_and_closed_on_request(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["cat"], stdin="pipe"))
+        await task.write_stdin(b"one ")
+        await wait_for(lambda: task.output().total == 4, what="the first write echoed")
+        await task.write_stdin(b"two")
+        task.close_stdin()
+        task.close_stdin()  # idempotent
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "succeeded" and r.stdout == b"one two"
+    with pytest.raises(BrokenPipeError):
+        await task.write_stdin(b"late")
+
+
+async def test_writing_more_than_the_buffer_waits_for_the_task_to_read(
+        sup: supervisor.Supervisor) -> None:
+    size = 8 << 20  # more than the pipe and the queue together
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["wc", "-c"], stdin="pipe"))
+        with trio.fail_after(HANG):
+            for _ in range(size >> 16):
+                await task.write_stdin(b"x" * (1 << 16))
+            task.close_stdin()
+            r = await task.wait()
+    assert r.stdout.strip() == str(size).encode()
+
+
+async def test_a_task_that_closes_its_stdin_makes_writes_fail_not_the_task(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", "exec 0<&-; sleep 60"],
+                                               stdin="pipe"))
+        with trio.fail_after(HANG):
+            with pytest.raises(BrokenPipeError):
+                while True:
+                    await task.write_stdin(b"y" * 65536)
+        task.stop()
+        r = await task.wait()
+    assert r.outcome == "cancelled" and not any("stdin failed" in n for n in r.notes)
+
+
+async def test_stdin_of_a_task_without_a_pipe_cannot_be_written(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(sup.start, ["sleep", "60"])
+        with pytest.raises(supervisor.SpecError, match="stdin=\"pipe\""):
+            await task.write_stdin(b"x")
+        task.stop()
+
+
+async def test_a_tty_task_sees_a_terminal_and_its_output_is_captured(
+        sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", "test -t 0 && test -t 1 && test -t 2 && echo tty; "
+                                   "echo to-stderr >&2; stty size"], tty=True,
+                      tty_size=(33, 101))
+    assert r.outcome == "succeeded"
+    assert r.stdout == b"tty\r\nto-stderr\r\n33 101\r\n"  # the terminal's line discipline
+    assert r.output_stdout.mode == "tty" and r.output_stderr.mode == "tty"
+
+
+async def test_input_typed_into_a_tty_task_and_its_window_resized(
+        sup: supervisor.Supervisor) -> None:
+    script = ("echo ready; read line; echo got $line; "
+              "trap 'echo winch $(stty size); exit 0' WINCH; echo armed; "
+              "while :; do sleep 0.05; done")
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", script], tty=True))
+        await wait_for(lambda: b"ready" in task.output().head, what="ready")
+        await task.write_stdin(b"hello\n")
+        await wait_for(lambda: b"armed" in task.output().head, what="the typed line read")
+        task.resize(40, 120)
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "succeeded"
+    assert b"got hello\r\n" in r.stdout and r.stdout.endswith(b"winch 40 120\r\n")
+
+
+async def test_closing_a_tty_tasks_stdin_types_the_end_of_file_character(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["cat"], tty=True))
+        await task.write_stdin(b"a line\n")
+        task.close_stdin()  # Ctrl-D at the start of a line: cat reads end of file
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "succeeded" and r.stdout == b"a line\r\na line\r\n"  # echo, cat
+
+
+def test_a_tty_task_cannot_also_inherit_our_stdio() -> None:
+    with pytest.raises(supervisor.SpecError, match="own terminal"):
+        supervisor.TaskSpec(["true"], tty=True, stdout="inherit")
+    with pytest.raises(supervisor.SpecError, match="tty_size"):
+        supervisor.TaskSpec(["true"], tty_size=(24, 80))
+    with pytest.raises(supervisor.SpecError, match="rows, columns"):
+        supervisor.TaskSpec(["true"], tty=True, tty_size=(0, 80))
