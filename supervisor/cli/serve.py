@@ -47,6 +47,9 @@ def add_parser(sub: Any) -> None:
                    help="output kept on disk per stream and task (default 64M); past it "
                         "the head and tail stay")
     p.add_argument("--max-connections", type=int, default=4096, metavar="N")
+    p.add_argument("--keep-finished", type=int, default=256, metavar="N",
+                   help="finished tasks answered from memory (default 256); older ones are "
+                        "answered from the records")
     p.add_argument("--header-timeout", default="10s", metavar="DURATION")
     p.add_argument("--idle-timeout", default="5min", metavar="DURATION")
     p.add_argument("--send-timeout", default="30s", metavar="DURATION",
@@ -62,7 +65,8 @@ def _config(args: argparse.Namespace) -> Any:
     from ..serve.protocol import DEFAULT_SOCKET, SOCKET_ENV
     from ..serve.queue import QueueLimits
 
-    for name in ("max_running", "max_queued", "max_queued_per_uid", "max_connections"):
+    for name in ("max_running", "max_queued", "max_queued_per_uid", "max_connections",
+                 "keep_finished"):
         if getattr(args, name) < 1:
             die(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     import os
@@ -87,7 +91,7 @@ def _config(args: argparse.Namespace) -> Any:
         default_time_limit=args.default_time_limit, max_time_limit=args.max_time_limit,
         allow_gid=allow_gid, socket_mode=0o666 if allow_gid is None else 0o660,
         queue=queue, http=http, output_cap=_size(args.output_cap, "--output-cap"),
-        max_connections=args.max_connections)
+        max_connections=args.max_connections, keep_finished=args.keep_finished)
 
 
 def _size(text: str, what: str) -> int:

@@ -68,7 +68,9 @@ class Config(NamedTuple):
     http: HttpLimits = HttpLimits()
     output_cap: int = 64 << 20  # per stream and task, in the state directory
     max_connections: int = 4096
-    keep_finished: int = 10000  # finished tasks held in memory (older ones: from the records)
+    # finished tasks held in memory with their result JSON (up to ~130 KiB each with full
+    # output tails); older ones are answered from the records
+    keep_finished: int = 256
 
 
 class Daemon:
@@ -124,13 +126,12 @@ class Daemon:
     def publish(self, t: DaemonTask, state: str) -> None:
         event: dict[str, Any] = {"id": t.id, "state": state, "uid": t.uid, "at": time.time()}
         if state == "finished":
-            event["outcome"] = str(t.result.outcome) if t.result else "lost"
+            event["outcome"] = t.outcome
             event["exit_status"] = t.exit_status
         self.hub.publish(t.uid, event)
 
     def task_finished(self, t: DaemonTask) -> None:
-        outcome = str(t.result.outcome) if t.result else "lost"
-        self.metrics.finished.labels(outcome=outcome).inc()
+        self.metrics.finished.labels(outcome=t.outcome or "lost").inc()
         self.publish(t, "finished")
         self._finished[t.id] = None
         while len(self._finished) > self.config.keep_finished:

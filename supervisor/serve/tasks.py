@@ -37,9 +37,9 @@ log = logging.getLogger(__name__)
 class DaemonTask:
     """One accepted task.  ``id`` is the record's (never reused); ``leaf`` is the core's."""
 
-    __slots__ = ("created_at", "done", "ended_at", "exit_status", "gid", "handle", "id", "output",
-                 "peer_pid", "pid", "request", "result", "result_json", "spec", "started",
-                 "started_at", "state", "stop_force", "stop_requests", "uid")
+    __slots__ = ("created_at", "done", "ended_at", "exit_status", "gid", "handle", "id", "kept",
+                 "outcome", "output", "peer_pid", "pid", "request", "result_json", "spec",
+                 "started", "started_at", "state", "stop_force", "stop_requests", "uid")
 
     def __init__(self, task_id: str, uid: int, gid: int, peer_pid: int,
                  request: SubmitRequest, spec: TaskSpec, output: str, created_at: float) -> None:
@@ -56,7 +56,9 @@ class DaemonTask:
         self.state = "queued"
         self.handle: TaskHandle | None = None
         self.pid: int | None = None
-        self.result: TaskResult | None = None
+        self.outcome: str | None = None  # once finished
+        # per stream once finished: (total bytes, the kept tail if the file was capped)
+        self.kept: dict[str, tuple[int, bytes]] = {}
         self.result_json: dict[str, Any] | None = None
         self.exit_status: int | None = None
         self.started = trio.Event()  # the core handed a handle over (or never will)
@@ -66,19 +68,18 @@ class DaemonTask:
 
     @property
     def live_state(self) -> str:
-        if self.handle is not None and self.result is None:
+        if self.handle is not None and self.outcome is None:
             return self.handle.state
         return self.state
 
     def to_json(self, *, full: bool, position: int | None = None) -> dict[str, Any]:
-        r = self.result
         out: dict[str, Any] = {
             "id": self.id, "state": self.live_state, "argv": list(self.request.argv),
             "uid": self.uid, "gid": self.gid, "name": self.request.name,
             "created_at": self.created_at, "started_at": self.started_at,
             "ended_at": self.ended_at,
             "pid": self.pid,
-            "outcome": str(r.outcome) if r else (self.result_json or {}).get("outcome"),
+            "outcome": self.outcome,
             "exit_status": self.exit_status,
         }
         if position is not None:
@@ -90,7 +91,7 @@ class DaemonTask:
 
     def stop(self, force: bool) -> bool:
         """Ask the running task to stop (graceful; again or ``force``: kill)."""
-        if self.result is not None:
+        if self.outcome is not None:
             return False
         if self.handle is None:
             self.stop_requests += 1
@@ -164,7 +165,12 @@ async def run_task(d: Daemon, t: DaemonTask, *, never_start: bool = False) -> No
 
 async def _take_result(d: Daemon, t: DaemonTask, result: TaskResult) -> None:
     t.started.set()
-    t.result = result
+    t.outcome = str(result.outcome)
+    for name, out in (("stdout", result.output_stdout), ("stderr", result.output_stderr)):
+        tail = out.tail if out.log_truncated else b""
+        t.kept[name] = (out.total, tail)
+        if tail:
+            _write_tail(t.output if name == "stdout" else t.output + ".stderr", tail)
     t.result_json = result.to_dict()
     t.exit_status = exit_status_of(result)
     t.ended_at = result.ended_at
@@ -195,6 +201,7 @@ async def _record_failure(d: Daemon, t: DaemonTask, error: Exception) -> None:
         await _take_result(d, t, t.handle.result)
         return
     t.started.set()
+    t.outcome = "lost"
     t.ended_at = time.time()
     t.exit_status = 125
     t.result_json = {"outcome": "lost", "started": t.started_at is not None,
@@ -210,3 +217,13 @@ def exit_status_of(result: TaskResult) -> int:
     return exit_status(str(result.outcome), result.exit_code, result.signal,
                        result.error_step, result.error_errno,
                        None if stop is None else str(stop.reason))
+
+
+def _write_tail(path: str, tail: bytes) -> None:
+    """The kept tail of a stream whose file hit the cap, beside it (``<file>.tail``), so that
+    the last bytes outlive the task's place in memory.  At most the tail size (48 KiB)."""
+    try:
+        with open(path + ".tail", "wb") as f:
+            f.write(tail)
+    except OSError as e:
+        log.warning("keeping the output tail at %s.tail: %s", path, e)

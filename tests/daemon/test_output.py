@@ -73,3 +73,27 @@ def test_a_task_not_yet_started_is_followed_from_its_first_byte(start_daemon: St
         data = b"".join(f.data for f in c.output(second.id, follow=True) if f.kind == "data")
         assert data == b"after the queue\n"
         c.wait(first.id)
+
+
+def test_a_task_no_longer_in_memory_is_answered_from_its_records(start_daemon: Start) -> None:
+    """--keep-finished 1: the first task is evicted by the second; its output (file, gap,
+    kept tail), its show and its wait still answer, from the records and the files."""
+    d = start_daemon("--output-cap", "1K", "--keep-finished", "1")
+    size = 100_000
+    with d.client() as c:
+        first = c.submit(["sh", "-c", f"head -c {size} /dev/zero | tr '\\0' y; printf END"])
+        c.wait(first.id)
+        c.wait(c.submit(["true"]).id)  # evicts the first from memory
+        frames = list(c.output(first.id))
+        shown = c.show(first.id)
+        waited = c.wait(first.id)
+    data = [f for f in frames if f.kind == "data"]
+    gaps = [f for f in frames if f.kind == "gap"]
+    assert data[0].offset == 0 and len(data[0].data) == 1024
+    assert len(gaps) == 1 and gaps[0].offset == 1024
+    tail = b"".join(f.data for f in data[1:])
+    assert data[1].offset == gaps[0].end and gaps[0].end + len(tail) == size + 3
+    assert tail.endswith(b"yyEND")
+    assert frames[-1].kind == "end" and frames[-1].finished and frames[-1].exit_status == 0
+    assert shown.outcome == "succeeded" and shown.exit_status == 0 and shown.result
+    assert waited.state == "finished" and waited.result == shown.result

@@ -27,7 +27,6 @@ from ..http import Request, Send, Streaming
 from ..protocol import data_frame, gap_frame, invalid, query_bool, query_int
 
 if TYPE_CHECKING:
-    from ... import TaskResult
     from ..daemon import Daemon
     from ..tasks import DaemonTask
 
@@ -113,8 +112,8 @@ class _Follower:
                 self.pos += len(data)
                 continue
             if done:
-                assert t.result is not None
-                await self._after_file(send, t.result)
+                total, tail = t.kept.get(self.stream, (self.pos, b""))
+                await _after_file(send, self, total, tail)
                 await send(_line({"end": True, "exit_status": t.exit_status,
                                   "result": t.result_json}))
                 return
@@ -123,19 +122,21 @@ class _Follower:
                 return
             await wake.wait()
 
-    async def _after_file(self, send: Send, result: TaskResult) -> None:
-        """What the file does not hold (past the cap): a gap, then the kept tail."""
-        out = result.output_stdout if self.stream == "stdout" else result.output_stderr
-        if self.pos >= out.total:
-            return
-        tail_start = out.total - len(out.tail)
-        if self.pos < tail_start:
-            await send(_line(gap_frame(self.stream, self.pos, tail_start)))
-            self.pos = tail_start
-        rest = out.tail[self.pos - tail_start:]
-        for i in range(0, len(rest), CHUNK):
-            await send(_line(data_frame(self.stream, self.pos, rest[i:i + CHUNK])))
-            self.pos += len(rest[i:i + CHUNK])
+async def _after_file(send: Send, reader: _Follower | _Recorded, total: int,
+                      tail: bytes) -> None:
+    """What the file does not hold (past the cap): a gap, then the kept tail (the last
+    bytes, ending at ``total``)."""
+    if reader.pos >= total:
+        return
+    tail_start = total - len(tail)
+    if reader.pos < tail_start:
+        await send(_line(gap_frame(reader.stream, reader.pos, tail_start)))
+        reader.pos = tail_start
+    rest = tail[reader.pos - tail_start:]
+    for i in range(0, len(rest), CHUNK):
+        piece = rest[i:i + CHUNK]
+        await send(_line(data_frame(reader.stream, reader.pos, piece)))
+        reader.pos += len(piece)
 
 
 class _Recorded:
@@ -163,14 +164,20 @@ class _Recorded:
             if fd is not None:
                 os.close(fd)
         result = self.row.get("result")
-        total = _total(result, self.stream)
-        if self.pos < total:
-            await send(_line(gap_frame(self.stream, self.pos, total)))
+        await _after_file(send, self, _total(result, self.stream), _read_tail(self.path))
         finished = self.row["state"] == "finished"
         await send(_line({"end": True, "exit_status": self.row["exit_status"],
                           "result": result} if finished else
-                         {"end": False, "offset": max(self.pos, total),
+                         {"end": False, "offset": self.pos,
                           "state": self.row["state"]}))
+
+
+def _read_tail(path: str) -> bytes:
+    try:
+        with open(path + ".tail", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""  # no tail kept (the file was not capped): the file has every byte
 
 
 def _total(result: dict[str, Any] | None, stream: str) -> int:

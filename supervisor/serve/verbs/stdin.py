@@ -27,7 +27,7 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
                        f"\"pipe\"; its stdin is fixed", "stdin")
     await t.started.wait()
     handle = t.handle
-    if handle is None or t.result is not None or handle.state != "running":
+    if handle is None or t.outcome is not None or handle.state != "running":
         raise _finished(id)
     if req.body:
         await handle.write_stdin(req.body)
