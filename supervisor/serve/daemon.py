@@ -11,7 +11,7 @@
 6. ``drain`` (on SIGTERM): refuse new tasks (503), end queued tasks unstarted, stop running
    ones gracefully (reason ``shutdown``), write every record, then close; a second SIGTERM
    kills every task now.
-7. ``close_state``: the records closed, the socket file removed.
+7. on the way out: the records closed, the socket file removed (``bind_listeners``).
 
 Ownership: one trio thread.  ``Daemon`` owns the task table, the queue and the records; each
 task's life runs in the tasks nursery, each connection in the server nursery.
