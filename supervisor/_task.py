@@ -24,24 +24,22 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import math
 import os
-import struct
-import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
 
-from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupNotFound, CgroupStats
+from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
 
 from ._drive import Driver
 from ._errors import InternalError, SpecError
 from ._guard import SpawnGuard
-from ._output import IoReactor, StdinFeed, Stream, StreamCapture, enlarge_pipe
+from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
+from ._output import IoReactor, StdinFeed, Stream, StreamCapture
 from ._result import (
     Cleanup,
     Containment,
@@ -53,6 +51,7 @@ from ._result import (
 )
 from ._spawn import Spawned, spawn
 from ._spec import TaskSpec
+from ._stdio import TaskIo, end, plumb, register, set_window_size
 from ._stop import StopState
 from ._watch import CgroupWatcher
 
@@ -61,7 +60,6 @@ __all__ = ["Incident", "QueueSlot", "Runtime", "TaskHandle", "finish_unstarted",
 
 log = logging.getLogger(__name__)
 
-DRAIN_DEADLINE = 0.25  # after the leaf is empty: how long a pipe held outside it may delay us
 REMOVE_DEADLINE = 1.0  # rmdir may answer EBUSY for a moment after populated 0
 _EMPTY_OUTPUT = StreamOutput()
 
@@ -98,24 +96,6 @@ class QueueSlot:
     turn: trio.Event
 
 
-class _Io:
-    """A running task's stdio on our side: its streams, its stdin feed, its terminal.
-
-    Between the plumbing and the spawn, ``readers`` and ``feed_fd`` hold our ends; once the
-    child runs they are handed to the reactor, which owns them from then on (``streams``,
-    ``feed_stream``)."""
-
-    __slots__ = ("feed", "feed_fd", "feed_stream", "master", "readers", "streams")
-
-    def __init__(self) -> None:
-        self.readers: list[tuple[int, StreamCapture]] = []
-        self.feed_fd = -1
-        self.streams: list[Stream] = []
-        self.feed: StdinFeed | None = None
-        self.feed_stream: Stream | None = None
-        self.master: int | None = None  # the pseudo-terminal (tty=True), for resize()
-
-
 class TaskHandle:
     """A task started by a supervisor.
 
@@ -144,7 +124,7 @@ class TaskHandle:
         self._created_at = time.time()
         self._stdout: StreamCapture | None = None
         self._stderr: StreamCapture | None = None
-        self._io: _Io | None = None
+        self._io: TaskIo | None = None
         self._began = False  # the life has run (start() hands out a coroutine that might not)
 
     def __repr__(self) -> str:
@@ -238,7 +218,7 @@ class TaskHandle:
             raise SpecError("tty", f"task {self.id} has no terminal: resize() is for tty=True")
         if io is None or io.master is None:
             return  # not started yet, or ended
-        fcntl.ioctl(io.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        set_window_size(io.master, rows, columns)
 
     def _feed(self) -> tuple[StdinFeed, Stream]:
         if self.spec.stdin != "pipe" and not self.spec.tty:
@@ -378,7 +358,7 @@ def _start(task: TaskHandle) -> tuple[Cgroup, Spawned]:
         undo.callback(_remove_unused, leaf)
         if not spec.limits.is_empty():
             leaf.set_limits(spec.limits)
-        stdio, io = _plumb(task, undo, child_ends)
+        stdio, io = plumb(spec, task._stdout, task._stderr, undo, child_ends)
         with rt.guard.spawning(leaf), spec.isolation.prepare() as options:
             spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd,
                             stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=spec.cwd,
@@ -386,99 +366,9 @@ def _start(task: TaskHandle) -> tuple[Cgroup, Spawned]:
         undo.pop_all()
     for thawed in rt.guard.take_thawed():
         task._notes = (*task._notes, thawed)
-    _register_io(task, io)
-    return leaf, spawned
-
-
-def _plumb(task: TaskHandle, undo: contextlib.ExitStack,
-           child_ends: contextlib.ExitStack) -> tuple[list[int], _Io]:
-    """The child's fds 0, 1, 2, and our ends of them (registered once the spawn succeeded).
-    Fds opened for the child go on ``child_ends`` (closed right after the spawn, whatever
-    happens: EOF never comes while we hold a writer); ours on ``undo``."""
-    def ours(fd: int) -> int:
-        undo.callback(os.close, fd)
-        return fd
-
-    def theirs(fd: int) -> int:
-        child_ends.callback(os.close, fd)
-        return fd
-
-    if task.spec.tty:
-        return _plumb_tty(task, ours, theirs, undo)
-    io = _Io()
-    stdin = _plumb_stdin(task.spec, io, ours, theirs)
-    outs = []
-    for name, inherited in (("stdout", 1), ("stderr", 2)):
-        cap = task._stdout if name == "stdout" else task._stderr
-        assert cap is not None
-        if getattr(task.spec, name) == "inherit":
-            cap.mode = "inherit"
-            cap.close()
-            outs.append(inherited)
-            continue
-        r, w = os.pipe2(os.O_CLOEXEC)
-        os.set_blocking(ours(r), False)
-        enlarge_pipe(r)
-        outs.append(theirs(w))
-        _capture(cap, task.spec, name, undo)
-        io.readers.append((r, cap))
-    return [stdin, *outs], io
-
-
-def _plumb_stdin(spec: TaskSpec, io: _Io, ours: Callable[[int], int],
-                 theirs: Callable[[int], int]) -> int:
-    if spec.stdin == "inherit":
-        return 0
-    if spec.stdin is None:
-        return theirs(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-    r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    os.set_blocking(r, True)  # the child's end: blocking, as any program expects
-    data = spec.stdin if isinstance(spec.stdin, bytes) else b""
-    io.feed = StdinFeed(data, eof=spec.stdin != "pipe")
-    io.feed_fd = ours(w)
-    return theirs(r)
-
-
-def _plumb_tty(task: TaskHandle, ours: Callable[[int], int], theirs: Callable[[int], int],
-               undo: contextlib.ExitStack) -> tuple[list[int], _Io]:
-    """A new pseudo-terminal: the slave is the child's 0, 1 and 2 (and its controlling
-    terminal); we read and write the master."""
-    spec, io = task.spec, _Io()
-    assert task._stdout is not None and task._stderr is not None
-    master, slave = os.openpty()
-    ours(master)
-    theirs(slave)
-    if spec.tty_size is not None:
-        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", *spec.tty_size, 0, 0))
-    os.set_blocking(master, False)
-    io.master = master
-    _capture(task._stdout, spec, "stdout", undo, mode="tty")
-    task._stderr.mode = "tty"
-    task._stderr.close()
-    io.readers.append((master, task._stdout))
-    io.feed = StdinFeed(spec.stdin if isinstance(spec.stdin, bytes) else b"")
-    io.feed_fd = ours(os.dup(master))
-    return [slave, slave, slave], io
-
-
-def _capture(cap: StreamCapture, spec: TaskSpec, name: str, undo: contextlib.ExitStack,
-             mode: str = "capture") -> None:
-    cap.mode = mode
-    if spec.log_file is not None:
-        cap.log_path = spec.log_file if name == "stdout" else f"{spec.log_file}.stderr"
-        cap.log_fd = os.open(cap.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                             0o640)
-        cap.log_limit = spec.log_max_bytes
-
-
-def _register_io(task: TaskHandle, io: _Io) -> None:
-    """Hand our ends to the reactor (it owns and closes them from now on)."""
-    reactor, tty = task._rt.reactor, task.spec.tty
-    io.streams = [reactor.add_reader(fd, cap, hold=tty) for fd, cap in io.readers]
-    io.readers = []
-    if io.feed is not None:
-        io.feed_stream = reactor.add_writer(io.feed_fd, io.feed, hold=tty)
+    register(io, rt.reactor, tty=spec.tty)
     task._io = io
+    return leaf, spawned
 
 
 def _close_captures(task: TaskHandle) -> None:
@@ -499,32 +389,13 @@ def _remove_unused(leaf: Cgroup) -> None:
 async def _finish(task: TaskHandle, leaf: Cgroup, spawned: Spawned, driver: Driver, t0: float,
                   started_at: float) -> TaskResult:
     """End of output, usage, the leaf removed, the record."""
-    await _end_io(task)
-    stats = _read_usage(leaf, task._rt.controllers)
+    if task._io is not None:
+        task._notes = (*task._notes, *await end(task._io, task._rt.reactor))
+    stats = read_usage(leaf, task._rt.controllers)
     removed = await _remove_leaf(leaf)
     problems = [*driver.problems, *([removed] if removed else [])]
     assert driver.status is not None
     return _outcome(task, driver, stats, problems, spawned, leaf.path, t0, started_at)
-
-
-async def _end_io(task: TaskHandle) -> None:
-    """The leaf is empty: whoever still holds a pipe is outside it and EOF may never come.
-    Wait a little for EOF (shielded: the caller's cancellation is the driver's business),
-    then take what is buffered and let go."""
-    io = task._io
-    if io is None:
-        return
-    reactor = task._rt.reactor
-    with trio.move_on_after(DRAIN_DEADLINE, shield=True):
-        for stream in io.streams:
-            await stream.done.wait()
-    for stream in io.streams:
-        reactor.remove(stream)
-    if io.feed_stream is not None:
-        reactor.remove(io.feed_stream)
-    if io.feed is not None and io.feed.error is not None:
-        task._notes = (*task._notes, f"writing the task's stdin failed: {io.feed.error}")
-    io.master = None
 
 
 async def _remove_leaf(leaf: Cgroup) -> str | None:
@@ -566,20 +437,6 @@ def _lost(task: TaskHandle, leaf: Cgroup, exc: BaseException, t0: float,
                 notes=["corral hit an internal error while supervising this task"])
 
 
-_USAGE_FILES = frozenset({"cpu.stat", "memory.peak", "memory.events", "pids.peak"})
-
-
-def _read_usage(leaf: Cgroup, controllers: frozenset[str]) -> CgroupStats | None:
-    """What the record keeps of the leaf's accounting (and only that: read at every end)."""
-    try:
-        return leaf.read_stats(controllers, only=_USAGE_FILES)
-    except CgroupNotFound:
-        return None
-    except CgroupError as e:
-        log.warning("reading the usage of %s: %s", leaf.path, e)
-        return None
-
-
 def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None, problems: list[str],
              spawned: Spawned, leaf_path: str, t0: float, started_at: float) -> TaskResult:
     status = d.status
@@ -589,8 +446,8 @@ def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None, problems: l
     oom_kills = None
     if stats is not None and stats.memory_events is not None:
         oom_kills = stats.memory_events.oom_kill
-    outcome = _classify(task._stop, exit_code, sig, oom_kills)
-    notes = [*d.notes, *_outcome_notes(task._stop, outcome, oom_kills, spawned)]
+    outcome = classify(task._stop, exit_code, sig, oom_kills)
+    notes = [*d.notes, *outcome_notes(task._stop, outcome, oom_kills, spawned)]
     notes += [i.text for i in task._rt.incidents if i.at >= t0]
     escaped = tuple(d.escaped.values())
     if escaped:
@@ -599,47 +456,10 @@ def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None, problems: l
     containment = Containment("cgroup", leaf_path, spawned.method,
                               tuple(sorted(task._rt.controllers)), escaped,
                               task.spec.isolation.describe())
-    usage = _usage(stats, d.exited_at - t0, oom_kills)
+    usage = usage_of(stats, d.exited_at - t0, oom_kills)
     return _record(task, outcome, started=True, exit_code=exit_code, sig=sig,
-                   cleanup=_cleanup(d, problems), usage=usage, t0=t0, started_at=started_at,
+                   cleanup=cleanup_of(d, problems), usage=usage, t0=t0, started_at=started_at,
                    notes=notes, containment=containment)
-
-
-def _classify(stop: StopState, exit_code: int | None, sig: int | None,
-              oom_kills: int | None) -> Outcome:
-    """The outcome: a stop that landed first (stopped at its time limit is ``timed_out`` even
-    if it then exits 0), then the OOM killer, then the exit itself."""
-    if stop.landed:
-        return Outcome.TIMED_OUT if stop.reason == StopReason.TIME_LIMIT else Outcome.CANCELLED
-    if sig == 9 and oom_kills:
-        return Outcome.OOM_KILLED
-    if sig is not None:
-        return Outcome.SIGNALED
-    return Outcome.FAILED if exit_code else Outcome.SUCCEEDED
-
-
-def _outcome_notes(stop: StopState, outcome: Outcome, oom_kills: int | None,
-                   spawned: Spawned) -> list[str]:
-    notes = []
-    if stop.reason is not None and not stop.landed:
-        notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
-    if oom_kills and outcome != Outcome.OOM_KILLED:
-        notes.append(f"the OOM killer ended {oom_kills} process(es) in the task's cgroup")
-    if spawned.fallback_errno:
-        notes.append(f"spawned by {spawned.method}: clone3 into the cgroup was refused "
-                     f"({errno.errorcode.get(spawned.fallback_errno, '?')})")
-    return notes
-
-
-def _cleanup(d: Driver, problems: list[str]) -> Cleanup:
-    leftovers = tuple(d.leftovers.values())
-    ended_by = None
-    if leftovers:
-        ended_by = ("killed" if d.killed_tree else
-                    "stop signal" if d.signalled_tree else "exited")
-    if problems:
-        return Cleanup("incomplete", leftovers, ended_by, "; ".join(problems))
-    return Cleanup("clean", leftovers, ended_by)
 
 
 def _record(task: TaskHandle, outcome: Outcome, *, started: bool, exit_code: int | None = None,
@@ -669,23 +489,3 @@ def _record(task: TaskHandle, outcome: Outcome, *, started: bool, exit_code: int
     task._done.set()
     task._rt.on_record(result)
     return result
-
-
-def _usage(stats: CgroupStats | None, wall: float, oom_kills: int | None) -> Usage:
-    if stats is None:
-        return Usage(wall_s=round(wall, 6))
-    cpu = stats.cpu
-
-    def sec(usec: int | None) -> float | None:
-        return None if usec is None else usec / 1e6
-
-    return Usage(
-        wall_s=round(wall, 6),
-        cpu_user_s=sec(cpu.user_usec) if cpu else None,
-        cpu_system_s=sec(cpu.system_usec) if cpu else None,
-        cpu_total_s=sec(cpu.usage_usec) if cpu else None,
-        memory_peak=stats.memory_peak,
-        pids_peak=stats.pids_peak,
-        oom_kills=oom_kills,
-    )
-

@@ -1,0 +1,91 @@
+"""The outcome rules: what a finished task's facts add up to in its record.
+
+Pure functions over what the driver found (the main process's status, the stop, leftovers,
+escapes) and what the leaf's accounting says; the task's life calls them once, at the end.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+from cgroupfs import Cgroup, CgroupError, CgroupNotFound, CgroupStats
+
+from ._drive import Driver
+from ._result import Cleanup, Outcome, StopReason, Usage
+from ._spawn import Spawned
+from ._stop import StopState
+
+__all__ = ["USAGE_FILES", "classify", "cleanup_of", "outcome_notes", "read_usage", "usage_of"]
+
+log = logging.getLogger(__name__)
+
+USAGE_FILES = frozenset({"cpu.stat", "memory.peak", "memory.events", "pids.peak"})
+
+
+def read_usage(leaf: Cgroup, controllers: frozenset[str]) -> CgroupStats | None:
+    """What the record keeps of the leaf's accounting (and only that: read at every end)."""
+    try:
+        return leaf.read_stats(controllers, only=USAGE_FILES)
+    except CgroupNotFound:
+        return None
+    except CgroupError as e:
+        log.warning("reading the usage of %s: %s", leaf.path, e)
+        return None
+
+
+def classify(stop: StopState, exit_code: int | None, sig: int | None,
+              oom_kills: int | None) -> Outcome:
+    """The outcome: a stop that landed first (stopped at its time limit is ``timed_out`` even
+    if it then exits 0), then the OOM killer, then the exit itself."""
+    if stop.landed:
+        return Outcome.TIMED_OUT if stop.reason == StopReason.TIME_LIMIT else Outcome.CANCELLED
+    if sig == 9 and oom_kills:
+        return Outcome.OOM_KILLED
+    if sig is not None:
+        return Outcome.SIGNALED
+    return Outcome.FAILED if exit_code else Outcome.SUCCEEDED
+
+
+def outcome_notes(stop: StopState, outcome: Outcome, oom_kills: int | None,
+                   spawned: Spawned) -> list[str]:
+    notes = []
+    if stop.reason is not None and not stop.landed:
+        notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
+    if oom_kills and outcome != Outcome.OOM_KILLED:
+        notes.append(f"the OOM killer ended {oom_kills} process(es) in the task's cgroup")
+    if spawned.fallback_errno:
+        notes.append(f"spawned by {spawned.method}: clone3 into the cgroup was refused "
+                     f"({errno.errorcode.get(spawned.fallback_errno, '?')})")
+    return notes
+
+
+def cleanup_of(d: Driver, problems: list[str]) -> Cleanup:
+    leftovers = tuple(d.leftovers.values())
+    ended_by = None
+    if leftovers:
+        ended_by = ("killed" if d.killed_tree else
+                    "stop signal" if d.signalled_tree else "exited")
+    if problems:
+        return Cleanup("incomplete", leftovers, ended_by, "; ".join(problems))
+    return Cleanup("clean", leftovers, ended_by)
+
+
+def usage_of(stats: CgroupStats | None, wall: float, oom_kills: int | None) -> Usage:
+    if stats is None:
+        return Usage(wall_s=round(wall, 6))
+    cpu = stats.cpu
+
+    def sec(usec: int | None) -> float | None:
+        return None if usec is None else usec / 1e6
+
+    return Usage(
+        wall_s=round(wall, 6),
+        cpu_user_s=sec(cpu.user_usec) if cpu else None,
+        cpu_system_s=sec(cpu.system_usec) if cpu else None,
+        cpu_total_s=sec(cpu.usage_usec) if cpu else None,
+        memory_peak=stats.memory_peak,
+        pids_peak=stats.pids_peak,
+        oom_kills=oom_kills,
+    )
+
