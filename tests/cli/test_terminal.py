@@ -100,8 +100,9 @@ class Tmux:
     """A tmux server of our own (``-L``), one window running ``command``."""
 
     def __init__(self, command: str) -> None:
-        self.socket = f"corral-test-{uuid.uuid4().hex[:8]}"
+        self.socket = f"corral-tty-test-{uuid.uuid4().hex[:8]}"
         self.tmux("new-session", "-d", "-x", "160", "-y", "50", command)
+        self.socket_path = self.tmux("display", "-p", "#{socket_path}").strip()
 
     def tmux(self, *args: str) -> str:
         r = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
@@ -130,6 +131,10 @@ class Tmux:
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True,
                        timeout=DEADLINE)
+        try:
+            os.unlink(self.socket_path)  # kill-server leaves it behind
+        except FileNotFoundError:
+            pass
 
 
 class Shell(Tmux):
