@@ -9,6 +9,7 @@ watch the kernel holds), ``/proc/PID/status`` for RSS.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import random
@@ -20,8 +21,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import trio
+
 import cgroupfs
-from supervisor import StreamOutput
+import supervisor
+from supervisor import StreamOutput, TaskResult, TaskSpec
 
 MARK = "CORRAL_STRESS_MARK"
 MiB = 1 << 20
@@ -179,10 +183,11 @@ class Job:
         raise AssertionError(self.kind)
 
 
-def make_jobs(n: int, seed: int) -> list[Job]:
+def make_jobs(n: int, seed: int, first: int = 0) -> list[Job]:
+    """``n`` jobs numbered from ``first``, kinds and fates drawn from ``seed``."""
     rng = random.Random(seed)
     jobs = []
-    for i in range(n):
+    for i in range(first, first + n):
         fate = rng.choice(FATES)
         jobs.append(Job(i, rng.choice(KINDS), fate, rng.uniform(0, 0.05), rng.uniform(0, 0.05),
                         rng.uniform(0.01, 0.1) if fate == "short_limit" else None))
@@ -212,3 +217,111 @@ def check_output(job: Job, out: StreamOutput) -> list[str]:
         if tail and tail != want[total - len(tail):]:
             problems.append("the tail is not what the task wrote")
     return problems
+
+
+# ---- running the mix ----------------------------------------------------------------------
+
+CONCURRENCY = 32
+GRACE = "0.2s"
+STOP_FATES = ("stop", "force", "stop_twice", "scope_cancel")
+
+
+def spec_for(job: Job, mark: str, mount: str) -> TaskSpec:
+    return TaskSpec(tuple(job.argv(mount)), env={MARK: mark}, grace=GRACE, name=job.name,
+                    time_limit=job.time_limit)
+
+
+async def run_job(sup: supervisor.Supervisor, job: Job, spec: TaskSpec) -> None:
+    """Run one job to its record, doing to it what its fate says."""
+    if job.fate == "scope_cancel":
+        with trio.move_on_after(job.delay):
+            await sup.run(spec)
+        return
+    if job.fate in ("run_out", "short_limit"):
+        await sup.run(spec)
+        return
+    async with trio.open_nursery() as nursery:
+        task: supervisor.TaskHandle = await nursery.start(sup.start, spec)
+        await trio.sleep(job.delay)
+        task.stop(force=job.fate == "force")
+        if job.fate == "stop_twice":
+            await trio.sleep(job.delay2)
+            task.stop()
+        await task.wait()
+
+
+def check_record(job: Job, r: TaskResult) -> list[str]:
+    """What one record must say, given what its task was and what was done to it."""
+    problems = []
+    natural = NATURAL.get(job.kind, "succeeded")
+    allowed = {natural}
+    if job.fate in STOP_FATES:
+        allowed.add("cancelled")
+    if job.fate == "short_limit":
+        allowed.add("timed_out")
+    if r.outcome not in allowed:
+        problems.append(f"outcome {r.outcome}, expected one of {sorted(allowed)}")
+    if r.cleanup != "clean":
+        problems.append(f"cleanup {r.cleanup.state}: {r.cleanup.detail}")
+    if r.containment.escaped:
+        problems.append(f"escaped: {r.containment.escaped}")
+    if r.outcome == "failed" and r.exit_code != 3:
+        problems.append(f"failed with exit code {r.exit_code}")
+    if r.stop is not None:
+        want = "time_limit" if job.fate == "short_limit" else "cancel"
+        if job.fate == "run_out" or r.stop.reason != want:
+            problems.append(f"a stop record ({r.stop.reason}) for fate {job.fate}")
+        if r.outcome in ("cancelled", "timed_out") and r.started and not r.stop.landed:
+            problems.append(f"{r.outcome} although the stop did not land")
+        if not r.started and (job.fate != "scope_cancel" or r.outcome != "cancelled"):
+            problems.append(f"never started, {r.outcome}")
+        if r.stop.landed and r.outcome not in ("cancelled", "timed_out"):
+            problems.append(f"the stop landed but the outcome is {r.outcome}")
+        if job.fate == "force" and r.stop.landed and r.stop.kill_because != "force":
+            problems.append(f"a forced stop killed because {r.stop.kill_because}")
+    elif r.outcome in ("cancelled", "timed_out") and r.started:
+        problems.append(f"{r.outcome} without a stop record")
+    if job.kind == "term_ignorer" and r.started and r.outcome == "cancelled" and \
+            r.stop is not None and r.stop.reached != "killed" and not (
+                r.signal == 15  # the stop came before the shell had set its trap
+                or (r.exit_code == 0 and (r.stop.signalled_after_s or 0) > 0.7)):  # ran out
+        problems.append(f"a TERM-ignorer ended by a stop that reached only {r.stop.reached}: "
+                        f"exit {r.exit_code}, signal {r.signal}, stop {r.stop}")
+    problems += [f"stdout: {p}" for p in check_output(job, r.output_stdout)]
+    if r.output_stderr.total:
+        problems.append(f"stderr: {r.output_stderr.data[:200]!r}")
+    size = WRITE_SIZES.get(job.kind)
+    if size is not None and r.outcome == "succeeded" and r.output_stdout.total != size:
+        problems.append(f"wrote {size} bytes, {r.output_stdout.total} counted")
+    return [f"{job.name} ({job.kind}, {job.fate}): {p}" for p in problems]
+
+
+async def run_jobs(sup: supervisor.Supervisor, jobs: list[Job], mark: str,
+                   mount: str) -> collections.Counter[str]:
+    """Run ``jobs`` CONCURRENCY at a time, each to its record; check every record (exactly
+    one per job, by name, and what it says); the outcomes counted."""
+    pending = iter(jobs)
+
+    async def worker() -> None:
+        for job in pending:
+            await run_job(sup, job, spec_for(job, mark, mount))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(CONCURRENCY):
+            nursery.start_soon(worker)
+    by_name: dict[str | None, list[TaskResult]] = collections.defaultdict(list)
+    for r in sup.results.values():
+        by_name[r.name].append(r)
+    problems = [f"{job.name}: {len(by_name[job.name])} records"
+                for job in jobs if len(by_name[job.name]) != 1]
+    for job in jobs:
+        if len(by_name[job.name]) == 1:
+            problems += check_record(job, by_name[job.name][0])
+    assert not problems, f"{len(problems)} problems, the first 20:\n" + "\n".join(problems[:20])
+    return collections.Counter(str(by_name[job.name][0].outcome) for job in jobs)
+
+
+def sup_children(sup: supervisor.Supervisor) -> list[str]:
+    """Cgroups left in the supervisor's root."""
+    return [d for d in os.listdir(sup.cgroup_root)
+            if os.path.isdir(os.path.join(sup.cgroup_root, d))]
