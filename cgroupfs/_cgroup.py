@@ -177,6 +177,12 @@ class Cgroup:
         _check_name(name, creating=False, what="interface file name")
         return self._read(name)
 
+    def read_file_optional(self, name: str) -> str | None:
+        """Like :meth:`read_file`, but ``None`` when the file does not exist here (ENOENT:
+        a controller or feature this cgroup does not have)."""
+        _check_name(name, creating=False, what="interface file name")
+        return self._read_optional(name)
+
     def write_file(self, name: str, text: str) -> None:
         """Write ``text`` to interface file ``name`` in one ``write(2)``.
 

@@ -9,15 +9,18 @@
 Each state is entered by one function (``_enter_*``) that sends what that state sends and arms
 exactly one deadline; the loop (:meth:`Driver.run`) only waits and dispatches.  It waits for one
 thing at a time: the main process's pidfd while it lives, then the leaf emptying (inotify), with
-the state's deadline, and a waker scope that a stop request cancels.
+the state's deadline, and a waker scope that a stop request (or a pause) cancels.
 
-- RUNNING: deadline = the time limit.  Reaching it is the supervisor's own stop request.
+- RUNNING: deadline = the time limit or the idle timeout, whichever comes first; neither runs
+  while the task is paused (the time limit counts running time, not paused time).  Reaching
+  one is the supervisor's own stop request (``time_limit``, ``idle``).
 - TERM: the stop signal (and SIGCONT, so a stopped process sees it) to every process of the
   subtree, and to the main process through its pidfd wherever it went; deadline = the grace's
   end (or the next repeat of the stop signal).  A TERM without a stop request is the cleanup of
   what the main process left behind: same steps, no stop record.
-- KILL: ``cgroup.kill`` (and SIGKILL to an escaped main process's pidfd); deadline = a bound
-  after which the cleanup is reported incomplete.
+- KILL: a snapshot of what is there (frozen first), then ``cgroup.kill`` (and SIGKILL to an
+  escaped main process's pidfd); deadline = a bound after which the cleanup is reported
+  incomplete.
 
 The caller's cancellation is a graceful stop request (by the caller); the waits after it are
 shielded, and the ``Cancelled`` is kept in :attr:`Driver.pending` for the task's life to raise
@@ -32,61 +35,70 @@ import math
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
 
 from cgroupfs import Cgroup, CgroupError, CgroupNotFound
 
-from ._procfs import read_cgroup, read_comm, read_state
-from ._result import EscapedProcess, ProcessInfo, StopReason
+from ._result import KillSnapshot, StopReason
+from ._sample import Sampled, Series, sample
+from ._snapshot import take_snapshot
 from ._stop import StopState, signal_tree
+from ._tracking import Tracker, pidfd_signal
 from ._watch import CgroupWatcher
 
-__all__ = ["DONE", "KILL", "RUNNING", "TERM", "Driver"]
+__all__ = ["DONE", "KILL", "RUNNING", "TERM", "Driver", "Terms"]
 
 log = logging.getLogger(__name__)
 
 RUNNING, TERM, KILL, DONE = "running", "term", "kill", "done"
 KILL_TIMEOUT = 30.0  # after cgroup.kill: how long before we call the cleanup incomplete
-_TRACKED = 256  # processes seen in a stop or leftover pass, kept (as pidfds) to check escapes
 
 
-class Driver:
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """What the spec and the supervisor say about one running task."""
+
+    time_limit: float | None
+    grace: float
+    repeat: float | None
+    idle: float | None
+    controllers: frozenset[str]
+    leaf_view: str | None  # the leaf as /proc/PID/cgroup names it (None: unknown here)
+
+
+class Driver(Sampled):
     """Drives one spawned task from RUNNING to DONE; what it found stays on it for the record.
 
-    ``leaf_view`` is the leaf's path as /proc/PID/cgroup shows it (None: unknown here), used to
-    tell whether the main process died inside its leaf.
-    """
+    ``activity()`` says when the task last printed (trio time), for the idle timeout."""
 
-    __slots__ = ("deadline", "escaped", "exited_at", "grace_end", "killed_tree", "leaf",
-                 "leaf_view", "leftovers", "limit_at", "notes", "on_stopping", "pending",
-                 "phase", "pid", "pidfd", "problems", "repeat_at", "seen", "signalled_tree",
-                 "spec_grace", "spec_repeat", "status", "stop", "watcher")
+    __slots__ = ("activity", "deadline", "exited_at", "grace_end", "killed_tree", "leaf",
+                 "notes", "on_stopping", "paused_at", "paused_s", "pending", "phase", "pid",
+                 "pidfd", "problems", "repeat_at", "resumed_at", "series", "signalled_tree",
+                 "snapshot", "status", "stop", "t0", "terms", "tracker", "watcher")
 
     def __init__(self, leaf: Cgroup, pid: int, pidfd: int, stop: StopState,
-                 watcher: CgroupWatcher, *, limit_at: float, grace: float,
-                 repeat: float | None, leaf_view: str | None,
-                 on_stopping: Callable[[], None]) -> None:
+                 watcher: CgroupWatcher, terms: Terms, *, t0: float,
+                 activity: Callable[[], float], on_stopping: Callable[[], None]) -> None:
         self.leaf, self.pid, self.pidfd, self.stop, self.watcher = leaf, pid, pidfd, stop, watcher
+        self.terms, self.t0, self.activity = terms, t0, activity
         self.on_stopping = on_stopping  # called once: the main exited, or a stop began
-        self.limit_at, self.spec_grace, self.spec_repeat = limit_at, grace, repeat
-        self.leaf_view = leaf_view
+        self.tracker = Tracker(leaf, pid, terms.leaf_view)
         self.phase = RUNNING
-        self.deadline = limit_at
+        self.paused_at: float | None = None
+        self.paused_s = 0.0
+        self.resumed_at = t0
+        self.deadline = self._running_deadline()
         self.grace_end = self.repeat_at = math.inf
         self.status: os.waitid_result | None = None
         self.exited_at = 0.0
-        self.leftovers: dict[int, ProcessInfo] = {}
-        self.escaped: dict[int, EscapedProcess] = {}
-        self.seen: dict[int, int] = {}  # pid -> pidfd
         self.problems: list[str] = []
         self.notes: list[str] = []
         self.signalled_tree = self.killed_tree = False
+        self.series: Series | None = None
+        self.snapshot: KillSnapshot | None = None
         self.pending: trio.Cancelled | None = None
-
-    def _leave_running(self) -> None:
-        if self.phase == RUNNING:
-            self.on_stopping()
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -100,12 +112,10 @@ class Driver:
                 self._step(trio.current_time())
                 if self.phase == DONE:
                     break
-            self._check_seen()
+            self.tracker.check_seen()
         finally:
             self.stop.finish()
-            for pidfd in self.seen.values():
-                os.close(pidfd)
-            self.seen.clear()
+            self.tracker.close()
 
     async def _wait(self) -> None:
         try:
@@ -136,17 +146,23 @@ class Driver:
             self._step_kill_overdue()
 
     def _step_running(self, now: float) -> None:
-        if self.status is None and self.stop.reason is None and now >= self.limit_at:
-            self.stop.request(StopReason.TIME_LIMIT, by_caller=False)
+        if self.status is None and self.stop.reason is None and self.paused_at is None:
+            limit = self.terms.time_limit
+            if limit is not None and now >= self.t0 + self.paused_s + limit:
+                self.stop.request(StopReason.TIME_LIMIT, by_caller=False)
+            elif self.terms.idle is not None and now >= self._idle_at():
+                self.stop.request(StopReason.IDLE, by_caller=False)
         if self.stop.reason is not None or self.status is not None:
             self._enter_term(now)
+        else:
+            self.deadline = self._running_deadline()
 
     def _step_term(self, now: float) -> None:
         if self.stop.kill_now or now >= self.grace_end:
             self._enter_kill(now)
         elif now >= self.repeat_at:
             self._send((self.stop.signal, signal.SIGCONT))
-            self.repeat_at = now + (self.spec_repeat or math.inf)
+            self.repeat_at = now + (self.terms.repeat or math.inf)
             self.deadline = min(self.grace_end, self.repeat_at)
 
     def _step_kill_overdue(self) -> None:
@@ -155,44 +171,66 @@ class Driver:
         self.phase = DONE if self.status is not None else KILL
         self.deadline = math.inf
 
+    def _running_deadline(self) -> float:
+        if self.paused_at is not None:
+            return math.inf  # neither clock runs while paused
+        deadline = math.inf
+        if self.terms.time_limit is not None:
+            deadline = self.t0 + self.paused_s + self.terms.time_limit
+        if self.terms.idle is not None:
+            deadline = min(deadline, self._idle_at())
+        return deadline
+
+    def _idle_at(self) -> float:
+        assert self.terms.idle is not None
+        return max(self.activity(), self.resumed_at) + self.terms.idle
+
     # ---- the states ------------------------------------------------------------------------
 
     def _enter_term(self, now: float) -> None:
         """The stop signal to the subtree (a stop, or the cleanup of leftovers)."""
-        if self.spec_grace <= 0 or self.stop.kill_now:
+        if self.terms.grace <= 0 or self.stop.kill_now:
             self._enter_kill(now)
             return
         main_alive = self._main_alive()
-        self._leave_running()
+        self._leave_running(now)
         self._send((self.stop.signal, signal.SIGCONT))
         if self.stop.reason is not None:
             self.stop.mark("signalled", main_alive=main_alive)
         self.signalled_tree = True
         self.phase = TERM
-        self.grace_end = now + self.spec_grace
-        self.repeat_at = now + self.spec_repeat if self.spec_repeat else math.inf
+        self.grace_end = now + self.terms.grace
+        self.repeat_at = now + self.terms.repeat if self.terms.repeat else math.inf
         self.deadline = min(self.grace_end, self.repeat_at)
 
     def _enter_kill(self, now: float) -> None:
-        """cgroup.kill; SIGKILL to the main process's pidfd if it left its leaf."""
+        """A snapshot of what is there, then cgroup.kill; SIGKILL to the main process's
+        pidfd if it left its leaf."""
         main_alive = self._main_alive()
-        self._leave_running()
+        self._leave_running(now)
         self._thaw()
         if self.status is not None:
-            self._record_leftovers()  # what appeared since, named as it is now
+            self.tracker.record_leftovers()  # what appeared since, named as it is now
+        self.snapshot = self.snapshot or take_snapshot(self.leaf, now - self.t0)
         try:
             self.leaf.kill()
+            self.leaf.thaw_tree()  # the snapshot's freeze: let the dying exit
         except CgroupNotFound:
             pass  # the leaf itself was removed: nothing in it to kill
-        if main_alive and self.pid in self.escaped:
-            _pidfd_signal(self.pidfd, signal.SIGKILL)
+        if main_alive and self.pid in self.tracker.escaped:
+            pidfd_signal(self.pidfd, signal.SIGKILL)
         if self.stop.reason is not None:
-            if self.spec_grace <= 0 and self.stop.kill_because is None:
+            if self.terms.grace <= 0 and self.stop.kill_because is None:
                 self.stop.kill_because = "no_grace"
             self.stop.mark("killed", main_alive=main_alive)
         self.killed_tree = True
         self.phase = KILL
         self.deadline = now + KILL_TIMEOUT
+
+    def _leave_running(self, now: float) -> None:
+        if self.phase == RUNNING:
+            self._end_pause(now)
+            self.on_stopping()
 
     # ---- what the states do ------------------------------------------------------------------
 
@@ -201,17 +239,16 @@ class Driver:
         is; after the main's exit, what is found is recorded as leftovers (named as now)."""
         self._thaw()
         try:
-            found = signal_tree(self.leaf, signals, self.pid,
-                                self.seen if len(self.seen) < _TRACKED else None)
+            found = signal_tree(self.leaf, signals, self.pid, self.tracker.keep())
         except CgroupNotFound:
             return
         if self.status is None and not found.main_listed and self._main_alive():
-            self._escaped_main()
+            self.tracker.main_escaped()
             for sig in signals:
-                _pidfd_signal(self.pidfd, sig)
+                pidfd_signal(self.pidfd, sig)
         if self.status is not None:
             for p in found.processes:
-                self.leftovers[p.pid] = p
+                self.tracker.leftovers[p.pid] = p
 
     def _thaw(self) -> None:
         """A task may freeze its own leaf (or a sub-cgroup): thaw it so signals land."""
@@ -225,58 +262,64 @@ class Driver:
             self.notes.append(f"the task had frozen {where}; corral thawed it to stop it")
 
     def _on_main_exit(self, now: float) -> None:
-        # A zombie keeps the cgroup it died in: did it die inside its leaf?
-        where = read_cgroup(self.pid)
-        if where is not None and self.leaf_view is not None and not _inside(where,
-                                                                              self.leaf_view):
-            self._escaped_main(where)
+        self.tracker.main_exiting()  # before the reap: a zombie keeps its cgroup
         self.status = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
         self.exited_at = now
-        self._leave_running()
-        if self.pid in self.escaped:
-            e = self.escaped[self.pid]
-            killed = self.status is not None and self.status.si_status == signal.SIGKILL \
-                and self.killed_tree
-            self.escaped[self.pid] = EscapedProcess(e.pid, e.comm, e.cgroup,
-                                                    "killed" if killed else "exited")
+        self._leave_running(now)
+        killed = (self.status is not None and self.status.si_status == signal.SIGKILL
+                  and self.killed_tree)
+        self.tracker.main_ended(killed)
         if self.phase != KILL and self._populated():
             # (after a kill, what is still listed is dying with the main process, not left
             # behind by it)
-            self._record_leftovers()
+            self.tracker.record_leftovers()
 
-    def _record_leftovers(self) -> None:
-        try:
-            tree = self.leaf.procs_tree()
-        except CgroupError:
+    # ---- pause, resume, sample: called from outside the loop ------------------------------
+
+    def pause(self) -> bool:
+        """Freeze the task (cgroup.freeze); False unless it is running and not paused."""
+        if self.phase != RUNNING or self.status is not None or self.paused_at is not None:
+            return False
+        self.leaf.freeze()
+        self.paused_at = trio.current_time()
+        self._wake()
+        return True
+
+    def resume(self) -> bool:
+        """Thaw a paused task; False if it was not paused (by :meth:`pause`)."""
+        if self.paused_at is None:
+            return False
+        self.leaf.thaw()
+        self._end_pause(trio.current_time())
+        self._wake()
+        return True
+
+    def _end_pause(self, now: float) -> None:
+        """The pause is over (resume, or a stop: the stop thaws the leaf itself)."""
+        if self.paused_at is not None:
+            self.paused_s += now - self.paused_at
+            self.paused_at = None
+            self.resumed_at = now
+            try:
+                self.leaf.thaw()
+            except CgroupNotFound:
+                pass
+
+    def _wake(self) -> None:
+        if self.stop.waker is not None:
+            self.stop.waker.cancel()
+
+    def sample(self, now: float) -> None:
+        """One reading of the leaf's usage, and a pidfd of each process seen in it."""
+        if self.phase == DONE:
             return
-        for pids in tree.values():
-            for pid in pids:
-                self.leftovers[pid] = ProcessInfo(pid, read_comm(pid))
-                if len(self.seen) < _TRACKED and pid not in self.seen:
-                    try:
-                        self.seen[pid] = os.pidfd_open(pid)
-                    except ProcessLookupError:
-                        pass
+        cpu, memory, pids, io = sample(self.leaf, self.terms.controllers)
+        if self.series is None:
+            self.series = Series()
+        self.series.add(round(now - self.t0, 3), cpu, memory, pids, io)
+        self.tracker.track(self.leaf.procs())
 
-    def _escaped_main(self, where: str | None = None) -> None:
-        if self.pid not in self.escaped:
-            self.escaped[self.pid] = EscapedProcess(
-                self.pid, read_comm(self.pid), where or read_cgroup(self.pid), "running")
-
-    def _check_seen(self) -> None:
-        """The leaf is empty: a process we saw in it that still lives outside it has left it.
-        It was the task's: kill it through its pidfd, and say so.  (A zombie waiting for its
-        new parent to reap it still answers signal 0, but it died inside: not an escape.)"""
-        for pid, pidfd in self.seen.items():
-            if pid in self.escaped or not _pidfd_signal(pidfd, 0):
-                continue
-            where = read_cgroup(pid)
-            if where is None or read_state(pid) == "Z" or (
-                    self.leaf_view is not None and _inside(where, self.leaf_view)):
-                continue
-            comm = read_comm(pid)
-            killed = _pidfd_signal(pidfd, signal.SIGKILL)
-            self.escaped[pid] = EscapedProcess(pid, comm, where, "killed" if killed else "exited")
+    # ---- small reads ---------------------------------------------------------------------
 
     def _main_alive(self) -> bool:
         return self.status is None and not _exited_nowait(self.pidfd)
@@ -288,22 +331,9 @@ class Driver:
             return False
 
 
-def _inside(where: str, leaf_view: str) -> bool:
-    return where == leaf_view or where.startswith(leaf_view.rstrip("/") + "/")
-
-
 def _exited_nowait(pidfd: int) -> bool:
     """Has the process exited (reaped or not)?  Leaves it to be reaped."""
     try:
         return os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True  # already reaped
-
-
-def _pidfd_signal(pidfd: int, sig: int) -> bool:
-    """Send ``sig`` through ``pidfd``; False if the process is gone."""
-    try:
-        signal.pidfd_send_signal(pidfd, sig)
-    except ProcessLookupError:
-        return False
-    return True

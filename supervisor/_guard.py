@@ -31,11 +31,15 @@ _PERIOD = 0.1
 
 class SpawnGuard:
     """Thaws ``root`` and the leaf being spawned into when a spawn stalls.  ``start()`` it,
-    ``close()`` it before ``root`` is closed."""
+    ``close()`` it before ``root`` is closed.
+
+    The thread never touches the event loop's ``Cgroup`` objects (their fds may be closed, and
+    the numbers reused, under it): it opens the two directories by path when it acts, and
+    nothing it meets may end it."""
 
     def __init__(self, root: Cgroup) -> None:
-        self._root = root
-        self._leaf: Cgroup | None = None
+        self._root_path = root.path
+        self._leaf_path: str | None = None
         self._since = 0.0
         self._thawed: list[str] = []
         self._closing = threading.Event()
@@ -53,11 +57,11 @@ class SpawnGuard:
     @contextlib.contextmanager
     def spawning(self, leaf: Cgroup) -> Iterator[None]:
         """Around one spawn into ``leaf`` (on the event loop's thread)."""
-        self._leaf, self._since = leaf, time.monotonic()
+        self._leaf_path, self._since = leaf.path, time.monotonic()
         try:
             yield
         finally:
-            self._since, self._leaf = 0.0, None
+            self._since, self._leaf_path = 0.0, None
 
     def take_thawed(self) -> list[str]:
         """Notes for the task just spawned: what had to be thawed (usually none)."""
@@ -68,19 +72,25 @@ class SpawnGuard:
 
     def _watch(self) -> None:
         while not self._closing.wait(_PERIOD):
-            since, leaf = self._since, self._leaf
+            since, leaf = self._since, self._leaf_path
             if since and leaf is not None and time.monotonic() - since > STALL:
-                self._thaw(leaf)
+                for path in (self._root_path, leaf):
+                    try:
+                        self._thaw(path)
+                    except Exception:  # never die: the next stall needs this thread
+                        log.exception("spawn guard: thawing %s", path)
 
-    def _thaw(self, leaf: Cgroup) -> None:
-        for cg in (self._root, leaf):
-            try:
-                if cg.read_file("cgroup.freeze").strip() == "1":
-                    cg.write_file("cgroup.freeze", "0")
-                    note = (f"{cg.path} was frozen (someone wrote 1 to its cgroup.freeze: a "
-                            f"task with write access to corral's cgroups?) while this task "
-                            f"was being started; corral thawed it")
-                    log.warning("%s", note)
-                    self._thawed.append(note)
-            except CgroupError as e:  # removed meanwhile, or closed: nothing to thaw
-                log.debug("spawn guard: %s", e)
+    def _thaw(self, path: str) -> None:
+        try:
+            with Cgroup.open(path) as cg:
+                if cg.read_file("cgroup.freeze").strip() != "1":
+                    return
+                cg.write_file("cgroup.freeze", "0")
+        except CgroupError as e:  # removed meanwhile: nothing to thaw
+            log.debug("spawn guard: %s", e)
+            return
+        note = (f"{path} was frozen (someone wrote 1 to its cgroup.freeze: a task with write "
+                f"access to corral's cgroups?) while this task was being started; corral "
+                f"thawed it")
+        log.warning("%s", note)
+        self._thawed.append(note)

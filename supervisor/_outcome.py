@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from typing import Any
 
 from cgroupfs import Cgroup, CgroupError, CgroupNotFound, CgroupStats
 
@@ -39,7 +40,8 @@ def classify(stop: StopState, exit_code: int | None, sig: int | None,
     """The outcome: a stop that landed first (stopped at its time limit is ``timed_out`` even
     if it then exits 0), then the OOM killer, then the exit itself."""
     if stop.landed:
-        return Outcome.TIMED_OUT if stop.reason == StopReason.TIME_LIMIT else Outcome.CANCELLED
+        timed = stop.reason in (StopReason.TIME_LIMIT, StopReason.IDLE)
+        return Outcome.TIMED_OUT if timed else Outcome.CANCELLED
     if sig == 9 and oom_kills:
         return Outcome.OOM_KILLED
     if sig is not None:
@@ -61,7 +63,7 @@ def outcome_notes(stop: StopState, outcome: Outcome, oom_kills: int | None,
 
 
 def cleanup_of(d: Driver, problems: list[str]) -> Cleanup:
-    leftovers = tuple(d.leftovers.values())
+    leftovers = tuple(d.tracker.leftovers.values())
     ended_by = None
     if leftovers:
         ended_by = ("killed" if d.killed_tree else
@@ -71,10 +73,20 @@ def cleanup_of(d: Driver, problems: list[str]) -> Cleanup:
     return Cleanup("clean", leftovers, ended_by)
 
 
-def usage_of(stats: CgroupStats | None, wall: float, oom_kills: int | None) -> Usage:
+def usage_of(stats: CgroupStats | None, wall: float, oom_kills: int | None, *,
+             pressure: dict[str, Any] | None = None, series: dict[str, Any] | None = None,
+             paused_s: float = 0.0) -> Usage:
+    """The record's usage: the leaf's final accounting, the pressure totals and the series
+    sampled while it ran; absent figures are None, never 0."""
+    paused = round(paused_s, 6)
     if stats is None:
-        return Usage(wall_s=round(wall, 6))
+        return Usage(wall_s=round(wall, 6), pressure=pressure, series=series, paused_s=paused)
     cpu = stats.cpu
+    events = stats.memory_events
+    memory_events = None if events is None else {
+        k: v for k, v in (("low", events.low), ("high", events.high), ("max", events.max),
+                          ("oom", events.oom), ("oom_kill", events.oom_kill),
+                          ("oom_group_kill", events.oom_group_kill)) if v is not None}
 
     def sec(usec: int | None) -> float | None:
         return None if usec is None else usec / 1e6
@@ -87,5 +99,9 @@ def usage_of(stats: CgroupStats | None, wall: float, oom_kills: int | None) -> U
         memory_peak=stats.memory_peak,
         pids_peak=stats.pids_peak,
         oom_kills=oom_kills,
+        memory_events=memory_events,
+        pressure=pressure,
+        series=series,
+        paused_s=paused,
     )
 

@@ -73,6 +73,7 @@ class StreamCapture:
     head: bytearray | None = None
     tail: bytearray | None = None
     total: int = 0
+    last_at: float = 0.0  # trio time of the last chunk (the idle timeout reads it)
     log_written: int = 0
     log_truncated: bool = False
     subscribers: list[Subscriber] | None = None
@@ -82,6 +83,7 @@ class StreamCapture:
     def feed(self, data: bytes | memoryview) -> None:
         """Take one chunk.  ``data`` may be a view of a reused buffer: it is copied here."""
         self.total += len(data)
+        self.last_at = trio.current_time()
         view = memoryview(data)
         if self.head is None:
             self.head, self.tail = bytearray(), bytearray()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["read_cgroup", "read_cmdline", "read_comm", "read_state"]
+__all__ = ["read_cgroup", "read_cmdline", "read_comm", "read_stat", "read_state"]
 
 
 def _read(path: str) -> bytes | None:
@@ -60,3 +60,19 @@ def read_state(pid: int) -> str | None:
         return None
     fields = data.rpartition(b")")[2].split()  # comm may hold spaces and parentheses
     return fields[0].decode("ascii", "replace") if fields else None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def read_stat(pid: int) -> tuple[str, int, float] | None:
+    """State letter, parent pid and CPU seconds (user + system) of the process, or None."""
+    data = _read(f"/proc/{pid}/stat")
+    if data is None:
+        return None
+    fields = data.rpartition(b")")[2].split()
+    try:
+        return (fields[0].decode("ascii", "replace"), int(fields[1]),
+                (int(fields[11]) + int(fields[12])) / _TICKS)
+    except (IndexError, ValueError):
+        return None

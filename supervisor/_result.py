@@ -22,8 +22,10 @@ __all__ = [
     "Cleanup",
     "Containment",
     "EscapedProcess",
+    "KillSnapshot",
     "Outcome",
     "ProcessInfo",
+    "SnapshotProcess",
     "StopReason",
     "StopRecord",
     "StreamOutput",
@@ -52,6 +54,7 @@ class StopReason(enum.StrEnum):
     """Who asked a task to stop.  The first request fixes it."""
 
     TIME_LIMIT = "time_limit"  # the supervisor: the task's time limit
+    IDLE = "idle"  # the supervisor: no output for the task's idle timeout
     CANCEL = "cancel"  # the caller: stop(), a cancelled scope, Ctrl-C, Batch.cancel()
     FAIL_FAST = "fail_fast"  # the supervisor: another task of a fail-fast batch failed
     SHUTDOWN = "shutdown"  # the supervisor is closing
@@ -73,6 +76,28 @@ class ProcessInfo:
 
     pid: int
     comm: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotProcess:
+    """One process as it was just before a kill."""
+
+    pid: int
+    ppid: int
+    state: str  # R running, S sleeping, D disk wait, T stopped, Z zombie...
+    comm: str
+    cmdline: str | None
+    cpu_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class KillSnapshot:
+    """The task's processes, frozen and recorded just before corral killed them (what hung):
+    ``taken_after_s`` after the spawn; ``more`` processes were there but not recorded."""
+
+    taken_after_s: float
+    processes: tuple[SnapshotProcess, ...]
+    more: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +181,10 @@ class Usage:
     memory_peak: int | None = None
     pids_peak: int | None = None
     oom_kills: int | None = None
+    memory_events: dict[str, int] | None = None  # memory.events: low, high, max, oom, oom_kill
+    pressure: dict[str, Any] | None = None  # PSI totals (s): {"cpu": {"some", "full"}, ...}
+    series: dict[str, Any] | None = None  # sampled while it ran (see docs/result.md)
+    paused_s: float = 0.0  # how long pause() held it (not counted by the time limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +263,7 @@ class TaskResult:
     error_errno: int | None = None
     error_step: str | None = None
     name: str | None = None
+    kill_snapshot: KillSnapshot | None = None
 
     @property
     def stdout(self) -> bytes:
@@ -272,6 +302,7 @@ class TaskResult:
             "containment": _containment_dict(self.containment),
             "notes": [_text(n) for n in self.notes],
             "error": _error_dict(self),
+            "kill_snapshot": _snapshot_dict(self.kill_snapshot),
         }
 
 
@@ -311,7 +342,19 @@ def _cleanup_dict(c: Cleanup) -> dict[str, Any]:
 def _usage_dict(u: Usage) -> dict[str, Any]:
     return {"wall_s": u.wall_s, "cpu_user_s": u.cpu_user_s, "cpu_system_s": u.cpu_system_s,
             "cpu_total_s": u.cpu_total_s, "memory_peak_bytes": u.memory_peak,
-            "pids_peak": u.pids_peak, "oom_kills": u.oom_kills}
+            "pids_peak": u.pids_peak, "oom_kills": u.oom_kills,
+            "memory_events": u.memory_events, "pressure": u.pressure, "series": u.series,
+            "paused_s": u.paused_s}
+
+
+def _snapshot_dict(snap: KillSnapshot | None) -> dict[str, Any] | None:
+    if snap is None:
+        return None
+    return {"taken_after_s": snap.taken_after_s, "more": snap.more,
+            "processes": [{"pid": p.pid, "ppid": p.ppid, "state": p.state,
+                           "comm": _text(p.comm),
+                           "cmdline": None if p.cmdline is None else _text(p.cmdline),
+                           "cpu_s": p.cpu_s} for p in snap.processes]}
 
 
 def _stream_dict(s: StreamOutput) -> dict[str, Any]:

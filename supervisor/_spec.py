@@ -78,7 +78,9 @@ class TaskSpec:
     30min"``, or seconds); ``None`` takes the supervisor's default.  ``grace``: how long the
     stop signal has before cgroup.kill (0: kill at once).  ``stop_signal``, repeated every
     ``stop_signal_repeat`` seconds while the task lives, for tools that want to be interrupted
-    more than once.  ``output_head``/``output_tail``: bytes kept of each stream.  ``log_file``:
+    more than once.  ``idle_timeout``: stop a task that has printed nothing for this long
+    (``timed_out``, stop reason ``idle``: an agent's shell stuck at a prompt).
+    ``output_head``/``output_tail``: bytes kept of each stream.  ``log_file``:
     write the full output there too, up to ``log_max_bytes``.  ``limits``: cgroup limits.
     ``isolation``: user, namespaces, capabilities (systemd.exec's names).
     """
@@ -96,6 +98,7 @@ class TaskSpec:
     grace: float | str = DEFAULT_GRACE
     stop_signal: int | str = signal.SIGTERM
     stop_signal_repeat: float | str | None = None
+    idle_timeout: float | str | None = None
     output_head: int = DEFAULT_HEAD
     output_tail: int = DEFAULT_TAIL
     log_file: str | None = None
@@ -196,6 +199,13 @@ class TaskSpec:
                     f"most ten times a second), got {self.stop_signal_repeat!r}; give e.g. "
                     f"\"1s\", or leave it unset to send the stop signal once"))
             set_(self, "stop_signal_repeat", repeat)
+        if self.idle_timeout is not None:
+            set_(self, "idle_timeout", _duration("idle_timeout", self.idle_timeout))
+            if self.stdout == "inherit" and self.stderr == "inherit":
+                raise SpecError("idle_timeout", (
+                    "idle_timeout watches the task's output, but stdout and stderr are both "
+                    "\"inherit\" (passed through, unseen): capture one of them, or give the "
+                    "task tty=True"))
         try:
             sig = parse_signal(self.stop_signal, "stop_signal")
         except UnitsError as e:
@@ -251,6 +261,12 @@ class TaskSpec:
     def time_limit_s(self) -> float | None:
         assert self.time_limit is None or isinstance(self.time_limit, float)
         return self.time_limit
+
+    @property
+    def idle_timeout_s(self) -> float | None:
+        t = self.idle_timeout
+        assert t is None or isinstance(t, float)
+        return t
 
     @property
     def repeat_s(self) -> float | None:

@@ -32,6 +32,7 @@ from ._guard import SpawnGuard
 from ._keeper import Keeper
 from ._output import IoReactor
 from ._result import StopReason, TaskResult
+from ._sample import Sampler
 from ._spec import DEFAULT_GRACE, TaskSpec
 from ._task import (
     Incident,
@@ -57,11 +58,11 @@ class Supervisor:
     """Runs tasks; made by :func:`open_supervisor`."""
 
     def __init__(self, placement: Placement, watcher: CgroupWatcher, reactor: IoReactor,
-                 guard: SpawnGuard, default_time_limit: float | None,
+                 guard: SpawnGuard, sampler: Sampler, default_time_limit: float | None,
                  max_time_limit: float | None, retain_results: int) -> None:
         self._placement = placement
         self._rt = Runtime(placement.root, placement.controllers, watcher, reactor, guard,
-                           placement.root_view, self._recorded, self._ended)
+                           placement.root_view, sampler, self._recorded, self._ended)
         self.default_time_limit = default_time_limit
         # Without an explicit ceiling the default is the ceiling: a caller may shorten its
         # limit, never extend it, until the operator raises the ceiling.
@@ -350,19 +351,25 @@ def _config_duration(name: str, value: Any) -> float | None:
 
 @asynccontextmanager
 async def open_supervisor(cgroup_root: str | None = None, default_time_limit: Any = None,
-                          max_time_limit: Any = None, *,
-                          retain_results: int = 1000) -> AsyncIterator[Supervisor]:
+                          max_time_limit: Any = None, *, retain_results: int = 1000,
+                          sample_interval: Any = "1s") -> AsyncIterator[Supervisor]:
     """Open a supervisor: find a base, make its own root there, yield it, clean up on exit.
 
     ``cgroup_root``: a cgroup v2 directory to make our root in (default: discovered, see
     DESIGN.md).  ``default_time_limit`` applies to tasks that give none; ``max_time_limit``
     caps every task (a larger limit is capped, and the result's notes say so); without it, the
-    default is the ceiling.  A ceiling below the default is refused here.  On exit every task
-    still live is stopped (reason ``shutdown``: stop signal, grace, kill), their records are
-    awaited, and the root is removed.
+    default is the ceiling.  A ceiling below the default is refused here.  ``sample_interval``:
+    how often each running task's usage is sampled into its record's series (None: never).
+    ``retain_results``: how many records ``sup.results`` keeps (the oldest go first).  On exit
+    every task still live is stopped (reason ``shutdown``: stop signal, grace, kill), their
+    records are awaited, and the root is removed.
     """
     default = _config_duration("default_time_limit", default_time_limit)
     ceiling = _config_duration("max_time_limit", max_time_limit)
+    interval = _config_duration("sample_interval", sample_interval)
+    if interval is not None and interval < 0.1:
+        raise ConfigError(f"sample_interval must be at least 0.1s (or None for no sampling), "
+                          f"got {sample_interval!r}")
     if default is not None and ceiling is not None and ceiling < default:
         raise ConfigError(
             f"max_time_limit ({format_duration(ceiling)}) is below default_time_limit "
@@ -375,7 +382,8 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
         # Armed before any task exists: if this process dies, the keeper kills the root.
         keeper = Keeper.start(placement.root)
         guard.start()
-        async with _serving(placement, guard, default, ceiling, retain_results) as sup:
+        async with _serving(placement, guard, Sampler(interval), default, ceiling,
+                            retain_results) as sup:
             yield sup
     finally:
         guard.close()
@@ -387,8 +395,9 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
 
 
 @asynccontextmanager
-async def _serving(placement: Placement, guard: SpawnGuard, default: float | None,
-                   ceiling: float | None, retain: int) -> AsyncIterator[Supervisor]:
+async def _serving(placement: Placement, guard: SpawnGuard, sampler: Sampler,
+                   default: float | None, ceiling: float | None,
+                   retain: int) -> AsyncIterator[Supervisor]:
     """The supervisor's own trio tasks (watcher, reactor, root guard) around the caller's
     block; on exit every task is stopped and recorded first, then they go."""
     watcher, reactor = CgroupWatcher(), IoReactor()
@@ -396,8 +405,10 @@ async def _serving(placement: Placement, guard: SpawnGuard, default: float | Non
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watcher.run)
             nursery.start_soon(reactor.run)
-            sup = Supervisor(placement, watcher, reactor, guard, default, ceiling, retain)
+            sup = Supervisor(placement, watcher, reactor, guard, sampler, default, ceiling,
+                             retain)
             nursery.start_soon(sup._guard_root)
+            nursery.start_soon(sampler.run)
             try:
                 yield sup
             finally:

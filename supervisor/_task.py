@@ -30,12 +30,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
 
-from ._drive import Driver
+from ._drive import Driver, Terms
 from ._errors import InternalError, SpecError
 from ._guard import SpawnGuard
 from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
@@ -43,12 +44,14 @@ from ._output import IoReactor, StdinFeed, Stream, StreamCapture
 from ._result import (
     Cleanup,
     Containment,
+    KillSnapshot,
     Outcome,
     StopReason,
     StreamOutput,
     TaskResult,
     Usage,
 )
+from ._sample import Sampler, read_pressure
 from ._spawn import Spawned, spawn
 from ._spec import TaskSpec
 from ._stdio import TaskIo, end, plumb, register, set_window_size
@@ -82,6 +85,7 @@ class Runtime:
     reactor: IoReactor
     guard: SpawnGuard
     root_view: str | None  # the root as /proc/PID/cgroup shows it (None: unknown)
+    sampler: Sampler
     on_record: Callable[[TaskResult], None]
     on_end: Callable[[TaskHandle], None]
     incidents: list[Incident] = field(default_factory=list)
@@ -105,8 +109,9 @@ class TaskHandle:
     :class:`TaskResult`, the same one every time.
     """
 
-    __slots__ = ("_began", "_created_at", "_done", "_io", "_notes", "_result", "_rt", "_stderr",
-                 "_stdout", "_stop", "cgroup", "id", "pid", "spec", "state", "time_limit")
+    __slots__ = ("_began", "_created_at", "_done", "_driver", "_io", "_notes", "_result", "_rt",
+                 "_stderr", "_stdout", "_stop", "cgroup", "id", "pid", "spec", "state",
+                 "time_limit")
 
     def __init__(self, rt: Runtime, task_id: str, spec: TaskSpec, time_limit: float | None,
                  notes: tuple[str, ...]) -> None:
@@ -125,6 +130,7 @@ class TaskHandle:
         self._stdout: StreamCapture | None = None
         self._stderr: StreamCapture | None = None
         self._io: TaskIo | None = None
+        self._driver: Driver | None = None
         self._began = False  # the life has run (start() hands out a coroutine that might not)
 
     def __repr__(self) -> str:
@@ -219,6 +225,29 @@ class TaskHandle:
         if io is None or io.master is None:
             return  # not started yet, or ended
         set_window_size(io.master, rows, columns)
+
+    def pause(self) -> bool:
+        """Freeze the task where it stands (cgroup.freeze): its processes stop running until
+        :meth:`resume`.  Neither its time limit nor its idle timeout counts paused time; the
+        record says how long it was paused (``usage.paused_s``).  A stop request ends a pause.
+        False if it is not running (queued, stopping, ended) or already paused."""
+        return self._driver is not None and self._driver.pause()
+
+    def resume(self) -> bool:
+        """Thaw a task :meth:`pause` froze; False if it was not paused."""
+        return self._driver is not None and self._driver.resume()
+
+    @property
+    def paused(self) -> bool:
+        return self._driver is not None and self._driver.paused_at is not None
+
+    def _last_output(self) -> float:
+        """When the task last printed (trio time), for the idle timeout."""
+        return max(self._stdout.last_at if self._stdout else 0.0,
+                   self._stderr.last_at if self._stderr else 0.0)
+
+    def _stopping(self) -> None:
+        self.state = "stopping"
 
     def _feed(self) -> tuple[StdinFeed, Stream]:
         if self.spec.stdin != "pipe" and not self.spec.tty:
@@ -324,14 +353,17 @@ async def _run(task: TaskHandle, task_status: trio.TaskStatus[TaskHandle]) -> Ta
     t0, started_at = trio.current_time(), time.time()
     task.pid, task.cgroup, task.state = spawned.pid, leaf.path, "running"
     task_status.started(task)
-    rt = task._rt
-    limit = math.inf if task.time_limit is None else t0 + task.time_limit
+    rt, spec = task._rt, task.spec
     view = None if rt.root_view is None else f"{rt.root_view.rstrip('/')}/{task.id}"
-    driver = Driver(leaf, spawned.pid, spawned.pidfd, task._stop, rt.watcher, limit_at=limit,
-                    grace=task.spec.grace_s, repeat=task.spec.repeat_s, leaf_view=view,
-                    on_stopping=lambda: setattr(task, "state", "stopping"))
+    terms = Terms(task.time_limit, spec.grace_s, spec.repeat_s, spec.idle_timeout_s,
+                  rt.controllers, view)
+    driver = task._driver = Driver(leaf, spawned.pid, spawned.pidfd, task._stop, rt.watcher,
+                                   terms, t0=t0, activity=task._last_output,
+                                   on_stopping=task._stopping)
+    rt.sampler.add(driver)
     try:
         await driver.run()
+        rt.sampler.remove(driver)
         result = await _finish(task, leaf, spawned, driver, t0, started_at)
     except Exception as exc:
         # A bug or an OS failure nobody planned for: the task still ends with its one
@@ -340,6 +372,8 @@ async def _run(task: TaskHandle, task_status: trio.TaskStatus[TaskHandle]) -> Ta
         _lost(task, leaf, exc, t0, started_at)
         raise InternalError(f"task {task.id}: supervising failed: {exc!r}") from exc
     finally:
+        rt.sampler.remove(driver)
+        task._driver = None
         os.close(spawned.pidfd)
     if driver.pending is not None:
         raise driver.pending
@@ -392,10 +426,13 @@ async def _finish(task: TaskHandle, leaf: Cgroup, spawned: Spawned, driver: Driv
     if task._io is not None:
         task._notes = (*task._notes, *await end(task._io, task._rt.reactor))
     stats = read_usage(leaf, task._rt.controllers)
+    # pressure totals are worth reading for a task that ran a sampling interval at least
+    pressure = read_pressure(leaf) if driver.series is not None else None
     removed = await _remove_leaf(leaf)
     problems = [*driver.problems, *([removed] if removed else [])]
     assert driver.status is not None
-    return _outcome(task, driver, stats, problems, spawned, leaf.path, t0, started_at)
+    return _outcome(task, driver, stats, pressure, problems, spawned, leaf.path, t0,
+                    started_at)
 
 
 async def _remove_leaf(leaf: Cgroup) -> str | None:
@@ -437,8 +474,9 @@ def _lost(task: TaskHandle, leaf: Cgroup, exc: BaseException, t0: float,
                 notes=["corral hit an internal error while supervising this task"])
 
 
-def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None, problems: list[str],
-             spawned: Spawned, leaf_path: str, t0: float, started_at: float) -> TaskResult:
+def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None,
+             pressure: dict[str, Any] | None, problems: list[str], spawned: Spawned,
+             leaf_path: str, t0: float, started_at: float) -> TaskResult:
     status = d.status
     assert status is not None
     exit_code = status.si_status if status.si_code == os.CLD_EXITED else None
@@ -449,24 +487,27 @@ def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None, problems: l
     outcome = classify(task._stop, exit_code, sig, oom_kills)
     notes = [*d.notes, *outcome_notes(task._stop, outcome, oom_kills, spawned)]
     notes += [i.text for i in task._rt.incidents if i.at >= t0]
-    escaped = tuple(d.escaped.values())
+    escaped = tuple(d.tracker.escaped.values())
     if escaped:
         problems = [*problems, f"{len(escaped)} process(es) of the task left its cgroup: "
                     + ", ".join(f"{e.comm}[{e.pid}] to {e.cgroup} ({e.ended})" for e in escaped)]
     containment = Containment("cgroup", leaf_path, spawned.method,
                               tuple(sorted(task._rt.controllers)), escaped,
                               task.spec.isolation.describe())
-    usage = usage_of(stats, d.exited_at - t0, oom_kills)
+    usage = usage_of(stats, d.exited_at - t0, oom_kills, pressure=pressure,
+                     series=None if d.series is None else d.series.to_dict(),
+                     paused_s=d.paused_s)
     return _record(task, outcome, started=True, exit_code=exit_code, sig=sig,
                    cleanup=cleanup_of(d, problems), usage=usage, t0=t0, started_at=started_at,
-                   notes=notes, containment=containment)
+                   notes=notes, containment=containment, snapshot=d.snapshot)
 
 
 def _record(task: TaskHandle, outcome: Outcome, *, started: bool, exit_code: int | None = None,
             sig: int | None = None, cleanup: Cleanup | None = None, usage: Usage | None = None,
             t0: float | None = None, started_at: float | None = None,
             notes: list[str] | None = None, error: BaseException | None = None,
-            step: str | None = None, containment: Containment | None = None) -> TaskResult:
+            step: str | None = None, containment: Containment | None = None,
+            snapshot: KillSnapshot | None = None) -> TaskResult:
     """The one final record: written once, waiters woken, the supervisor told."""
     if task._result is not None:
         raise InternalError(f"task {task.id} was about to get a second final record")
@@ -482,6 +523,7 @@ def _record(task: TaskHandle, outcome: Outcome, *, started: bool, exit_code: int
         ended_at=time.time(), notes=(*task._notes, *(notes or ())),
         error=None if error is None else str(error),
         error_errno=getattr(error, "errno", None), error_step=step, name=task.spec.name,
+        kill_snapshot=snapshot,
     )
     task._result = result
     task._io = None

@@ -282,7 +282,7 @@ def _size_text(text: str, what: str, rule: str, value: object, percent_of: int |
         raise _refuse(what, rule, value, f'"{suffix}" is not a size suffix{fix} ({why})')
     if "." in number and _SIZE_SUFFIXES[suffix] == 1:
         raise _refuse(what, rule, value, f'"{number}" is not a whole number of bytes')
-    return int(math.floor(_exact(number) * _SIZE_SUFFIXES[suffix]))
+    return int(_exact(number) * _SIZE_SUFFIXES[suffix])  # not negative: int() is floor
 
 
 def parse_count(

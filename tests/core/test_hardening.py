@@ -280,22 +280,40 @@ async def test_a_leftover_in_a_sub_cgroup_is_listed(sup: supervisor.Supervisor) 
 
 # ---- 8. a task that freezes corral's cgroups ------------------------------------------------
 
-async def test_a_task_freezing_the_root_blocks_no_other_task(
-        sup: supervisor.Supervisor) -> None:
-    # it freezes the root (and so itself) over and over; corral thaws, spawns, stops on time
-    freezer = ROOT + 'while :; do echo 1 > "$ROOT/cgroup.freeze"; done'
-    async with trio.open_nursery() as n:
-        hostile = await n.start(functools.partial(sup.start, ["sh", "-c", freezer], env=env(),
-                                                  time_limit="3s", grace="0.5s"))
-        with trio.fail_after(HANG):
-            others = [await sup.run(["sh", "-c", "echo ok"]) for _ in range(5)]
+FREEZER = """
+import functools, json, sys, trio, supervisor
+
+async def main(root, mnt):
+    async with supervisor.open_supervisor(cgroup_root=root) as sup:
+        # it freezes the root (and so itself) over and over; corral thaws, spawns, stops on time
+        freezer = ('LEAF="$MNT$(sed -n "s/^0:://p" /proc/self/cgroup)"; ROOT="$(dirname "$LEAF")"; '
+                   'while :; do echo 1 > "$ROOT/cgroup.freeze"; done')
+        async with trio.open_nursery() as n:
+            hostile = await n.start(functools.partial(
+                sup.start, ["sh", "-c", freezer], env={"MNT": mnt}, time_limit="3s",
+                grace="0.5s"))
+            others = [await sup.run(["sh", "-c", "echo ok"]) for _ in range(20)]
             limited = await sup.run(["sleep", "60"], time_limit="0.5s", grace="0.5s")
             r = await hostile.wait()
-    assert all(o.outcome == "succeeded" and o.stdout == b"ok\n" for o in others)
-    assert limited.outcome == "timed_out"
-    assert r.outcome == "timed_out"
-    noted = [note for o in [*others, limited, r] for note in o.notes if "frozen" in note]
-    assert noted and all("thawed" in note or "ancestor" in note for note in noted)
+    print(json.dumps({"others": [[o.outcome, o.stdout.decode()] for o in others],
+                      "limited": limited.outcome, "hostile": r.outcome,
+                      "notes": [n for o in [*others, limited, r] for n in o.notes]}))
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+def test_a_task_freezing_the_root_blocks_no_other_task(test_cgroup: cgroupfs.Cgroup) -> None:
+    # in a process of its own: were the event loop wedged in a spawn, only a timeout ends it
+    p = subprocess.run([sys.executable, "-c", FREEZER, test_cgroup.path, MNT],
+                       capture_output=True, text=True, timeout=HANG * 2)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["others"] == [["succeeded", "ok\n"]] * 20
+    assert out["limited"] == "timed_out" and out["hostile"] == "timed_out"
+    frozen = [note for note in out["notes"] if "frozen" in note]
+    assert frozen and all("thawed" in note for note in frozen)
+    assert test_cgroup.children() == [] and not test_cgroup.is_populated()
 
 
 async def test_a_task_that_freezes_its_own_leaf_is_thawed_to_be_stopped(

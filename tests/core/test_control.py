@@ -1,0 +1,128 @@
+"""What a person or an agent expects to control: pause and resume, an idle-output timeout, a
+snapshot of what hung before every kill, and usage sampled while a task runs."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import trio
+
+import cgroupfs
+import supervisor
+
+from sup_util import HANG, wait_for
+
+
+async def test_pause_freezes_the_task_and_the_time_limit_does_not_count_it(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(
+            sup.start, ["sh", "-c", "while :; do echo tick; sleep 0.05; done"],
+            time_limit="1s", grace="0.2s"))
+        await wait_for(lambda: task.output().total > 0, what="first tick")
+        assert task.pause() and task.paused and not task.pause()
+        assert task.cgroup is not None
+        with cgroupfs.Cgroup.open(task.cgroup) as leaf:
+            await wait_for(lambda: leaf.read_events().frozen, what="frozen")
+            before = task.output().total
+            await trio.sleep(1.5)  # longer than the whole time limit
+            assert task.output().total == before and task.result is None
+            assert task.resume() and not task.paused and not task.resume()
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "timed_out" and r.usage.paused_s >= 1.5
+    assert r.usage.wall_s is not None and r.usage.wall_s >= 1.0 + 1.5
+    assert not any("had frozen" in note for note in r.notes)  # our pause is not the task's
+
+
+async def test_a_stop_ends_a_pause(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sleep", "60"], grace="5s"))
+        assert task.pause()
+        task.stop()
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "cancelled" and r.stop is not None and r.stop.reached == "signalled"
+    assert r.usage.paused_s > 0
+
+
+async def test_pause_of_a_task_that_is_not_running_says_so(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:
+        task = await n.start(sup.start, ["true"])
+        await task.wait()
+    assert task.pause() is False and task.resume() is False
+
+
+async def test_a_task_silent_for_its_idle_timeout_is_stopped(
+        sup: supervisor.Supervisor) -> None:
+    with trio.fail_after(HANG):
+        r = await sup.run(["sh", "-c", "echo prompt; read answer"], stdin="pipe",
+                          idle_timeout="0.5s", grace="0.2s")
+    assert r.outcome == "timed_out" and r.stop is not None and r.stop.reason == "idle"
+    assert r.stdout == b"prompt\n"
+
+
+async def test_output_keeps_a_task_alive_past_its_idle_timeout(
+        sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", "for i in 1 2 3 4 5 6; do echo $i; sleep 0.2; done"],
+                      idle_timeout="0.6s")
+    assert r.outcome == "succeeded" and r.stop is None
+
+
+def test_an_idle_timeout_needs_output_it_can_see() -> None:
+    with pytest.raises(supervisor.SpecError, match="idle_timeout"):
+        supervisor.TaskSpec(["true"], idle_timeout="5s", stdout="inherit", stderr="inherit")
+
+
+async def test_a_killed_task_keeps_a_snapshot_of_what_hung(sup: supervisor.Supervisor) -> None:
+    script = "trap '' TERM; sleep 600 & echo ready; wait"
+    with trio.fail_after(HANG):
+        r = await sup.run(["sh", "-c", script], time_limit="0.5s", grace="0.3s")
+    assert r.outcome == "timed_out" and r.stop is not None and r.stop.reached == "killed"
+    snap = r.kill_snapshot
+    assert snap is not None and snap.taken_after_s >= 0.8 - 0.01
+    by_name = {p.comm: p for p in snap.processes}
+    assert set(by_name) == {"sh", "sleep"}
+    assert by_name["sleep"].ppid == by_name["sh"].pid
+    assert by_name["sleep"].cmdline == "sleep 600"
+    json.dumps(r.to_dict()["kill_snapshot"])
+
+
+async def test_a_task_that_ends_on_the_stop_signal_has_no_snapshot(
+        sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sleep", "60"], time_limit="0.2s")
+    assert r.outcome == "timed_out" and r.kill_snapshot is None
+
+
+async def test_usage_is_sampled_while_the_task_runs(test_cgroup: cgroupfs.Cgroup) -> None:
+    async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
+                                          sample_interval="0.1s") as sup:
+        r = await sup.run(["sh", "-c", "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done"])
+    series = r.usage.series
+    assert series is not None and len(series["t_s"]) >= 3
+    cpu = series["cpu_s"]
+    assert cpu == sorted(cpu) and cpu[-1] > 0  # a counter: it only grows
+    assert series["t_s"] == sorted(series["t_s"])
+    assert r.usage.pressure is not None and "cpu" in r.usage.pressure
+    # a controller that is not here gives no series (never a series of zeros)
+    for name, controller in (("memory_bytes", "memory"), ("pids", "pids"), ("io_bytes", "io")):
+        assert (series[name] is None) == (controller not in sup.controllers)
+
+
+async def test_a_short_task_has_no_series_and_no_pressure(sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["true"])
+    assert r.usage.series is None and r.usage.pressure is None
+
+
+def test_series_stay_bounded_however_long_the_task() -> None:
+    from supervisor._sample import MAX_POINTS, Series
+
+    s = Series()
+    for i in range(10_000):
+        s.add(float(i), float(i), 1000 + (5000 if i == 7777 else 0), 3, None)
+    assert len(s) <= MAX_POINTS
+    d = s.to_dict()
+    assert max(d["memory_bytes"]) == 6000  # a peak is never smoothed away
+    assert d["cpu_s"][-1] == 9999 and d["io_bytes"] is None
