@@ -8,11 +8,10 @@ import json
 
 import pytest
 import trio
+from sup_util import HANG, wait_for
 
 import cgroupfs
 import supervisor
-
-from sup_util import HANG, wait_for
 
 
 async def test_pause_freezes_the_task_and_the_time_limit_does_not_count_it(
