@@ -307,17 +307,19 @@ static void child_credentials(const struct child_ctx *c, const struct corral_spa
     child_ambient_raise(c, a);
 }
 
-/* Dispositions back to default (handlers make no sense after exec anyway, but ignored
- * signals would be inherited: a task started with SIGTERM ignored could not be stopped
- * gracefully). */
-static void child_default_signals(void)
+/* Dispositions back to default (handlers make no sense after exec anyway, but signals the
+ * supervisor ignores would be inherited: a task started with SIGTERM ignored could not be
+ * stopped gracefully), except those the caller asks to start ignored (bit N-1 of
+ * ``ignored``: what a shell gives a background job, or nohup, when corral itself got them
+ * ignored). */
+static void child_default_signals(unsigned long long ignored)
 {
     for (int sig = 1; sig < _NSIG; sig++) {
         struct sigaction sa;
         if (sig == SIGKILL || sig == SIGSTOP)
             continue;
         memset(&sa, 0, sizeof sa);
-        sa.sa_handler = SIG_DFL;
+        sa.sa_handler = (sig <= 64 && (ignored & (1ULL << (sig - 1)))) ? SIG_IGN : SIG_DFL;
         sigaction(sig, &sa, NULL);  /* EINVAL for the realtime signals glibc reserves */
     }
 }
@@ -378,7 +380,7 @@ static int child_main(void *arg)
      * terminal, so that the terminal's job control and signals reach the task. */
     if ((a->flags & CORRAL_SPAWN_SETCTTY) && ioctl(0, TIOCSCTTY, 0) < 0)
         child_fail(c, CORRAL_STEP_CTTY, errno);
-    child_default_signals();
+    child_default_signals(a->ignored_signals);
     child_credentials(c, a);
 
     /* After dropping privileges, so the cwd is checked as the user who will run in it. */

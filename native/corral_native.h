@@ -87,6 +87,7 @@ struct corral_spawn_args {
     int cap_last;                          /* the kernel's highest capability number */
     unsigned long long cap_bset_drop;      /* bit N: drop capability N from the bounding set */
     unsigned long long cap_ambient;        /* bit N: capability N ambient (kept across exec) */
+    unsigned long long ignored_signals;    /* bit N-1: signal N starts ignored (as nohup) */
 };
 
 struct corral_spawn_result {

@@ -239,11 +239,14 @@ def spawn(
     drop_bounding_caps: int = 0,
     ambient_caps: int = 0,
     no_new_privs: bool = False,
+    ignored_signals: Sequence[int] = (),
 ) -> Spawned:
     """Start ``argv`` with fds ``stdin``/``stdout``/``stderr`` as 0/1/2, in cgroup ``cgroup_fd``.
 
     ``cgroup_fd`` is an ``O_DIRECTORY`` fd of the leaf (-1: our own cgroup).  Every other fd is
-    closed at exec except ``pass_fds``.  Signal dispositions are reset and the mask emptied.
+    closed at exec except ``pass_fds``.  Signal dispositions are reset (``ignored_signals``
+    start ignored instead, as a shell's background job or nohup gets them) and the mask
+    emptied.
     ``env`` is the complete environment (None: ours).  ``force_fallback`` takes the vfork +
     cgroup.procs path even where clone3 works, so that tests can prove it.
 
@@ -283,6 +286,7 @@ def spawn(
         keep.append(c)
         a.cwd = c
     a.umask = -1 if umask is None else umask
+    a.ignored_signals = sum(1 << (int(sig) - 1) for sig in set(ignored_signals))
     flags = iso.fill(a, keep)
     if new_session:
         flags |= lib.CORRAL_SPAWN_SETSID

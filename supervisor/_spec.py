@@ -80,6 +80,8 @@ class TaskSpec:
     ``stop_signal_repeat`` seconds while the task lives, for tools that want to be interrupted
     more than once.  ``idle_timeout``: stop a task that has printed nothing for this long
     (``timed_out``, stop reason ``idle``: an agent's shell stuck at a prompt).
+    ``ignored_signals``: signals the task starts with ignored (every other disposition starts
+    at its default), as nohup or a shell's background job would give them.
     ``output_head``/``output_tail``: bytes kept of each stream.  ``log_file``:
     write the full output there too, up to ``log_max_bytes``.  ``limits``: cgroup limits.
     ``isolation``: user, namespaces, capabilities (systemd.exec's names).
@@ -99,6 +101,7 @@ class TaskSpec:
     stop_signal: int | str = signal.SIGTERM
     stop_signal_repeat: float | str | None = None
     idle_timeout: float | str | None = None
+    ignored_signals: tuple[int | str, ...] = ()
     output_head: int = DEFAULT_HEAD
     output_tail: int = DEFAULT_TAIL
     log_file: str | None = None
@@ -211,6 +214,21 @@ class TaskSpec:
         except UnitsError as e:
             raise SpecError("stop_signal", str(e)) from None
         set_(self, "stop_signal", int(sig))
+        values: Any = self.ignored_signals
+        if isinstance(values, str | bytes | int):
+            raise SpecError("ignored_signals", f"ignored_signals must be a list of signals like "
+                                               f"[\"INT\", \"QUIT\"], got {values!r}")
+        ignored = []
+        for value in values:
+            try:
+                ignored.append(int(parse_signal(value, "ignored_signals")))
+            except UnitsError as e:
+                raise SpecError("ignored_signals", str(e)) from None
+        if int(sig) in ignored:
+            raise SpecError("ignored_signals", f"the stop signal {sig.name} cannot start "
+                                               f"ignored: the task could not be stopped "
+                                               f"gracefully; drop it from ignored_signals")
+        set_(self, "ignored_signals", tuple(sorted(set(ignored))))
 
     def _check_tty(self) -> None:
         if not isinstance(self.tty, bool):
@@ -261,6 +279,10 @@ class TaskSpec:
     def time_limit_s(self) -> float | None:
         assert self.time_limit is None or isinstance(self.time_limit, float)
         return self.time_limit
+
+    @property
+    def ignored_signal_numbers(self) -> tuple[int, ...]:
+        return tuple(int(sig) for sig in self.ignored_signals)
 
     @property
     def idle_timeout_s(self) -> float | None:

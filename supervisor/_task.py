@@ -396,7 +396,8 @@ def _start(task: TaskHandle) -> tuple[Cgroup, Spawned]:
         with rt.guard.spawning(leaf), spec.isolation.prepare() as options:
             spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd,
                             stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=spec.cwd,
-                            new_session=spec.tty, controlling_tty=spec.tty, **options)
+                            new_session=spec.tty, controlling_tty=spec.tty,
+                            ignored_signals=spec.ignored_signal_numbers, **options)
         undo.pop_all()
     for thawed in rt.guard.take_thawed():
         task._notes = (*task._notes, thawed)

@@ -3,9 +3,12 @@
     corral run [OPTIONS] -- CMD [ARGS...]     run a command in its own cgroup leaf (run.py)
     corral check [--json]                     what works on this machine (check.py)
 
-Each verb module has ``add_parser(subparsers)`` and ``main(args) -> int``.  This module imports
-neither trio nor the supervisor's core, so that a verb that does not need them (a client of
-the daemon) starts as fast as Python itself.
+Each verb module has ``add_parser(subparsers)`` and ``main(args) -> int``, and may have
+``prepare_argv(words) -> words`` (its own reading of the words after the verb, before
+argparse) and ``EARLY`` (a callable run first of all, before anything heavy is imported:
+``corral run`` blocks its signals there).  This module imports neither trio nor the
+supervisor's core, so that a verb that does not need them (a client of the daemon) starts as
+fast as Python itself.
 
 Exit statuses are shared by every verb: 125 is corral's own failure, bad arguments included,
 and nothing was started.
@@ -17,7 +20,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+
+TYPE_CHECKING = False  # not typing's: importing typing costs every client verb's start-up
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 __all__ = ["EXIT_FAILURE", "VERBS", "die", "main"]
 
@@ -50,19 +56,28 @@ def die(message: str) -> NoReturn:
     raise SystemExit(EXIT_FAILURE)
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version, looked up only when asked
+    (importlib.metadata costs tens of milliseconds at every start otherwise)."""
 
-    try:
-        return version("corral")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show corral's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("corral")
+        except PackageNotFoundError:
+            text = "unknown (not installed)"
+        parser.exit(0, f"corral {text}\n")
 
 
 def _parser(verb: str | None) -> Parser:
     p = Parser(prog="corral", description="Run commands in their own cgroup v2 leaf: time "
                "limits, resource limits, graceful-then-forced stops, nothing left behind.")
-    p.add_argument("--version", action="version", version=f"corral {_version()}")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
     # Only the verb being run is imported; --help and errors import all of them.
     for name, module in VERBS.items():
@@ -85,6 +100,15 @@ def _find_verb(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     verb = _find_verb(args_list)
+    if verb is not None:
+        module = importlib.import_module(VERBS[verb], __name__)
+        early = getattr(module, "EARLY", None)
+        if early is not None:
+            early()
+        prepare = getattr(module, "prepare_argv", None)
+        if prepare is not None:
+            at = args_list.index(verb) + 1
+            args_list[at:] = prepare(args_list[at:])
     args = _parser(verb).parse_args(args_list)
     module = importlib.import_module(VERBS[args.verb], __name__)
     status: int = module.main(args)

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import EXIT_FAILURE, Parser, die
+from . import EXIT_FAILURE, die
 from .terminal import (
     JOB_SIGNALS,
     WAY_OUT_PRESSES,
@@ -89,19 +89,11 @@ _VALUE_OPTIONS = frozenset({"--time-limit", "--grace", "--stop-signal", "-p", "-
                             "--json-fd"})
 
 
-class _RunParser(Parser):
-    """``--time-limit -1s`` reaches our validation (a message naming the rule and the fix)
-    instead of argparse's "expected one argument": argparse takes a word starting with '-'
-    for an option unless it looks like a plain negative number."""
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        if args is not None:
-            args = _glue_values(list(args))
-        return super().parse_known_args(args, namespace)
-
-
-def _glue_values(words: list[str]) -> list[str]:
-    """``--grace -1s`` -> ``--grace=-1s`` for each value option before the command."""
+def prepare_argv(words: list[str]) -> list[str]:
+    """``--grace -1s`` -> ``--grace=-1s`` for each value option before the command, so that
+    ``--time-limit -1s`` reaches our validation (a message naming the rule and the fix)
+    instead of argparse's "expected one argument": argparse takes a word starting with '-' for
+    an option unless it looks like a plain negative number."""
     out: list[str] = []
     i = 0
     while i < len(words) and words[i] != "--" and words[i].startswith("-"):
@@ -117,18 +109,19 @@ def _glue_values(words: list[str]) -> list[str]:
     return out + words[i:]
 
 
+# Run by the dispatcher before anything else of `corral run`: from here on a Ctrl-C waits on
+# the signalfd (see the module docstring), never a KeyboardInterrupt.
+EARLY = block_job_signals
+
+
 def add_parser(sub: Any) -> None:
-    # Only the command line calls this, and for `corral run` it is the first of this verb
-    # that runs: from here on a Ctrl-C waits on the signalfd (see the module docstring).
-    block_job_signals()
+    block_job_signals()  # (again, for callers that build the parser themselves: idempotent)
     from .._properties import SUPPORTED
 
     run = sub.add_parser("run", help="run a command in the foreground in its own cgroup",
                          usage="corral run [OPTIONS] -- CMD [ARGS...]",
                          description="Run CMD in its own cgroup leaf; exit with its status.",
                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    if type(run) is Parser:
-        run.__class__ = _RunParser  # the verb's own parsing rule (see _RunParser)
     run.add_argument("--time-limit", metavar="DURATION",
                      help='stop the task after this long ("30s", "5min", "1h 30min")')
     run.add_argument("--grace", metavar="DURATION",
@@ -187,7 +180,15 @@ def _spec_from_args(args: argparse.Namespace) -> TaskSpec:
     if props.limits:
         options["limits"] = Limits(**props.limits)
     return TaskSpec(tuple(command), stdin="inherit", stdout="inherit", stderr="inherit",
-                    **options)
+                    ignored_signals=_inherited_ignored(), **options)
+
+
+def _inherited_ignored() -> tuple[int, ...]:
+    """The job-control signals corral was started with ignored (a shell's background job,
+    nohup): the command gets them ignored too, as it would run without corral.  (Python
+    itself ignores SIGPIPE and SIGXFSZ at start: those are never passed on.)"""
+    return tuple(sig for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+                 if signal.getsignal(sig) == signal.SIG_IGN)
 
 
 def exit_status(result: TaskResult, interrupted_by: int | None) -> int:

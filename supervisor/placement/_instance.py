@@ -72,8 +72,10 @@ def reap_stale(base: Cgroup) -> list[str]:
             notes.append(f"could not clear {cg.path}, left by a corral that ended without "
                          f"cleaning up: {done.error}")
             continue
-        log.warning("removed %s, left by a corral that ended without cleaning up; %d "
-                    "process(es) in it were killed", cg.path, count)
+        # (the note is how callers hear of it: corral run prints it, a library program finds
+        # it in sup.placement_notes; a warning too would say it twice)
+        log.info("removed %s, left by a corral that ended without cleaning up; %d "
+                 "process(es) in it were killed", cg.path, count)
         notes.append(f"removed {cg.path}, left by a corral that ended without cleaning up; "
                      f"{count} process(es) in it were killed")
     return notes

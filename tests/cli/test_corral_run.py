@@ -375,3 +375,12 @@ def test_sighup_to_corral_stops_the_task_gracefully(root: str) -> None:
     _, err = p.communicate(timeout=HANG)
     assert p.returncode == 128 + signal.SIGHUP
     assert b"result: cancelled" in err
+
+
+def test_a_background_job_passes_its_ignored_signals_on_as_the_bare_command_would(
+        root: str) -> None:
+    # a non-interactive shell starts `cmd &` with SIGINT and SIGQUIT ignored
+    r = subprocess.run(["sh", "-c", f'{CORRAL} run --cgroup-root {root} -q -- '
+                        f'grep SigIgn /proc/self/status & wait'],
+                       capture_output=True, text=True, timeout=HANG)
+    assert r.stdout == "SigIgn:\t0000000000000006\n", r.stderr

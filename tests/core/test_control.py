@@ -125,3 +125,19 @@ def test_series_stay_bounded_however_long_the_task() -> None:
     d = s.to_dict()
     assert max(d["memory_bytes"]) == 6000  # a peak is never smoothed away
     assert d["cpu_s"][-1] == 9999 and d["io_bytes"] is None
+
+
+async def test_ignored_signals_start_ignored_and_the_rest_at_default(
+        sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["sh", "-c", "grep SigIgn /proc/self/status"],
+                      ignored_signals=["INT", "SIGQUIT"])
+    assert r.stdout == b"SigIgn:\t0000000000000006\n"  # bits 1 and 2: SIGINT, SIGQUIT
+    r = await sup.run(["sh", "-c", "grep SigIgn /proc/self/status"])
+    assert r.stdout == b"SigIgn:\t0000000000000000\n"  # not even Python's SIGPIPE
+
+
+def test_the_stop_signal_cannot_start_ignored() -> None:
+    with pytest.raises(supervisor.SpecError, match="could not be stopped"):
+        supervisor.TaskSpec(["true"], ignored_signals=["TERM"])
+    with pytest.raises(supervisor.SpecError, match="list of signals"):
+        supervisor.TaskSpec(["true"], ignored_signals="INT")  # type: ignore[arg-type]
