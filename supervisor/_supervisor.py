@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import secrets
 from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -52,6 +53,8 @@ from .placement import Placement, check_limits, place_async
 __all__ = ["DEFAULT_GRACE", "Batch", "Supervisor", "open_supervisor"]
 
 log = logging.getLogger(__name__)
+
+_TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class Supervisor:
@@ -96,8 +99,18 @@ class Supervisor:
 
     # ---- making tasks --------------------------------------------------------------------
 
-    def _new_handle(self, spec: TaskSpec) -> TaskHandle:
-        return self._register(spec, *self._admit(spec))
+    def _new_handle(self, spec: TaskSpec, task_id: str | None = None) -> TaskHandle:
+        if task_id is not None:
+            self._check_id(task_id)
+        return self._register(spec, *self._admit(spec), task_id=task_id)
+
+    def _check_id(self, task_id: object) -> None:
+        if not isinstance(task_id, str) or not _TASK_ID.fullmatch(task_id):
+            raise SpecError("task_id", f"task_id must be 1 to 64 letters, digits, '_' or '-' "
+                                       f"(it names the task's cgroup), got {task_id!r}")
+        if task_id in self._live or task_id in self.results:
+            raise SpecError("task_id", f"task_id {task_id!r} is taken by another task of this "
+                                       f"supervisor: ids are never reused; choose another")
 
     def _admit(self, spec: TaskSpec) -> tuple[float | None, tuple[str, ...]]:
         """Check ``spec`` against this supervisor; its time limit and notes.  Registers
@@ -117,10 +130,11 @@ class Supervisor:
                              f"{format_duration(ceiling)} ceiling",)
         return limit, ()
 
-    def _register(self, spec: TaskSpec, limit: float | None,
-                  notes: tuple[str, ...]) -> TaskHandle:
+    def _register(self, spec: TaskSpec, limit: float | None, notes: tuple[str, ...], *,
+                  task_id: str | None = None) -> TaskHandle:
         self._counter += 1
-        handle = make_task(self._rt, f"{self._prefix}-{self._counter}", spec, limit, notes)
+        handle = make_task(self._rt, task_id or f"{self._prefix}-{self._counter}", spec, limit,
+                           notes)
         self._live[handle.id] = handle
         return handle
 
@@ -134,11 +148,14 @@ class Supervisor:
 
     # ---- the public verbs ------------------------------------------------------------------
 
-    async def run(self, argv: Sequence[str] | TaskSpec, **options: Any) -> TaskResult:
+    async def run(self, argv: Sequence[str] | TaskSpec, *, task_id: str | None = None,
+                  **options: Any) -> TaskResult:
         """Run ``argv`` to the end and return its :class:`TaskResult`.
 
         Options are the fields of :class:`TaskSpec` (or pass a TaskSpec as ``argv``).  Bad
-        options raise a ``ValueError`` subclass before anything is created.
+        options raise a ``ValueError`` subclass before anything is created.  ``task_id``: the
+        task's id (1-64 of ``[A-Za-z0-9_-]``, never one this supervisor has used); default:
+        ``<random prefix>-<n>``.
 
         Cancellation: if the caller's scope is cancelled, the task is stopped gracefully (stop
         signal, grace, then cgroup.kill); ``run`` waits, shielded, for its cleanup and final
@@ -146,7 +163,7 @@ class Supervisor:
         through.  Ctrl-C (in trio's main task): the first stops the task gracefully, a second
         kills it now; one KeyboardInterrupt is raised once the record exists.
         """
-        handle = self._new_handle(TaskSpec.from_call(argv, options))
+        handle = self._new_handle(TaskSpec.from_call(argv, options), task_id)
         interrupt: KeyboardInterrupt | None = None
         cancelled: trio.Cancelled | None = None
         try:
@@ -169,7 +186,7 @@ class Supervisor:
             raise cancelled
         return handle.result
 
-    def start(self, argv: Sequence[str] | TaskSpec, *,
+    def start(self, argv: Sequence[str] | TaskSpec, *, task_id: str | None = None,
               task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
               **options: Any) -> Coroutine[Any, Any, TaskResult]:
         """Start ``argv`` in a nursery: ``task = await nursery.start(sup.start, argv)``.
@@ -182,8 +199,22 @@ class Supervisor:
         (A plain function returning the life's coroutine, so that a held task costs one
         coroutine frame less: a supervisor may hold thousands.)
         """
-        handle = self._new_handle(TaskSpec.from_call(argv, options))
+        handle = self._new_handle(TaskSpec.from_call(argv, options), task_id)
         return live(handle, task_status)
+
+    def record_unstarted(self, argv: Sequence[str] | TaskSpec, *,
+                         reason: StopReason | str = StopReason.CANCEL,
+                         task_id: str | None = None, **options: Any) -> TaskResult:
+        """The final record of a task that was accepted but will never run (a daemon's own
+        queue dropped it, a shutdown came first): ``cancelled``, ``started=False``, with
+        ``reason`` (``cancel`` as the caller's, or ``shutdown``, ``fail_fast``...) in its
+        stop record.  Nothing is created; the task takes an id like any other."""
+        reason = StopReason(reason)
+        handle = self._new_handle(TaskSpec.from_call(argv, options), task_id)
+        request_stop(handle, reason, by_caller=reason == StopReason.CANCEL)
+        result = finish_unstarted(handle)
+        self._ended(handle)
+        return result
 
     async def run_batch(self, specs: Iterable[TaskSpec], max_concurrency: int = 4,
                         fail_fast: bool = False) -> list[TaskResult]:

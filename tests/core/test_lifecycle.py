@@ -376,3 +376,23 @@ async def test_a_start_coroutine_never_run_does_not_hold_the_supervisor(
             dropped.close()
     (r,) = s.results.values()
     assert r.outcome == "cancelled" and not r.started
+
+
+async def test_a_caller_chosen_task_id_names_the_task_and_is_never_reused(
+        sup: supervisor.Supervisor) -> None:
+    r = await sup.run(["true"], task_id="job-42")
+    assert r.id == "job-42" and r.containment.cgroup is not None
+    assert r.containment.cgroup.endswith("/job-42")
+    with pytest.raises(supervisor.SpecError, match="taken"):
+        await sup.run(["true"], task_id="job-42")
+    for bad in ("", "a/b", "cgroup.procs", "x" * 65, 42):
+        with pytest.raises(supervisor.SpecError, match="task_id"):
+            await sup.run(["true"], task_id=bad)  # type: ignore[arg-type]
+
+
+async def test_a_task_that_will_never_run_gets_its_record_with_the_reason(
+        sup: supervisor.Supervisor) -> None:
+    r = sup.record_unstarted(["sleep", "60"], reason="shutdown", task_id="q-1")
+    assert r.id == "q-1" and r.outcome == "cancelled" and not r.started
+    assert r.stop is not None and r.stop.reason == "shutdown" and r.stop.reached == "requested"
+    assert sup.results["q-1"] is r and sup.tasks == []
