@@ -23,6 +23,7 @@ import logging
 import os
 import select
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -37,6 +38,7 @@ _READ_SIZE = 1 << 20
 _PIPE_SIZE = 1 << 20
 SUBSCRIBER_BUFFER = 64  # chunks a subscriber may lag behind before it misses some
 STDIN_BUFFER = 1 << 20  # bytes write_stdin() may queue before it waits for the task to read
+TAP_BUFFER = 1 << 18  # bytes a tap may hold unread before the stream waits for it
 
 # The one write into a task's stdin (a module-level name: the tests' seam for a failing write).
 _write_stdin = os.write
@@ -59,6 +61,53 @@ class Subscriber:
     missed: int = 0
 
 
+class Tap:
+    """A lossless reader of one stream: every byte, in order, with back-pressure.
+
+    Where a :class:`Subscriber` misses chunks rather than grow, a tap holds the stream still:
+    once ``TAP_BUFFER`` bytes wait for it, the reactor stops reading the pipe (so the task
+    blocks on its own writes, as it would on a slow terminal) until the tap is read again.
+    ``corral run --pty`` mirrors the task's terminal to the real one through a tap.
+    """
+
+    __slots__ = ("buffer", "closed", "on_drained", "ready")
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.closed = False
+        self.ready = trio.Event()  # set when bytes (or the end) wait
+        self.on_drained: Callable[[], None] | None = None  # the reactor's: read again
+
+    def put(self, data: bytes | memoryview) -> bool:
+        """Take a chunk; False when the tap is full and the stream should wait."""
+        self.buffer += data
+        self.ready.set()
+        return len(self.buffer) < TAP_BUFFER
+
+    def end(self) -> None:
+        self.closed = True
+        self.ready.set()
+
+    async def receive(self) -> bytes:
+        """The next bytes; b"" once the stream has ended and everything was read."""
+        while not self.buffer and not self.closed:
+            self.ready = trio.Event()
+            await self.ready.wait()
+        data, self.buffer = bytes(self.buffer), bytearray()
+        if self.on_drained is not None and data:
+            self.on_drained()
+        return data
+
+    def __aiter__(self) -> Tap:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self.receive()
+        if not data:
+            raise StopAsyncIteration
+        return data
+
+
 @dataclass(eq=False, slots=True)
 class StreamCapture:
     """What we keep of one stream: head, tail ring, total, and optionally a capped log file."""
@@ -77,6 +126,8 @@ class StreamCapture:
     log_written: int = 0
     log_truncated: bool = False
     subscribers: list[Subscriber] | None = None
+    tap: Tap | None = None
+    tap_full: bool = False  # the tap is full: the reactor stops reading this stream
     closed: bool = False
     mode: str = "capture"
 
@@ -100,6 +151,8 @@ class StreamCapture:
                 del self.tail[:excess]
         if self.log_fd is not None:
             self._log(data)
+        if self.tap is not None and not self.tap.put(data):
+            self.tap_full = True
         if self.subscribers:
             chunk = bytes(data)
             for sub in self.subscribers:
@@ -153,9 +206,20 @@ class StreamCapture:
             self.subscribers.append(sub)
         return recv
 
+    def open_tap(self) -> Tap:
+        """A lossless reader of the stream from now on (one per stream)."""
+        if self.tap is not None:
+            raise RuntimeError("this stream already has a tap")
+        self.tap = Tap()
+        if self.closed:
+            self.tap.end()
+        return self.tap
+
     def close(self) -> None:
         """End of stream: subscribers see the channel close; the log file is closed."""
         self.closed = True
+        if self.tap is not None:
+            self.tap.end()
         for sub in self.subscribers or ():
             sub.send.close()
         if self.log_fd is not None:
@@ -270,6 +334,18 @@ class IoReactor:
         self._epoll.register(fd, select.EPOLLIN)
         return stream
 
+    def watch_tap(self, stream: Stream) -> None:
+        """``stream``'s capture has a tap: read it again whenever the tap was drained."""
+        capture, tap = stream.capture, stream.capture.tap if stream.capture else None
+        assert capture is not None and tap is not None
+
+        def drained() -> None:
+            if capture.tap_full and self._streams.get(stream.fd) is stream:
+                capture.tap_full = False
+                self._epoll.modify(stream.fd, select.EPOLLIN)
+
+        tap.on_drained = drained
+
     def add_writer(self, fd: int, feed: StdinFeed, *, hold: bool = False) -> Stream:
         """Write ``feed``'s bytes to non-blocking ``fd`` as the task reads them; closes ``fd``
         after ``feed.eof`` once all is written, or when the task's end closes (with ``hold``:
@@ -295,7 +371,10 @@ class IoReactor:
         if self._streams.get(stream.fd) is not stream:
             return
         if stream.capture is not None:
-            for _ in range(self._ROUND):
+            # a terminal's or a tapped stream's last bytes are all read (nobody writes any
+            # more once the task is gone); a pipe held outside the leaf gets a few reads
+            rounds = 64 if stream.hold or stream.capture.tap is not None else self._ROUND
+            for _ in range(rounds):
                 try:
                     if not _read_into(stream.fd, stream.capture):
                         break
@@ -325,6 +404,9 @@ class IoReactor:
             for _ in range(self._ROUND):
                 if not _read_into(stream.fd, stream.capture):
                     self._close(stream, ended=True)  # EOF
+                    return
+                if stream.capture.tap_full:
+                    self._epoll.modify(stream.fd, 0)  # until the tap is read (watch_tap)
                     return
         except BlockingIOError:
             pass

@@ -71,7 +71,8 @@ class TaskSpec:
     ``"inherit"``.  ``tty``: run the task on a new pseudo-terminal (its controlling terminal,
     as ``systemd-run --pty`` and ``docker run -t`` do): programs that check isatty colour and
     line-buffer; stdout captures what it prints (stderr included), stdin bytes or
-    ``write_stdin()`` are typed into it; ``tty_size`` is its (rows, columns).
+    ``write_stdin()`` are typed into it; ``tty_size`` is its (rows, columns), ``tty_modes``
+    its initial modes as ``termios.tcgetattr()`` gives them (e.g. the real terminal's).
     ``stdout``/``stderr``: ``"capture"`` (head and tail kept, subscribers, log file) or
     ``"inherit"`` (the supervisor's own fd: live and unbuffered, as ``corral run`` does;
     nothing is kept).  ``time_limit``: a duration (``"30s"``, ``"5min"``, ``"1h
@@ -94,6 +95,7 @@ class TaskSpec:
     stdin: StdinSpec = None
     tty: bool = False
     tty_size: tuple[int, int] | None = None
+    tty_modes: list[Any] | None = None
     stdout: OutputMode = "capture"
     stderr: OutputMode = "capture"
     time_limit: float | str | None = None
@@ -245,6 +247,16 @@ class TaskSpec:
                 raise SpecError("tty_size", "tty_size is for a task with tty=True; set tty=True "
                                             "or drop tty_size")
             object.__setattr__(self, "tty_size", (size[0], size[1]))
+        modes: Any = self.tty_modes
+        if modes is not None:
+            if not self.tty:
+                raise SpecError("tty_modes", "tty_modes is for a task with tty=True; set "
+                                             "tty=True or drop tty_modes")
+            if not (isinstance(modes, list | tuple) and len(modes) == 7
+                    and isinstance(modes[6], list | tuple)):
+                raise SpecError("tty_modes", f"tty_modes must be what termios.tcgetattr() "
+                                             f"returns (a list of 7 items), got {modes!r}")
+            object.__setattr__(self, "tty_modes", [*modes[:6], list(modes[6])])
         if self.tty and (self.stdin == "inherit" or "inherit" in (self.stdout, self.stderr)):
             raise SpecError("tty", "a task with tty=True has its own terminal: its stdin and "
                                    "output cannot also be \"inherit\"; drop one of the two")

@@ -104,6 +104,8 @@ def _plumb_tty(spec: TaskSpec, stdout: StreamCapture, stderr: StreamCapture,
     theirs(slave)
     if spec.tty_size is not None:
         set_window_size(master, *spec.tty_size)
+    if spec.tty_modes is not None:
+        termios.tcsetattr(slave, termios.TCSANOW, spec.tty_modes)
     os.set_blocking(master, False)
     io.master = master
     _capture(stdout, spec, "stdout", undo, mode="tty")

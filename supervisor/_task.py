@@ -40,7 +40,7 @@ from ._drive import Driver, Terms
 from ._errors import InternalError, SpecError
 from ._guard import SpawnGuard
 from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
-from ._output import IoReactor, StdinFeed, Stream, StreamCapture
+from ._output import IoReactor, StdinFeed, Stream, StreamCapture, Tap
 from ._result import (
     Cleanup,
     Containment,
@@ -166,6 +166,24 @@ class TaskHandle:
         """How far its stop has gone: ``none``, ``requested``, ``signalled``, ``killed``, or
         ``gone`` once the task has ended."""
         return self._stop.level
+
+    def tap(self, stream: str = "stdout") -> Tap:
+        """Every byte of ``stream`` from now on, in order, with back-pressure: while the tap
+        is not read, the task waits on its own writes (``async for chunk in task.tap():``).
+        One tap per stream; for a ``tty`` task ``stdout`` is its terminal.  The tap ends with
+        the stream.  What ``output()`` kept before it opened is not repeated."""
+        if stream not in ("stdout", "stderr"):
+            raise ValueError(f"stream must be \"stdout\" or \"stderr\", got {stream!r}")
+        cap = self._stdout if stream == "stdout" else self._stderr
+        if cap is None:
+            raise SpecError(stream, f"task {self.id} has not started: tap it once start() "
+                                    f"has handed it over")
+        tap = cap.open_tap()
+        if self._io is not None:
+            for s in self._io.streams:
+                if s.capture is cap:
+                    self._rt.reactor.watch_tap(s)
+        return tap
 
     def output(self, stream: str = "stdout") -> StreamOutput:
         """What is kept of ``stream`` so far (head, tail, counts); empty before the spawn."""

@@ -108,3 +108,42 @@ def test_a_tty_task_cannot_also_inherit_our_stdio() -> None:
         supervisor.TaskSpec(["true"], tty_size=(24, 80))
     with pytest.raises(supervisor.SpecError, match="rows, columns"):
         supervisor.TaskSpec(["true"], tty=True, tty_size=(0, 80))
+
+
+async def test_a_tap_gets_every_byte_in_order_and_holds_the_task_while_unread(
+        sup: supervisor.Supervisor) -> None:
+    size = 4 << 20  # far more than a tap holds unread
+    script = (f'f=$(mktemp); head -c {size} /dev/urandom > "$f"; cat "$f"; '
+              f'md5sum < "$f" >&2; rm "$f"')
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", f"{script}; echo done"]))
+        tap = task.tap("stdout")
+        await trio.sleep(0.3)  # nobody reads: the task must wait on its writes
+        assert task.result is None
+        got = bytearray()
+        with trio.fail_after(HANG):
+            async for chunk in tap:
+                got += chunk
+            r = await task.wait()
+    assert r.outcome == "succeeded" and got.endswith(b"done\n")
+    import hashlib
+    digest = r.stderr.split()[0].decode()
+    assert hashlib.md5(got[:-5]).hexdigest() == digest and len(got) == size + 5
+
+
+async def test_a_tty_task_starts_with_the_modes_it_is_given(sup: supervisor.Supervisor) -> None:
+    import termios
+
+    r = await sup.run(["stty", "-a"], tty=True)
+    modes = None
+    assert b" echo " in r.stdout or r.stdout.startswith(b"echo")  # the default: echo on
+    import os
+    master, slave = os.openpty()
+    try:
+        modes = termios.tcgetattr(slave)
+    finally:
+        os.close(master)
+        os.close(slave)
+    modes[3] &= ~termios.ECHO  # lflag: no echo
+    r = await sup.run(["stty", "-a"], tty=True, tty_modes=modes)
+    assert b"-echo " in r.stdout
