@@ -41,11 +41,12 @@ import trio
 
 from cgroupfs import Cgroup, CgroupError, CgroupNotFound
 
+from ._main import Exit, MainProcess
 from ._result import KillSnapshot, StopReason
 from ._sample import Sampled, Series, sample
 from ._snapshot import take_snapshot
 from ._stop import StopState, signal_tree
-from ._tracking import Tracker, pidfd_signal
+from ._tracking import Tracker
 from ._watch import CgroupWatcher
 
 __all__ = ["DONE", "KILL", "RUNNING", "TERM", "Driver", "Terms"]
@@ -73,26 +74,29 @@ class Driver(Sampled):
 
     ``activity()`` says when the task last printed (trio time), for the idle timeout."""
 
-    __slots__ = ("activity", "deadline", "exited_at", "grace_end", "killed_tree", "leaf",
-                 "notes", "on_stopping", "paused_at", "paused_s", "pending", "phase", "pid",
-                 "pidfd", "problems", "repeat_at", "resumed_at", "series", "signalled_tree",
-                 "snapshot", "status", "stop", "t0", "terms", "tracker", "watcher")
+    __slots__ = ("activity", "deadline", "detaching", "exit", "exited", "exited_at",
+                 "grace_end", "killed_tree", "leaf", "main", "notes", "on_stopping",
+                 "paused_at", "paused_s", "pending", "phase", "problems", "repeat_at",
+                 "resumed_at", "series", "signalled_tree", "snapshot", "stop", "t0", "terms",
+                 "tracker", "watcher")
 
-    def __init__(self, leaf: Cgroup, pid: int, pidfd: int, stop: StopState,
+    def __init__(self, leaf: Cgroup, main: MainProcess, stop: StopState,
                  watcher: CgroupWatcher, terms: Terms, *, t0: float,
                  activity: Callable[[], float], on_stopping: Callable[[], None]) -> None:
-        self.leaf, self.pid, self.pidfd, self.stop, self.watcher = leaf, pid, pidfd, stop, watcher
+        self.leaf, self.main, self.stop, self.watcher = leaf, main, stop, watcher
         self.terms, self.t0, self.activity = terms, t0, activity
         self.on_stopping = on_stopping  # called once: the main exited, or a stop began
-        self.tracker = Tracker(leaf, pid, terms.leaf_view)
+        self.tracker = Tracker(leaf, main.pid, terms.leaf_view)
         self.phase = RUNNING
         self.paused_at: float | None = None
         self.paused_s = 0.0
         self.resumed_at = t0
         self.deadline = self._running_deadline()
         self.grace_end = self.repeat_at = math.inf
-        self.status: os.waitid_result | None = None
+        self.exited = False  # the main process has exited
+        self.exit: Exit | None = None  # how (None: not known, or not yet for an adopted one)
         self.exited_at = 0.0
+        self.detaching = False  # hand_over(): stop driving, leave the task running
         self.problems: list[str] = []
         self.notes: list[str] = []
         self.signalled_tree = self.killed_tree = False
@@ -109,20 +113,23 @@ class Driver(Sampled):
             # request and no deadline can have come; an exit already shows on the pidfd)
             while True:
                 await self._wait()
+                if self.detaching:
+                    return  # handed over: the task runs on, another supervisor drives it
                 self._step(trio.current_time())
                 if self.phase == DONE:
                     break
             self.tracker.check_seen()
         finally:
-            self.stop.finish()
+            if not self.detaching:
+                self.stop.finish()
             self.tracker.close()
 
     async def _wait(self) -> None:
         try:
             with trio.CancelScope(deadline=self.deadline, shield=self.pending is not None) as w:
                 self.stop.waker = w
-                if self.status is None:
-                    await trio.lowlevel.wait_readable(self.pidfd)
+                if not self.exited:
+                    await trio.lowlevel.wait_readable(self.main.pidfd)
                 else:
                     await self.watcher.wait_empty(self.leaf)
         except trio.Cancelled as exc:
@@ -134,9 +141,9 @@ class Driver(Sampled):
 
     def _step(self, now: float) -> None:
         """What happened since the last wait, then the current state's rule."""
-        if self.status is None and _exited_nowait(self.pidfd):
+        if not self.exited and self.main.has_exited():
             self._on_main_exit(now)
-        if self.status is not None and not self._populated():
+        if self.exited and not self._populated():
             self.phase = DONE
         elif self.phase == RUNNING:
             self._step_running(now)
@@ -146,13 +153,13 @@ class Driver(Sampled):
             self._step_kill_overdue()
 
     def _step_running(self, now: float) -> None:
-        if self.status is None and self.stop.reason is None and self.paused_at is None:
+        if not self.exited and self.stop.reason is None and self.paused_at is None:
             limit = self.terms.time_limit
             if limit is not None and now >= self.t0 + self.paused_s + limit:
                 self.stop.request(StopReason.TIME_LIMIT, by_caller=False)
             elif self.terms.idle is not None and now >= self._idle_at():
                 self.stop.request(StopReason.IDLE, by_caller=False)
-        if self.stop.reason is not None or self.status is not None:
+        if self.stop.reason is not None or self.exited:
             self._enter_term(now)
         else:
             self.deadline = self._running_deadline()
@@ -168,7 +175,7 @@ class Driver(Sampled):
     def _step_kill_overdue(self) -> None:
         self.problems.append(f"the leaf did not empty within {KILL_TIMEOUT:.0f}s of cgroup.kill")
         # the main process itself may be stuck (D state): keep waiting for it
-        self.phase = DONE if self.status is not None else KILL
+        self.phase = DONE if self.exited else KILL
         self.deadline = math.inf
 
     def _running_deadline(self) -> float:
@@ -209,7 +216,7 @@ class Driver(Sampled):
         main_alive = self._main_alive()
         self._leave_running(now)
         self._thaw()
-        if self.status is not None:
+        if self.exited:
             self.tracker.record_leftovers()  # what appeared since, named as it is now
         self.snapshot = self.snapshot or take_snapshot(self.leaf, now - self.t0)
         try:
@@ -217,8 +224,8 @@ class Driver(Sampled):
             self.leaf.thaw_tree()  # the snapshot's freeze: let the dying exit
         except CgroupNotFound:
             pass  # the leaf itself was removed: nothing in it to kill
-        if main_alive and self.pid in self.tracker.escaped:
-            pidfd_signal(self.pidfd, signal.SIGKILL)
+        if main_alive and self.main.pid in self.tracker.escaped:
+            self.main.signal(signal.SIGKILL)
         if self.stop.reason is not None:
             if self.terms.grace <= 0 and self.stop.kill_because is None:
                 self.stop.kill_because = "no_grace"
@@ -239,14 +246,14 @@ class Driver(Sampled):
         is; after the main's exit, what is found is recorded as leftovers (named as now)."""
         self._thaw()
         try:
-            found = signal_tree(self.leaf, signals, self.pid, self.tracker.keep())
+            found = signal_tree(self.leaf, signals, self.main.pid, self.tracker.keep())
         except CgroupNotFound:
             return
-        if self.status is None and not found.main_listed and self._main_alive():
+        if not self.exited and not found.main_listed and self._main_alive():
             self.tracker.main_escaped()
             for sig in signals:
-                pidfd_signal(self.pidfd, sig)
-        if self.status is not None:
+                self.main.signal(sig)
+        if self.exited:
             for p in found.processes:
                 self.tracker.leftovers[p.pid] = p
 
@@ -262,11 +269,12 @@ class Driver(Sampled):
             self.notes.append(f"the task had frozen {where}; corral thawed it to stop it")
 
     def _on_main_exit(self, now: float) -> None:
-        self.tracker.main_exiting()  # before the reap: a zombie keeps its cgroup
-        self.status = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
-        self.exited_at = now
+        if not self.main.adopted:
+            self.tracker.main_exiting()  # before the reap: a zombie keeps its cgroup
+        self.exit = self.main.reap()
+        self.exited, self.exited_at = True, now
         self._leave_running(now)
-        killed = (self.status is not None and self.status.si_status == signal.SIGKILL
+        killed = (self.exit is not None and self.exit.signal == signal.SIGKILL
                   and self.killed_tree)
         self.tracker.main_ended(killed)
         if self.phase != KILL and self._populated():
@@ -278,7 +286,7 @@ class Driver(Sampled):
 
     def pause(self) -> bool:
         """Freeze the task (cgroup.freeze); False unless it is running and not paused."""
-        if self.phase != RUNNING or self.status is not None or self.paused_at is not None:
+        if self.phase != RUNNING or self.exited or self.paused_at is not None:
             return False
         self.leaf.freeze()
         self.paused_at = trio.current_time()
@@ -321,19 +329,16 @@ class Driver(Sampled):
 
     # ---- small reads ---------------------------------------------------------------------
 
+    def detach(self) -> None:
+        """Stop driving (hand_over()): the loop returns at once, the task goes on running."""
+        self.detaching = True
+        self._wake()
+
     def _main_alive(self) -> bool:
-        return self.status is None and not _exited_nowait(self.pidfd)
+        return not self.exited and not self.main.has_exited()
 
     def _populated(self) -> bool:
         try:
             return self.leaf.is_populated()
         except CgroupNotFound:
             return False
-
-
-def _exited_nowait(pidfd: int) -> bool:
-    """Has the process exited (reaped or not)?  Leaves it to be reaped."""
-    try:
-        return os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True  # already reaped

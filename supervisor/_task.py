@@ -39,6 +39,7 @@ from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
 from ._drive import Driver, Terms
 from ._errors import InternalError, SpecError
 from ._guard import SpawnGuard
+from ._main import MainProcess
 from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
 from ._output import IoReactor, StdinFeed, Stream, StreamCapture, Tap
 from ._result import (
@@ -375,9 +376,9 @@ async def _run(task: TaskHandle, task_status: trio.TaskStatus[TaskHandle]) -> Ta
     view = None if rt.root_view is None else f"{rt.root_view.rstrip('/')}/{task.id}"
     terms = Terms(task.time_limit, spec.grace_s, spec.repeat_s, spec.idle_timeout_s,
                   rt.controllers, view)
-    driver = task._driver = Driver(leaf, spawned.pid, spawned.pidfd, task._stop, rt.watcher,
-                                   terms, t0=t0, activity=task._last_output,
-                                   on_stopping=task._stopping)
+    main = MainProcess(spawned.pid, spawned.pidfd)
+    driver = task._driver = Driver(leaf, main, task._stop, rt.watcher, terms, t0=t0,
+                                   activity=task._last_output, on_stopping=task._stopping)
     rt.sampler.add(driver)
     try:
         await driver.run()
@@ -449,7 +450,6 @@ async def _finish(task: TaskHandle, leaf: Cgroup, spawned: Spawned, driver: Driv
     pressure = read_pressure(leaf) if driver.series is not None else None
     removed = await _remove_leaf(leaf)
     problems = [*driver.problems, *([removed] if removed else [])]
-    assert driver.status is not None
     return _outcome(task, driver, stats, pressure, problems, spawned, leaf.path, t0,
                     started_at)
 
@@ -496,10 +496,8 @@ def _lost(task: TaskHandle, leaf: Cgroup, exc: BaseException, t0: float,
 def _outcome(task: TaskHandle, d: Driver, stats: CgroupStats | None,
              pressure: dict[str, Any] | None, problems: list[str], spawned: Spawned,
              leaf_path: str, t0: float, started_at: float) -> TaskResult:
-    status = d.status
-    assert status is not None
-    exit_code = status.si_status if status.si_code == os.CLD_EXITED else None
-    sig = None if status.si_code == os.CLD_EXITED else status.si_status
+    exit_code = None if d.exit is None else d.exit.code
+    sig = None if d.exit is None else d.exit.signal
     oom_kills = None
     if stats is not None and stats.memory_events is not None:
         oom_kills = stats.memory_events.oom_kill

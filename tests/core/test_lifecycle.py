@@ -307,12 +307,12 @@ async def test_ceiling_below_default_is_refused_at_open(test_cgroup: object) -> 
 
 async def test_an_internal_failure_still_gives_one_record_and_kills_the_leaf(
         sup: supervisor.Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
-    import supervisor._drive as drive_module
+    from supervisor._main import MainProcess
 
-    def broken(pidfd: int) -> bool:
+    def broken(self: MainProcess) -> bool:
         raise RuntimeError("simulated bug in the supervisor")
 
-    monkeypatch.setattr(drive_module, "_exited_nowait", broken)  # the one seam
+    monkeypatch.setattr(MainProcess, "has_exited", broken)  # the one seam
     with pytest.raises(supervisor.InternalError, match="simulated bug"):
         await sup.run(["sleep", "60"], time_limit="0.2s")  # wakes the driver
     r = next(reversed(sup.results.values()))
