@@ -34,7 +34,7 @@ import logging
 import math
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import trio
@@ -241,12 +241,13 @@ class Driver(Sampled):
 
     # ---- what the states do ------------------------------------------------------------------
 
-    def _send(self, signals: tuple[int, ...]) -> None:
-        """``signals`` to every process of the subtree, and to the main process wherever it
-        is; after the main's exit, what is found is recorded as leftovers (named as now)."""
+    def _send(self, signals: tuple[int, ...], skip: Collection[int] = ()) -> None:
+        """``signals`` to every process of the subtree (but ``skip``), and to the main process
+        wherever it is; after the main's exit, what is found is recorded as leftovers (named
+        as now)."""
         self._thaw()
         try:
-            found = signal_tree(self.leaf, signals, self.main.pid, self.tracker.keep())
+            found = signal_tree(self.leaf, signals, self.main.pid, self.tracker.keep(), skip)
         except CgroupNotFound:
             return
         if not self.exited and not found.main_listed and self._main_alive():
@@ -280,6 +281,9 @@ class Driver(Sampled):
         if self.phase != KILL and self._populated():
             # (after a kill, what is still listed is dying with the main process, not left
             # behind by it)
+            if self.phase == TERM:
+                # a process forked after the stop signal went out has not had it yet
+                self._send((self.stop.signal, signal.SIGCONT), skip=frozenset(self.tracker.seen))
             self.tracker.record_leftovers()
 
     # ---- pause, resume, sample: called from outside the loop ------------------------------

@@ -14,7 +14,6 @@ from cgroupfs import Cgroup, CgroupError, CgroupNotFound, CgroupStats
 
 from ._drive import Driver
 from ._result import Cleanup, Outcome, StopReason, Usage
-from ._spawn import Spawned
 from ._stop import StopState
 
 __all__ = ["USAGE_FILES", "classify", "cleanup_of", "outcome_notes", "read_usage", "usage_of"]
@@ -49,16 +48,16 @@ def classify(stop: StopState, exit_code: int | None, sig: int | None,
     return Outcome.FAILED if exit_code else Outcome.SUCCEEDED
 
 
-def outcome_notes(stop: StopState, outcome: Outcome, oom_kills: int | None,
-                   spawned: Spawned) -> list[str]:
+def outcome_notes(stop: StopState, outcome: Outcome, oom_kills: int | None, method: str,
+                   fallback_errno: int) -> list[str]:
     notes = []
     if stop.reason is not None and not stop.landed:
         notes.append(f"a stop ({stop.reason}) was requested after the main process ended")
     if oom_kills and outcome != Outcome.OOM_KILLED:
         notes.append(f"the OOM killer ended {oom_kills} process(es) in the task's cgroup")
-    if spawned.fallback_errno:
-        notes.append(f"spawned by {spawned.method}: clone3 into the cgroup was refused "
-                     f"({errno.errorcode.get(spawned.fallback_errno, '?')})")
+    if fallback_errno:
+        notes.append(f"spawned by {method}: clone3 into the cgroup was refused "
+                     f"({errno.errorcode.get(fallback_errno, '?')})")
     return notes
 
 

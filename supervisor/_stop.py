@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import trio
@@ -127,7 +128,8 @@ _CHUNK = 128  # pidfds held at once: far below RLIMIT_NOFILE's usual 1024
 
 
 def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = None,
-                keep: dict[int, int] | None = None) -> Signalled:
+                keep: dict[int, int] | None = None,
+                skip: Collection[int] = ()) -> Signalled:
     """Send each of ``signals`` to every process in ``cg`` and its sub-cgroups.
 
     Never by bare pid: listed pids are opened as pidfds (a chunk at a time), the subtree is
@@ -136,9 +138,10 @@ def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = Non
     meantime, the send reaches the dead one (a no-op), never the newcomer.  Anything that
     arrives meanwhile is caught by the next pass or by cgroup.kill.  ``keep`` (pid -> pidfd),
     if given, receives the pidfds of processes not in it yet instead of their being closed (the
-    caller checks later whether they left the tree).
+    caller checks later whether they left the tree).  Pids in ``skip`` (signalled already)
+    are left out.
     """
-    listed = [pid for pids in cg.procs_tree().values() for pid in pids]
+    listed = [pid for pids in cg.procs_tree().values() for pid in pids if pid not in skip]
     found = Signalled([], main_pid is not None and main_pid in listed)
     for start in range(0, len(listed), _CHUNK):
         fds = _open_pidfds(listed[start:start + _CHUNK])

@@ -35,17 +35,8 @@ from ._output import IoReactor
 from ._result import StopReason, TaskResult
 from ._sample import Sampler
 from ._spec import DEFAULT_GRACE, TaskSpec
-from ._task import (
-    Incident,
-    QueueSlot,
-    Runtime,
-    TaskHandle,
-    finish_unstarted,
-    live,
-    make_task,
-    never_ran,
-    request_stop,
-)
+from ._life import QueueSlot, live
+from ._task import Incident, Runtime, Task, TaskHandle, finish_unstarted, request_stop
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
 from .placement import Placement, check_limits, place_async
@@ -73,7 +64,7 @@ class Supervisor:
             default_time_limit
         self._prefix = secrets.token_hex(3)
         self._counter = 0
-        self._live: dict[str, TaskHandle] = {}
+        self._live: dict[str, Task] = {}
         self._retain = retain_results
         self.results: collections.OrderedDict[str, TaskResult] = collections.OrderedDict()
         self._closing = False
@@ -95,11 +86,11 @@ class Supervisor:
     @property
     def tasks(self) -> list[TaskHandle]:
         """The tasks not finished yet (queued, starting, running or stopping)."""
-        return list(self._live.values())
+        return [t.handle for t in self._live.values()]
 
     # ---- making tasks --------------------------------------------------------------------
 
-    def _new_handle(self, spec: TaskSpec, task_id: str | None = None) -> TaskHandle:
+    def _new_task(self, spec: TaskSpec, task_id: str | None = None) -> Task:
         if task_id is not None:
             self._check_id(task_id)
         return self._register(spec, *self._admit(spec), task_id=task_id)
@@ -131,15 +122,14 @@ class Supervisor:
         return limit, ()
 
     def _register(self, spec: TaskSpec, limit: float | None, notes: tuple[str, ...], *,
-                  task_id: str | None = None) -> TaskHandle:
+                  task_id: str | None = None) -> Task:
         self._counter += 1
-        handle = make_task(self._rt, task_id or f"{self._prefix}-{self._counter}", spec, limit,
-                           notes)
-        self._live[handle.id] = handle
-        return handle
+        task = Task(self._rt, task_id or f"{self._prefix}-{self._counter}", spec, limit, notes)
+        self._live[task.id] = task
+        return task
 
-    def _ended(self, handle: TaskHandle) -> None:
-        self._live.pop(handle.id, None)
+    def _ended(self, task: Task) -> None:
+        self._live.pop(task.id, None)
 
     def _recorded(self, result: TaskResult) -> None:
         self.results[result.id] = result
@@ -163,13 +153,14 @@ class Supervisor:
         through.  Ctrl-C (in trio's main task): the first stops the task gracefully, a second
         kills it now; one KeyboardInterrupt is raised once the record exists.
         """
-        handle = self._new_handle(TaskSpec.from_call(argv, options), task_id)
+        task = self._new_task(TaskSpec.from_call(argv, options), task_id)
+        handle = task.handle
         interrupt: KeyboardInterrupt | None = None
         cancelled: trio.Cancelled | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(live, handle)
-                while handle.result is None:
+                nursery.start_soon(live, task)
+                while not task.done.is_set():
                     try:
                         with trio.CancelScope(shield=cancelled is not None):
                             await handle.wait()
@@ -184,11 +175,11 @@ class Supervisor:
             raise interrupt
         if cancelled is not None:
             raise cancelled
-        return handle.result
+        return await handle.wait()
 
     def start(self, argv: Sequence[str] | TaskSpec, *, task_id: str | None = None,
               task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
-              **options: Any) -> Coroutine[Any, Any, TaskResult]:
+              **options: Any) -> Coroutine[Any, Any, TaskResult | None]:
         """Start ``argv`` in a nursery: ``task = await nursery.start(sup.start, argv)``.
 
         Hands back a :class:`TaskHandle` once the process runs (or once it is known that it
@@ -197,10 +188,10 @@ class Supervisor:
         task gracefully, as for :meth:`run`.  Bad options raise here, before anything starts.
 
         (A plain function returning the life's coroutine, so that a held task costs one
-        coroutine frame less: a supervisor may hold thousands.)
+        coroutine frame less: a supervisor may hold thousands.)  The coroutine returns the
+        record, or None for a task :meth:`hand_over` handed to another process.
         """
-        handle = self._new_handle(TaskSpec.from_call(argv, options), task_id)
-        return live(handle, task_status)
+        return live(self._new_task(TaskSpec.from_call(argv, options), task_id), task_status)
 
     def record_unstarted(self, argv: Sequence[str] | TaskSpec, *,
                          reason: StopReason | str = StopReason.CANCEL,
@@ -210,10 +201,10 @@ class Supervisor:
         ``reason`` (``cancel`` as the caller's, or ``shutdown``, ``fail_fast``...) in its
         stop record.  Nothing is created; the task takes an id like any other."""
         reason = StopReason(reason)
-        handle = self._new_handle(TaskSpec.from_call(argv, options), task_id)
-        request_stop(handle, reason, by_caller=reason == StopReason.CANCEL)
-        result = finish_unstarted(handle)
-        self._ended(handle)
+        task = self._new_task(TaskSpec.from_call(argv, options), task_id)
+        request_stop(task, reason, by_caller=reason == StopReason.CANCEL)
+        result = finish_unstarted(task)
+        self._ended(task)
         return result
 
     async def run_batch(self, specs: Iterable[TaskSpec], max_concurrency: int = 4,
@@ -260,10 +251,10 @@ class Supervisor:
         limiter = trio.CapacityLimiter(max_concurrency)
         after: trio.Event | None = None
         async with trio.open_nursery() as nursery:
-            for handle in batch.handles:
+            for task in batch.tasks:
                 slot = QueueSlot(limiter, after, trio.Event())
                 after = slot.turn
-                nursery.start_soon(batch.run_one, handle, slot, fail_fast)
+                nursery.start_soon(batch.run_one, task, slot, fail_fast)
             task_status.started(batch)
 
     def stop_all(self, *, force: bool = False, reason: StopReason = StopReason.CANCEL) -> int:
@@ -281,19 +272,19 @@ class Supervisor:
         """Stop every live task (reason ``shutdown``: the supervisor's own, graceful) and wait
         for their records.  Ctrl-C meanwhile kills them all now; it is raised at the end."""
         self._closing = True
-        for handle in list(self._live.values()):
-            request_stop(handle, StopReason.SHUTDOWN, by_caller=False)
+        for task in list(self._live.values()):
+            request_stop(task, StopReason.SHUTDOWN, by_caller=False)
         interrupt: KeyboardInterrupt | None = None
-        for handle in list(self._live.values()):
-            if never_ran(handle):
+        for task in list(self._live.values()):
+            if not task.began:
                 # start()'s coroutine was made but never run (dropped by its caller): nothing
                 # was created, and nothing else will ever end it
-                finish_unstarted(handle)
-                self._ended(handle)
+                finish_unstarted(task)
+                self._ended(task)
                 continue
-            while handle.result is None:
+            while not task.done.is_set():
                 try:
-                    await handle.wait()
+                    await task.done.wait()
                 except KeyboardInterrupt as exc:
                     interrupt = interrupt or exc
                     for h in list(self._live.values()):
@@ -336,21 +327,23 @@ class Batch:
     gracefully; ``cancel()`` again: every running one is killed now.  A fail-fast stop is the
     batch's own: it never counts as the caller's first cancel."""
 
-    def __init__(self, handles: list[TaskHandle]) -> None:
-        self.handles = handles
+    def __init__(self, tasks: list[Task]) -> None:
+        self.tasks = tasks
+        self.handles = [t.handle for t in tasks]
         self._failed_fast = False
 
     def cancel(self) -> None:
         for h in self.handles:
             h.stop()
 
-    async def run_one(self, handle: TaskHandle, slot: QueueSlot, fail_fast: bool) -> None:
+    async def run_one(self, task: Task, slot: QueueSlot, fail_fast: bool) -> None:
         """One task's life in the batch (the batch's nursery runs this)."""
-        result = await live(handle, slot=slot)
-        if fail_fast and result.outcome != "succeeded" and not self._failed_fast:
+        result = await live(task, slot=slot)
+        if fail_fast and result is not None and result.outcome != "succeeded" and \
+                not self._failed_fast:
             self._failed_fast = True
-            for h in self.handles:
-                request_stop(h, StopReason.FAIL_FAST, by_caller=False)
+            for t in self.tasks:
+                request_stop(t, StopReason.FAIL_FAST, by_caller=False)
 
     async def wait(self) -> list[TaskResult]:
         return [await h.wait() for h in self.handles]

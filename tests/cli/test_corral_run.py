@@ -361,8 +361,8 @@ def test_library_warnings_are_one_line_each_and_silent_under_quiet(root: str,
             left.wait()
     if quiet:
         assert r.stderr == ""
-    else:  # logged by the library, printed once (not again as a placement note)
-        assert r.stderr.startswith("corral: warning: removed ") and \
+    else:  # the placement's note, printed once (the library logs it at info only)
+        assert r.stderr.startswith("corral: note: removed ") and \
             r.stderr.count("\n") == 1, r.stderr
 
 

@@ -137,8 +137,9 @@ async def test_a_slow_subscriber_never_grows_memory(sup: supervisor.Supervisor) 
             buffered += len(chunk)
     assert r.output_stdout.total == size
     assert buffered <= SUBSCRIBER_BUFFER << 20  # at most that many chunks of <= 1 MiB
-    assert task._stdout is not None  # the capture itself: what the subscriber missed
-    subs = task._stdout.subscribers
+    capture = task._t.stdout  # the capture itself: what the subscriber missed
+    assert capture is not None
+    subs = capture.subscribers
     assert subs is not None
     sub = subs[0]
     assert sub.missed + buffered == size and sub.missed > 0

@@ -1,0 +1,305 @@
+"""A task's life: queued -> starting -> running -> stopping -> finished, one final record.
+
+:func:`live` runs in a task of the caller's nursery (``start``) or of the supervisor's own
+(``run``), never in trio's main task, so a Ctrl-C (KeyboardInterrupt) never lands inside it.
+Its steps:
+
+1. ``_queue``: a batch's place in line; a stop requested meanwhile means it never starts.
+2. ``_start`` (synchronous: no checkpoint between the leaf and the spawn): make the leaf,
+   write its limits, plumb its stdio, spawn the child straight into the leaf.  Everything
+   opened on the way is handed over only once the spawn succeeded; a failure undoes it all
+   and records ``spawn_failed``.
+3. ``drive``: the main process, the time limit and stop requests, as named states
+   (``_drive.py``), until the main process has exited and the leaf is empty; or until the
+   supervisor hands the task over to another process (``_handoff.py``).
+4. ``_finish``: end of output (short drain deadline), usage, the leaf removed, the record.
+
+Exactly one record per task, whatever happens: a bug of ours after the spawn still kills the
+leaf and records ``lost`` before it is raised as InternalError.
+
+Cancellation: the caller's cancellation is a graceful stop request; the waits after it are
+shielded, and the ``Cancelled`` goes on its way once the record exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
+
+from ._drive import Driver, Terms
+from ._errors import InternalError
+from ._main import MainProcess
+from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
+from ._output import StreamCapture
+from ._result import Cleanup, Containment, Outcome, StopReason, TaskResult
+from ._sample import read_pressure
+from ._spawn import Spawned, spawn
+from ._stdio import end, plumb, register
+from ._task import Task, TaskHandle, close_captures, finish_unstarted, record, request_stop
+
+__all__ = ["QueueSlot", "Started", "drive", "live"]
+
+log = logging.getLogger(__name__)
+
+REMOVE_DEADLINE = 1.0  # rmdir may answer EBUSY for a moment after populated 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSlot:
+    """A place in a batch's queue: admitted after ``after`` (FIFO), under ``limiter``."""
+
+    limiter: trio.CapacityLimiter
+    after: trio.Event | None
+    turn: trio.Event
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """What the record needs of the spawn: how, and when (trio and wall clock)."""
+
+    method: str
+    fallback_errno: int
+    t0: float
+    started_at: float
+
+
+async def live(task: Task,
+               task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED, *,
+               slot: QueueSlot | None = None) -> TaskResult | None:
+    """The whole life: queue, start, drive, finish; hands ``task`` to ``task_status`` once it
+    runs (or once it is known that it never will)."""
+    task.began = True
+    try:
+        if trio.current_effective_deadline() == -math.inf:
+            # called in an already cancelled scope: the stop comes before the spawn
+            request_stop(task, StopReason.CANCEL, by_caller=True)
+        if slot is not None:
+            admitted = await _queue(task, slot, task_status)
+            if not admitted:
+                task_status.started(task.handle)
+                return finish_unstarted(task)
+            try:
+                return await _run(task, task_status)
+            finally:
+                slot.limiter.release_on_behalf_of(task)
+        return await _run(task, task_status)
+    finally:
+        task.rt.on_end(task)
+
+
+async def _queue(task: Task, slot: QueueSlot,
+                 task_status: trio.TaskStatus[TaskHandle]) -> bool:
+    """Wait for a place (FIFO after ``slot.after``, then the limiter); False when a stop
+    request came first.  The caller's cancellation: never started, recorded, re-raised."""
+    stop = task.stop
+    try:
+        with trio.CancelScope() as scope:
+            stop.waker = scope  # a stop request cancels the wait
+            if stop.reason is None:
+                if slot.after is not None:
+                    await slot.after.wait()
+                await slot.limiter.acquire_on_behalf_of(task)
+                if stop.reason is None:
+                    return True
+                slot.limiter.release_on_behalf_of(task)
+        return False
+    except trio.Cancelled:
+        request_stop(task, StopReason.CANCEL, by_caller=True)
+        task_status.started(task.handle)
+        finish_unstarted(task)
+        raise
+    finally:
+        stop.waker = None
+        slot.turn.set()  # admitted or given up: the next in line may queue now
+
+
+async def _run(task: Task, task_status: trio.TaskStatus[TaskHandle]) -> TaskResult | None:
+    if task.stop.reason is not None:
+        task_status.started(task.handle)
+        return finish_unstarted(task)
+    task.state = "starting"
+    try:
+        leaf, spawned = _start(task)
+    except Exception as e:
+        task_status.started(task.handle)
+        step = getattr(e, "step", "cgroup" if isinstance(e, CgroupError) else "prepare")
+        result = record(task, Outcome.SPAWN_FAILED, started=False, error=e, step=step)
+        if not isinstance(e, OSError | CgroupError):  # SpawnError is an OSError
+            raise InternalError(f"task {task.id}: preparing the spawn failed: {e!r}") from e
+        return result
+    started = Started(spawned.method, spawned.fallback_errno, trio.current_time(), time.time())
+    task.pid, task.cgroup, task.state = spawned.pid, leaf.path, "running"
+    task_status.started(task.handle)
+    main = MainProcess(spawned.pid, spawned.pidfd)
+    return await drive(task, leaf, main, new_driver(task, leaf, main, started.t0), started)
+
+
+def new_driver(task: Task, leaf: Cgroup, main: MainProcess, t0: float) -> Driver:
+    """The driver of a running task, on what its spec and its supervisor say."""
+    rt, spec = task.rt, task.spec
+    view = None if rt.root_view is None else f"{rt.root_view.rstrip('/')}/{task.id}"
+    terms = Terms(task.time_limit, spec.grace_s, spec.repeat_s, spec.idle_timeout_s,
+                  rt.controllers, view)
+    return Driver(leaf, main, task.stop, rt.watcher, terms, t0=t0, activity=task.last_output,
+                  on_stopping=task.stopping)
+
+
+async def drive(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
+                started: Started) -> TaskResult | None:
+    """Drive a running task to its record, or (``hand_over()``) to its hand-off: then
+    ``rt.on_detach`` takes everything it holds and there is no record here (None)."""
+    rt = task.rt
+    task.driver = driver
+    rt.sampler.add(driver)
+    try:
+        await driver.run()
+        rt.sampler.remove(driver)
+        if driver.detaching:
+            rt.on_detach(task, leaf, main, driver, started)
+            return None
+        result = await _finish(task, leaf, main, driver, started)
+    except Exception as exc:
+        # A bug or an OS failure nobody planned for: the task still ends with its one
+        # record, and nothing it started is left running.
+        log.exception("task %s: supervising failed", task.id)
+        _lost(task, leaf, exc, started)
+        raise InternalError(f"task {task.id}: supervising failed: {exc!r}") from exc
+    finally:
+        rt.sampler.remove(driver)
+        task.driver = None
+        if not driver.detaching:
+            os.close(main.pidfd)
+    if driver.pending is not None:
+        raise driver.pending
+    return result
+
+
+def _start(task: Task) -> tuple[Cgroup, Spawned]:
+    """Leaf, limits, stdio, spawn; synchronous.  On failure everything made is undone (the
+    captures are closed so that subscribers see the end) and the error raised."""
+    spec, rt = task.spec, task.rt
+    with contextlib.ExitStack() as undo, contextlib.ExitStack() as child_ends:
+        task.stdout = StreamCapture(spec.output_head, spec.output_tail)
+        task.stderr = StreamCapture(spec.output_head, spec.output_tail)
+        undo.callback(close_captures, task)
+        leaf = rt.root.make_child(task.id)
+        undo.callback(_remove_unused, leaf)
+        if not spec.limits.is_empty():
+            leaf.set_limits(spec.limits)
+        stdio, io = plumb(spec, task.stdout, task.stderr, undo, child_ends)
+        with rt.guard.spawning(leaf), spec.isolation.prepare() as options:
+            spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd,
+                            stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=spec.cwd,
+                            new_session=spec.tty, controlling_tty=spec.tty,
+                            ignored_signals=spec.ignored_signal_numbers, **options)
+        undo.pop_all()
+    for thawed in rt.guard.take_thawed():
+        task.notes = (*task.notes, thawed)
+    register(io, rt.reactor, tty=spec.tty)
+    task.io = io
+    return leaf, spawned
+
+
+def _remove_unused(leaf: Cgroup) -> None:
+    """Undo a leaf that never held a process (the spawn failed): rmdir, close."""
+    try:
+        leaf.remove()
+    except CgroupError as e:
+        log.warning("removing the unused leaf %s: %s", leaf.path, e)
+        leaf.close()
+
+
+async def _finish(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
+                  started: Started) -> TaskResult:
+    """End of output, usage, the leaf removed, the record."""
+    if driver.exit is None and main.adopted:  # its new parent (PID 1) reaps it first
+        driver.exit = await main.wait_exit_info(2.0)
+    if task.io is not None:
+        task.notes = (*task.notes, *await end(task.io, task.rt.reactor))
+    stats = read_usage(leaf, task.rt.controllers)
+    # pressure totals are worth reading for a task that ran a sampling interval at least
+    pressure = read_pressure(leaf) if driver.series is not None else None
+    removed = await _remove_leaf(leaf)
+    problems = [*driver.problems, *([removed] if removed else [])]
+    return _outcome(task, driver, stats, pressure, problems, started, leaf.path)
+
+
+async def _remove_leaf(leaf: Cgroup) -> str | None:
+    """rmdir the empty leaf and any sub-cgroups the task made, depth-first; None or the
+    problem.  EBUSY for a moment after ``populated 0`` is retried with trio sleeps."""
+    delay, deadline = 0.001, trio.current_time() + REMOVE_DEADLINE
+    while True:
+        try:
+            leaf.remove(recursive=True, busy_timeout=0)
+            return None
+        except CgroupBusy as e:
+            if trio.current_time() >= deadline:
+                leaf.close()
+                return str(e)
+        except CgroupError as e:
+            leaf.close()
+            return str(e)
+        with trio.CancelScope(shield=True):
+            await trio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _lost(task: Task, leaf: Cgroup, exc: BaseException, started: Started) -> None:
+    """After a bug of ours: kill and remove the leaf (blocking: this is not the normal path),
+    close the streams, and record ``lost`` unless a record exists already."""
+    done = leaf.destroy(timeout=5.0)
+    if task.io is not None:
+        for stream in task.io.streams:
+            task.rt.reactor.remove(stream)
+    if task.result is None:
+        # incomplete even when the kill worked: the grace, the leftovers and the escape
+        # checks were skipped, so corral cannot vouch for what happened
+        cleanup = Cleanup("incomplete", detail=f"supervision failed: {exc!r}; the leaf was "
+                          + (f"not cleared: {done.error}" if done.error else
+                             "killed and removed"))
+        record(task, Outcome.LOST, started=True, error=exc, step="supervise",
+                cleanup=cleanup, t0=started.t0, started_at=started.started_at,
+                notes=["corral hit an internal error while supervising this task"])
+
+
+def _outcome(task: Task, d: Driver, stats: CgroupStats | None,
+             pressure: dict[str, Any] | None, problems: list[str], started: Started,
+             leaf_path: str) -> TaskResult:
+    exit_code = None if d.exit is None else d.exit.code
+    sig = None if d.exit is None else d.exit.signal
+    oom_kills = None
+    if stats is not None and stats.memory_events is not None:
+        oom_kills = stats.memory_events.oom_kill
+    outcome = classify(task.stop, exit_code, sig, oom_kills)
+    notes = [*d.notes, *outcome_notes(task.stop, outcome, oom_kills, started.method,
+                                      started.fallback_errno)]
+    notes += [i.text for i in task.rt.incidents if i.at >= started.t0]
+    error = None
+    if d.exit is None and not task.stop.landed:
+        outcome = Outcome.LOST  # it ran and ended; how, nobody can tell any more
+        error = ("the main process ended while corral was handing it between processes and "
+                 "its exit status could not be learnt (PIDFD_INFO_EXIT needs Linux 6.15)")
+    escaped = tuple(d.tracker.escaped.values())
+    if escaped:
+        problems = [*problems, f"{len(escaped)} process(es) of the task left its cgroup: "
+                    + ", ".join(f"{e.comm}[{e.pid}] to {e.cgroup} ({e.ended})" for e in escaped)]
+    containment = Containment("cgroup", leaf_path, started.method,
+                              tuple(sorted(task.rt.controllers)), escaped,
+                              task.spec.isolation.describe())
+    usage = usage_of(stats, d.exited_at - started.t0, oom_kills, pressure=pressure,
+                     series=None if d.series is None else d.series.to_dict(),
+                     paused_s=d.paused_s)
+    return record(task, outcome, started=True, exit_code=exit_code, sig=sig,
+                  cleanup=cleanup_of(d, problems), usage=usage, t0=started.t0,
+                  started_at=started.started_at, notes=notes, containment=containment,
+                  snapshot=d.snapshot, error=None if error is None else RuntimeError(error),
+                  step=None if error is None else "adopt")
