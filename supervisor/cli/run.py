@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from .._spec import TaskSpec
     from .._supervisor import Supervisor
     from .._task import TaskHandle
+    from .relay import PtyRelay
 
 __all__ = ["add_parser", "exit_status", "main"]
 
@@ -65,7 +66,21 @@ read the terminal and gets the keys itself, as it would without corral):
   Ctrl-Z          suspends corral and the task; fg / bg resume both.  The time limit
                   counts the time spent stopped (as timeout(1)): past it, the task is
                   stopped as soon as corral resumes
-  the terminal's modes are restored when the task ends, also when it was killed
+  the terminal's modes are restored when the task ends, also when it was killed, and a
+  killed full-screen program's alternate screen and hidden cursor are put back too
+
+with --pty the task runs on a terminal of its own (programs colour and line-buffer), its
+output mirrored here and kept in the record.  At a terminal this one is in raw mode while
+the task runs: every key is typed into the task's terminal, whose modes decide what it does:
+  Ctrl-C, Ctrl-\  the task's SIGINT / SIGQUIT when its terminal makes them signals (a REPL
+                  goes on); Ctrl-C {WAY_OUT_PRESSES} times within {WAY_OUT_WINDOW:g}s stops the task, as above
+  Ctrl-D          end of input for a program reading its terminal (a REPL exits)
+  Ctrl-Z          a lone program: suspends corral and freezes the task (frozen time is not
+                  counted by the time limit); a job-control shell in the task: that shell's
+  window size     follows this terminal's (SIGWINCH)
+  stdin not a terminal: typed into the task's terminal as it comes (echoed and read as
+  keys), its end typed as Ctrl-D; stdout not a terminal: the task's terminal output as is
+  (CR LF line ends, colours).  stdout closing early stops the task (exit status 141)
 
 signals sent to corral's pid by another process (kill, a CI runner, systemd):
   SIGINT, SIGTERM, SIGHUP, SIGQUIT: the first stops the task gracefully (stop signal,
@@ -86,7 +101,7 @@ exit status:
 # options that take a value: they take the next word whatever it starts with (as getopt does)
 _VALUE_OPTIONS = frozenset({"--time-limit", "--grace", "--stop-signal", "-p", "--property",
                             "-E", "--setenv", "--chdir", "--cgroup-root", "--json-file",
-                            "--json-fd"})
+                            "--json-fd", "--plot"})
 
 
 def prepare_argv(words: list[str]) -> list[str]:
@@ -134,6 +149,9 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--chdir", metavar="DIR", help="working directory of the command")
     run.add_argument("--cgroup-root", metavar="PATH",
                      help="a delegated cgroup v2 directory to run under (default: discovered)")
+    run.add_argument("--pty", action="store_true",
+                     help="run the task on a pseudo-terminal of its own, mirrored here (its "
+                          "output is also kept in the record; keys below)")
     run.add_argument("--summary", action="store_true",
                      help="print a summary when the task ends (always, unless --quiet, when "
                           "it did not succeed)")
@@ -143,10 +161,19 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--json-file", metavar="PATH", help="write the JSON result to PATH")
     run.add_argument("--json-fd", metavar="FD", type=int,
                      help="write the JSON result to this file descriptor, open for writing")
+    run.add_argument("--plot", metavar="FILE", type=_plot_target,
+                     help="draw the usage over time to FILE.svg or FILE.png (needs the plot "
+                          "extra: pip install 'corral[plot]')")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
 
-def _spec_from_args(args: argparse.Namespace) -> TaskSpec:
+def _plot_target(value: str) -> str:
+    from .plot import check_target  # only when --plot is given: nothing of plotting otherwise
+
+    return check_target(value)
+
+
+def _spec_from_args(args: argparse.Namespace, pty: PtyRelay | None) -> TaskSpec:
     from cgroupfs import Limits
 
     from .._properties import parse_properties
@@ -179,8 +206,10 @@ def _spec_from_args(args: argparse.Namespace) -> TaskSpec:
         options["env"] = env
     if props.limits:
         options["limits"] = Limits(**props.limits)
-    return TaskSpec(tuple(command), stdin="inherit", stdout="inherit", stderr="inherit",
-                    ignored_signals=_inherited_ignored(), **options)
+    stdio: dict[str, Any] = {"stdin": "inherit", "stdout": "inherit", "stderr": "inherit"}
+    if pty is not None:  # its own terminal, our size and modes; captured, mirrored by a tap
+        stdio = {"stdin": None, "stdout": "capture", "stderr": "capture", **pty.spec_options()}
+    return TaskSpec(tuple(command), ignored_signals=_inherited_ignored(), **stdio, **options)
 
 
 def _inherited_ignored() -> tuple[int, ...]:
@@ -522,6 +551,10 @@ def main(args: argparse.Namespace) -> int:
     ended_by_key = control.terminal_interrupt and (
         result.outcome == "cancelled" or result.signal in (signal.SIGINT, signal.SIGQUIT))
     _report(args, sinks, result, status, ended_by_key)
+    if args.plot:
+        from .plot import write_plot
+
+        write_plot(result, args.plot)
     if error is not None:
         die(str(error))
     if status == 128 + signal.SIGINT and ended_by_key:
