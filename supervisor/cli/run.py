@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from .._spec import TaskSpec
     from .._supervisor import Supervisor
     from .._task import TaskHandle
-    from .relay import PtyRelay
 
 __all__ = ["add_parser", "exit_status", "main"]
 
@@ -66,21 +65,7 @@ read the terminal and gets the keys itself, as it would without corral):
   Ctrl-Z          suspends corral and the task; fg / bg resume both.  The time limit
                   counts the time spent stopped (as timeout(1)): past it, the task is
                   stopped as soon as corral resumes
-  the terminal's modes are restored when the task ends, also when it was killed, and a
-  killed full-screen program's alternate screen and hidden cursor are put back too
-
-with --pty the task runs on a terminal of its own (programs colour and line-buffer), its
-output mirrored here and kept in the record.  At a terminal this one is in raw mode while
-the task runs: every key is typed into the task's terminal, whose modes decide what it does:
-  Ctrl-C, Ctrl-\  the task's SIGINT / SIGQUIT when its terminal makes them signals (a REPL
-                  goes on); Ctrl-C {WAY_OUT_PRESSES} times within {WAY_OUT_WINDOW:g}s stops the task, as above
-  Ctrl-D          end of input for a program reading its terminal (a REPL exits)
-  Ctrl-Z          a lone program: suspends corral and freezes the task (frozen time is not
-                  counted by the time limit); a job-control shell in the task: that shell's
-  window size     follows this terminal's (SIGWINCH)
-  stdin not a terminal: typed into the task's terminal as it comes (echoed and read as
-  keys), its end typed as Ctrl-D; stdout not a terminal: the task's terminal output as is
-  (CR LF line ends, colours).  stdout closing early stops the task (exit status 141)
+  the terminal's modes are restored when the task ends, also when it was killed
 
 signals sent to corral's pid by another process (kill, a CI runner, systemd):
   SIGINT, SIGTERM, SIGHUP, SIGQUIT: the first stops the task gracefully (stop signal,
@@ -149,9 +134,6 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--chdir", metavar="DIR", help="working directory of the command")
     run.add_argument("--cgroup-root", metavar="PATH",
                      help="a delegated cgroup v2 directory to run under (default: discovered)")
-    run.add_argument("--pty", action="store_true",
-                     help="run the task on a pseudo-terminal of its own, mirrored here (its "
-                          "output is also kept in the record; keys below)")
     run.add_argument("--summary", action="store_true",
                      help="print a summary when the task ends (always, unless --quiet, when "
                           "it did not succeed)")
@@ -173,7 +155,7 @@ def _plot_target(value: str) -> str:
     return check_target(value)
 
 
-def _spec_from_args(args: argparse.Namespace, pty: PtyRelay | None) -> TaskSpec:
+def _spec_from_args(args: argparse.Namespace) -> TaskSpec:
     from cgroupfs import Limits
 
     from .._properties import parse_properties
@@ -206,10 +188,8 @@ def _spec_from_args(args: argparse.Namespace, pty: PtyRelay | None) -> TaskSpec:
         options["env"] = env
     if props.limits:
         options["limits"] = Limits(**props.limits)
-    stdio: dict[str, Any] = {"stdin": "inherit", "stdout": "inherit", "stderr": "inherit"}
-    if pty is not None:  # its own terminal, our size and modes; captured, mirrored by a tap
-        stdio = {"stdin": None, "stdout": "capture", "stderr": "capture", **pty.spec_options()}
-    return TaskSpec(tuple(command), ignored_signals=_inherited_ignored(), **stdio, **options)
+    return TaskSpec(tuple(command), stdin="inherit", stdout="inherit", stderr="inherit",
+                    ignored_signals=_inherited_ignored(), **options)
 
 
 def _inherited_ignored() -> tuple[int, ...]:
