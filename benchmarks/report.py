@@ -1,0 +1,365 @@
+"""``python -m benchmarks report``: every benchmark at one size, one Markdown table.
+
+Each ``bench_*.py`` runs as its own process, as documented in benchmarks/README.md, and keeps
+printing its own figures (ours and a baseline measured in the same run, their ratio, the
+target); this module runs them one after another, reads those printed figures back, and
+writes one table: benchmark, ours, baseline, ratio, target, met?, under a header that says
+what machine, kernel, commit and load the figures were taken on.  The raw output of every
+script follows the table, so that a figure can be checked against what printed it.
+
+Confinement: several benchmarks open supervisors that would place their roots at the top of
+the host's cgroup2 mount.  Here each script runs in a cgroup namespace whose root is a scratch
+cgroup ``corral-bench-report-<hex>`` made for it (``unshare --cgroup --mount``, with cgroup2
+mounted again over the discovered mount point inside, and ``/proc/self/cgroup`` checked to read
+``0::/`` before the script starts): whatever it creates lands below that scratch cgroup, which
+is emptied (``cgroup.kill``) and removed afterwards.  Nothing asserts anything about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import re
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# What each size passes to each script (no entry: the script's defaults).
+SIZES: dict[str, dict[str, list[str]]] = {
+    "quick": {"spawn": ["--quick"], "run": ["--quick"], "kill": ["--quick"],
+              "output": ["--quick"], "memory": ["--quick"], "cli": ["--quick"],
+              "keeper": ["--quick"], "isolation": ["--quick"],
+              "serve": ["--rounds", "30", "--held", "100", "--clients", "4"]},
+    "full": {"cli": ["--no-systemd"]},
+}
+ORDER = ("spawn", "run", "kill", "output", "memory", "cli", "keeper", "isolation", "serve")
+
+
+@dataclass
+class Row:
+    benchmark: str
+    ours: str
+    baseline: str
+    ratio: str
+    target: str
+    met: str
+
+
+# ---- reading each script's figures --------------------------------------------------------
+
+NUM = r"([0-9.]+)"
+
+
+def _met(ratio: float, target: str) -> str:
+    m = re.fullmatch(r"([<>]=) ?([0-9.]+)x?", target)
+    if m is None:
+        return "-"
+    bound = float(m.group(2))
+    return "yes" if (ratio <= bound if m.group(1) == "<=" else ratio >= bound) else "no"
+
+
+def parse_spawn(out: str) -> list[Row]:
+    rows = []
+    for m in re.finditer(rf"concurrency +(\d+): posix_spawn\+waitpid +{NUM} us/task .*?\| "
+                         rf"leaf\+clone3\+pidfd wait\+rmdir +{NUM} us/task .*?\| ratio {NUM}x",
+                         out):
+        conc, base, ours, ratio = m.group(1), float(m.group(2)), float(m.group(3)), m.group(4)
+        target = "<= 1.3x" if conc == "1" else "(report)"
+        rows.append(Row(f"spawn (leaf + clone3 + wait + rmdir), concurrency {conc}",
+                        f"{ours:.0f} us/task", f"posix_spawn + waitpid {base:.0f} us/task",
+                        f"{ratio}x", target, _met(float(ratio), target)))
+    return rows
+
+
+def parse_run(out: str) -> list[Row]:
+    rows = []
+    for m in re.finditer(rf"^(sequential|run_batch c=16|nursery c=16) +{NUM} us/task +{NUM}/s "
+                         rf"+{NUM} us/task +{NUM}/s +{NUM}x +(.*)$", out, re.M):
+        name, base_us, base_rate, ours_us, ours_rate, ratio, target = m.groups()
+        target = target.strip()
+        target = "(report)" if target.startswith("(none") else target
+        rows.append(Row(f"sup.run(/bin/true), {name}", f"{float(ours_us):.0f} us/task "
+                        f"({ours_rate}/s)", f"posix_spawn {float(base_us):.0f} us/task "
+                        f"({base_rate}/s)", f"{ratio}x", target, _met(float(ratio), target)))
+    return rows
+
+
+def parse_kill(out: str) -> list[Row]:
+    floor = re.search(rf"floor: .*? +{NUM} ms", out)
+    ours = re.search(rf"ours: +task\.stop\(force=True\) .*? +{NUM} ms", out)
+    ratio = re.search(rf"ratio ours/floor {NUM}x", out)
+    procs = re.search(r"kill benchmark: (\d+) sleeping", out)
+    if not (floor and ours and ratio and procs):
+        return []
+    return [Row(f"forced stop of a task holding {procs.group(1)} sleeps",
+                f"{ours.group(1)} ms", f"cgroup.kill until populated 0 {floor.group(1)} ms",
+                f"{ratio.group(1)}x", "<= 1.2x", _met(float(ratio.group(1)), "<= 1.2x"))]
+
+
+def parse_output(out: str) -> list[Row]:
+    floor = re.search(rf"floor: dd \| cat > /dev/null +{NUM} ms +{NUM} GB/s", out)
+    ours = re.search(rf"ours: +sup\.run\(dd\), captured +{NUM} ms +{NUM} GB/s", out)
+    ratio = re.search(rf"throughput ratio ours/floor {NUM}", out)
+    size = re.search(r"output benchmark: (\d+) MiB", out)
+    if not (floor and ours and ratio and size):
+        return []
+    return [Row(f"{size.group(1)} MiB of stdout captured", f"{ours.group(2)} GB/s",
+                f"dd | cat {floor.group(2)} GB/s", ratio.group(1), ">= 0.85",
+                _met(float(ratio.group(1)), ">= 0.85"))]
+
+
+def parse_memory(out: str) -> list[Row]:
+    floor = re.search(rf"floor \(bare trio \+ fds\) +{NUM} KiB", out)
+    ours = re.search(rf"ours {NUM} KiB/task \(Rss\) .*?ratio to floor {NUM}x", out)
+    held = re.search(r"memory benchmark: (\d+) sleep tasks", out)
+    if not (floor and ours and held):
+        return []
+    kib = float(ours.group(1))
+    return [Row(f"supervisor memory per held task ({held.group(1)} held)", f"{kib:.2f} KiB",
+                f"bare trio holder {float(floor.group(1)):.2f} KiB", f"{ours.group(2)}x",
+                "<= 10 KiB", "yes" if kib <= 10 else "no")]
+
+
+def parse_cli(out: str) -> list[Row]:
+    rows = []
+    for m in re.finditer(rf"(host|systemd): corral run -- /bin/true +{NUM} ms \| (.*?) +{NUM} "
+                         rf"ms \| ratio {NUM}x \(target (.*?)\)", out):
+        where, ours, base_name, base, ratio, target = m.groups()
+        target = "(report)" if target == "report" else target
+        rows.append(Row(f"`corral run -- /bin/true` start-up ({where})", f"{ours} ms",
+                        f"{base_name} {base} ms", f"{ratio}x", target,
+                        _met(float(ratio), target)))
+    return rows
+
+
+def parse_keeper(out: str) -> list[Row]:
+    gone = re.findall(rf"every process gone after the SIGKILL: median +{NUM} ms, p95 +{NUM} ms, "
+                      rf"max +{NUM} ms", out)
+    survivors = re.search(r"survivors .*?: (\d+) \(of (\d+) processes\)", out)
+    rounds = re.search(r"(\d+) rounds\n", out)
+    if not gone or not survivors:
+        return []
+    ours = gone[0]
+    base = f"bwrap --die-with-parent {gone[1][0]} ms" if len(gone) > 1 else "(bwrap missing)"
+    ratio = f"{float(ours[0]) / float(gone[1][0]):.2f}x" if len(gone) > 1 else "-"
+    met = "yes" if float(ours[2]) <= 1000 and survivors.group(1) == "0" else "no"
+    return [Row(f"SIGKILLed supervisor: all processes gone ({rounds.group(1) if rounds else '?'}"
+                f" rounds)", f"median {ours[0]} ms, max {ours[2]} ms, {survivors.group(1)} "
+                f"survivors", base, ratio, "<= 1 s, 0 survivors", met)]
+
+
+def parse_isolation(out: str) -> list[Row]:
+    ours = re.search(rf"ours, full +{NUM} us", out)
+    floor = re.search(rf"C floor, full +{NUM} us", out)
+    ratio = re.search(rf"ratio ours / C floor, full +wall {NUM}x, CPU {NUM}x", out)
+    if not (ours and floor and ratio):
+        return []
+    return [Row("spawn with isolation (netns, mounts, user)", f"{ours.group(1)} us/task",
+                f"C program, same syscalls {floor.group(1)} us/task",
+                f"{ratio.group(1)}x (CPU {ratio.group(2)}x)", "<= 1.15x",
+                _met(float(ratio.group(1)), "<= 1.15x"))]
+
+
+def parse_serve(out: str) -> list[Row]:
+    rows = []
+    m = re.search(rf"socket {NUM} ms, in-process sup\.run {NUM} ms: {NUM}x .*?target 1\.5x \+ "
+                  rf"1 ms = {NUM} ms: (met|NOT met)", out)
+    if m:
+        rows.append(Row("`corral serve` submit-to-result of /bin/true", f"{m.group(1)} ms",
+                        f"in-process sup.run {m.group(2)} ms", f"{m.group(3)}x",
+                        "<= 1.5x + 1 ms", "yes" if m.group(5) == "met" else "no"))
+    m = re.search(rf"tasks/s at (\d+) concurrent: socket {NUM}/s, in-process {NUM}/s: {NUM}x",
+                  out)
+    if m:
+        rows.append(Row(f"`corral serve` tasks/s, {m.group(1)} clients", f"{m.group(2)}/s",
+                        f"in-process {m.group(3)}/s", f"{m.group(4)}x", "(report)", "-"))
+    m = re.search(rf"corral ps start-up {NUM} ms; python -c pass {NUM} ms \+ request {NUM} ms = "
+                  rf"{NUM} ms: {NUM}x", out)
+    if m:
+        rows.append(Row("`corral ps` start-up", f"{m.group(1)} ms",
+                        f"python -c pass + one request {m.group(4)} ms", f"{m.group(5)}x",
+                        "<= 1.3x", _met(float(m.group(5)), "<= 1.3x")))
+    m = re.search(rf"holding (\d+) running tasks {NUM} MiB .*?target 64 MiB: (met|NOT met)", out)
+    if m:
+        rows.append(Row(f"`corral serve` RSS holding {m.group(1)} tasks", f"{m.group(2)} MiB",
+                        "-", "-", "<= 64 MiB", "yes" if m.group(3) == "met" else "no"))
+    return rows
+
+
+PARSERS: dict[str, Callable[[str], list[Row]]] = {
+    "spawn": parse_spawn, "run": parse_run, "kill": parse_kill, "output": parse_output,
+    "memory": parse_memory, "cli": parse_cli, "keeper": parse_keeper,
+    "isolation": parse_isolation, "serve": parse_serve,
+}
+
+
+# ---- running them ----------------------------------------------------------------------------
+
+def _cgroup2_mount() -> str:
+    sys.path.insert(0, str(HERE.parent))
+    from cgroupfs import find_cgroup2_mount
+
+    return find_cgroup2_mount().mount_point
+
+
+@contextlib.contextmanager
+def scratch_cgroup(mount: str) -> Iterator[str]:
+    """A fresh ``corral-bench-report-<hex>`` below the cgroup2 mount; killed and removed after."""
+    path = os.path.join(mount, f"corral-bench-report-{secrets.token_hex(4)}")
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        _destroy(path)
+
+
+def _destroy(path: str) -> None:
+    if not os.path.isdir(path):
+        return
+    fd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY)
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + 30
+    while "populated 1" in Path(path, "cgroup.events").read_text():
+        if time.monotonic() > deadline:
+            print(f"WARNING: {path} still populated 30 s after cgroup.kill", file=sys.stderr)
+            return
+        time.sleep(0.01)
+    for root, _dirs, _files in sorted(os.walk(path), key=lambda w: -w[0].count("/")):
+        for _ in range(200):
+            try:
+                os.rmdir(root)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
+
+
+# In the new namespaces: refuse to start unless our cgroup is the namespace's root, then
+# mount cgroup2 again over the mount point (the old mount shows the host's tree; a new one
+# shows the namespace's: what the script finds through /proc/self/mountinfo).
+CONFINE = ('grep -qx "0::/" /proc/self/cgroup || { echo "not confined: $(grep ^0:: '
+           '/proc/self/cgroup)" >&2; exit 125; }; umount -l "$1" && '
+           'mount -t cgroup2 cgroup2 "$1" && shift && exec "$@"')
+
+
+def run_one(name: str, size: str, mount: str, timeout: float) -> tuple[int, str, float]:
+    """Run bench_NAME.py confined to a scratch cgroup; (status, output, seconds)."""
+    script = HERE / f"bench_{name}.py"
+    args = SIZES[size].get(name, [])
+    with scratch_cgroup(mount) as scratch:
+        procs = os.path.join(scratch, "cgroup.procs")
+
+        def enter() -> None:  # in the child, before exec: into the scratch cgroup
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+        argv = ["unshare", "--cgroup", "--mount", "--propagation", "private", "--", "sh", "-c",
+                CONFINE, "confine", mount, sys.executable, str(script), *args]
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run(argv, preexec_fn=enter, stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=timeout, cwd=HERE.parent)
+            status, out = r.returncode, r.stdout + (f"\n[stderr]\n{r.stderr}" if r.stderr else "")
+        except subprocess.TimeoutExpired as e:
+            status = 124
+            out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
+                else (e.stdout or "")
+            out += f"\n[timed out after {timeout:.0f} s]"
+        return status, out, time.monotonic() - t0
+
+
+def machine_header(size: str) -> str:
+    sys.path.insert(0, str(HERE))
+    from _common import host_note  # type: ignore[import-not-found]
+
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with contextlib.suppress(OSError):
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 2**20:.1f} GiB"
+    controllers = "?"
+    with contextlib.suppress(OSError):
+        controllers = Path(_cgroup2_mount(), "cgroup.controllers").read_text().strip() or "none"
+    return (f"Machine: {platform.node()}, {os.cpu_count()} x {cpu}, {mem} RAM; kernel "
+            f"{platform.release()}; cgroup2 at {_cgroup2_mount()} (controllers: {controllers})."
+            f"  \nRun: {host_note()}; size `{size}`.")
+
+
+def render(size: str, header: str, rows: list[Row], runs: dict[str, tuple[int, str, float]],
+           ) -> str:
+    lines = [f"# corral benchmark report ({size})", "", header, "",
+             "Ours and the baseline are measured in the same run, alternating in rounds; the "
+             "ratio is what to read (this box is shared: absolute figures move by +-30%).", "",
+             "| benchmark | ours | baseline | ratio | target | met? |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r.benchmark} | {r.ours} | {r.baseline} | {r.ratio} | {r.target} | "
+                     f"{r.met} |")
+    failed = [f"bench_{n}.py (exit {s})" for n, (s, _, _) in runs.items() if s != 0]
+    unread = [f"bench_{n}.py" for n, (s, out, _) in runs.items()
+              if s == 0 and not PARSERS[n](out)]
+    lines.append("")
+    if failed or unread:
+        lines.append(f"Not in the table: {', '.join(failed + unread)} (output below).")
+        lines.append("")
+    lines.append("Seconds per script: " + ", ".join(f"{n} {t:.0f}"
+                                                     for n, (_, _, t) in runs.items()) + ".")
+    lines += ["", "## Raw output", ""]
+    for n, (s, out, _) in runs.items():
+        lines += [f"### bench_{n}.py (exit {s})", "", "```", out.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks report",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=sorted(SIZES), default="full",
+                    help="quick: each script's smoke size (a few minutes in all); full: the "
+                         "scripts' own defaults (the figures to quote; ~15-30 min here)")
+    ap.add_argument("--only", nargs="+", choices=ORDER, metavar="NAME",
+                    help=f"run only these ({', '.join(ORDER)})")
+    ap.add_argument("--out", metavar="FILE", help="write the report here (default: stdout)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per script")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("the benchmarks need root (cgroups, namespaces)", file=sys.stderr)
+        return 2
+    mount = _cgroup2_mount()
+    runs: dict[str, tuple[int, str, float]] = {}
+    rows: list[Row] = []
+    header = machine_header(args.size)
+    for name in args.only or ORDER:
+        print(f"bench_{name}.py ...", file=sys.stderr, flush=True)
+        runs[name] = run_one(name, args.size, mount, args.timeout)
+        got = PARSERS[name](runs[name][1]) if runs[name][0] == 0 else []
+        rows += got
+        for r in got:
+            print(f"  {r.benchmark}: {r.ours} | {r.baseline} | {r.ratio} | {r.target} | {r.met}",
+                  file=sys.stderr, flush=True)
+    report = render(args.size, header, rows, runs)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(report)
+    return 0 if all(s == 0 for s, _, _ in runs.values()) else 1

@@ -1,0 +1,277 @@
+"""The stop state (supervisor/_stop.py), exactly: who asked, what each request changes, what
+the record says; and ``signal_tree`` on a real subtree.
+
+Written to judge mutants (tests/mutation/run_mutation.py): every rule of ``StopState.request``,
+``mark`` and ``record`` is pinned here by value, not only through a task's outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import trio
+
+import cgroupfs
+from supervisor import StopReason
+from supervisor._stop import StopState, signal_tree
+
+TL, CANCEL, SHUTDOWN = StopReason.TIME_LIMIT, StopReason.CANCEL, StopReason.SHUTDOWN
+
+
+async def test_a_new_stop_state_has_nothing_to_say() -> None:
+    s = StopState(15)
+    assert (s.reason, s.level, s.caller_requests, s.kill_because, s.landed) == \
+        (None, "none", 0, None, False)
+    assert (s.requested_at, s.signalled_at, s.killed_at, s.waker) == (None, None, None, None)
+    assert not s.kill_now
+    assert s.signal == 15
+    assert s.record(0.0) is None
+
+
+async def test_the_callers_first_request_is_graceful_and_fixes_the_reason() -> None:
+    s = StopState(15)
+    before = trio.current_time()
+    assert s.request(CANCEL, by_caller=True) is True
+    assert (s.reason, s.level, s.caller_requests, s.kill_because) == (CANCEL, "requested", 1,
+                                                                      None)
+    assert s.requested_at is not None and before <= s.requested_at <= trio.current_time()
+    assert not s.kill_now
+
+
+async def test_the_callers_second_request_kills_and_a_third_changes_nothing() -> None:
+    s = StopState(15)
+    s.request(CANCEL, by_caller=True)
+    first_at = s.requested_at
+    assert s.request(SHUTDOWN, by_caller=True) is True
+    assert s.kill_now and s.kill_because == "second_request"
+    assert s.reason == CANCEL and s.requested_at == first_at  # the first request's, kept
+    assert s.request(CANCEL, by_caller=True) is False
+    assert s.request(CANCEL, by_caller=True, force=True) is False
+    assert s.kill_because == "second_request"
+
+
+async def test_force_kills_at_once_whoever_asks() -> None:
+    s = StopState(15)
+    assert s.request(TL, by_caller=False, force=True) is True
+    assert s.kill_because == "force" and s.reason == TL and s.caller_requests == 0
+    c = StopState(15)
+    assert c.request(CANCEL, by_caller=True, force=True) is True
+    assert c.kill_because == "force"  # force wins over the count
+
+
+async def test_the_supervisors_own_stop_never_escalates_nor_spends_the_callers_request() -> None:
+    s = StopState(15)
+    assert s.request(TL, by_caller=False) is True
+    assert (s.reason, s.caller_requests, s.kill_because) == (TL, 0, None)
+    assert s.request(SHUTDOWN, by_caller=False) is False  # nothing harder asked for
+    assert s.request(CANCEL, by_caller=True) is True  # counted: it arms the next one
+    assert (s.reason, s.caller_requests, s.kill_because) == (TL, 1, None)
+    assert s.request(CANCEL, by_caller=True) is True
+    assert s.kill_because == "second_request"
+
+
+async def test_a_request_wakes_the_waiting_task_only_when_it_changed_something() -> None:
+    s = StopState(15)
+    with trio.CancelScope() as waker:
+        s.waker = waker
+        s.request(TL, by_caller=False)
+    assert waker.cancel_called
+    with trio.CancelScope() as second:
+        s.waker = second
+        assert s.request(SHUTDOWN, by_caller=False) is False
+    assert not second.cancel_called
+    s.waker = None
+    assert s.request(CANCEL, by_caller=True) is True  # no waker: nothing to cancel, no error
+
+
+async def test_after_the_end_no_request_changes_anything() -> None:
+    s = StopState(15)
+    s.finish()
+    assert s.level == "gone"
+    for by_caller, force in ((True, False), (False, False), (True, True)):
+        assert s.request(CANCEL, by_caller=by_caller, force=force) is False
+    assert s.reason is None and s.caller_requests == 0 and s.kill_because is None
+    assert s.record(0.0) is None
+
+
+async def test_mark_keeps_the_first_times_and_whether_the_stop_landed() -> None:
+    s = StopState(15)
+    s.request(CANCEL, by_caller=True)
+    s.mark("signalled", main_alive=True)
+    first = s.signalled_at
+    assert s.level == "signalled" and s.landed and first is not None
+    assert s.killed_at is None and s.kill_because is None
+    await trio.sleep(0.01)
+    s.mark("signalled", main_alive=False)
+    assert s.signalled_at == first and s.landed  # once landed, always landed
+    s.mark("killed", main_alive=False)
+    assert s.level == "killed" and s.killed_at is not None and s.killed_at > first
+    assert s.kill_because == "grace_expired"
+    killed = s.killed_at
+    s.mark("killed", main_alive=True)
+    assert s.killed_at == killed
+
+
+async def test_mark_does_not_overwrite_why_a_kill_came_and_a_stop_after_the_exit_did_not_land(
+        ) -> None:
+    s = StopState(9)
+    s.request(CANCEL, by_caller=True, force=True)
+    s.mark("killed", main_alive=False)
+    assert s.kill_because == "force" and not s.landed and s.signalled_at is None
+
+
+async def test_the_record_gives_times_after_the_spawn_and_how_far_it_went() -> None:
+    s = StopState(2)
+    t0 = trio.current_time()
+    s.request(TL, by_caller=False)
+    r = s.record(t0)
+    assert r is not None
+    assert (r.reason, r.reached, r.signal, r.kill_because, r.landed) == (TL, "requested", 2,
+                                                                         None, False)
+    assert r.requested_after_s is not None and 0 <= r.requested_after_s < 1
+    assert (r.signalled_after_s, r.killed_after_s) == (None, None)
+
+    s.signalled_at = t0 + 1.2345678
+    s.landed = True
+    r = s.record(t0)
+    assert r is not None and r.reached == "signalled" and r.signalled_after_s == 1.234568
+    assert r.kill_because is None and r.landed  # no kill yet: no reason for one
+
+    s.killed_at, s.kill_because = t0 + 2.5, "grace_expired"
+    r = s.record(t0)
+    assert r is not None and r.reached == "killed" and r.killed_after_s == 2.5
+    assert r.kill_because == "grace_expired"
+
+    # a request made before the spawn (queued) counts from the spawn: 0, never negative
+    late = s.record(t0 + 100)
+    assert late is not None and late.requested_after_s == 0.0
+    # never started: no times at all
+    unstarted = s.record(None)
+    assert unstarted is not None and unstarted.requested_after_s is None
+    assert unstarted.signalled_after_s is None and unstarted.killed_after_s is None
+
+
+async def test_a_caller_request_without_a_reason_yet_records_the_callers_reason() -> None:
+    s = StopState(15)
+    s.request(SHUTDOWN, by_caller=True)
+    r = s.record(trio.current_time())
+    assert r is not None and r.reason == SHUTDOWN
+
+
+# ---- signal_tree, on real processes --------------------------------------------------------
+
+
+def spawn_in(cg: cgroupfs.Cgroup, argv: list[str]) -> subprocess.Popen[bytes]:
+    """``argv`` started inside ``cg`` (it waits on a pipe until it has been moved)."""
+    p = subprocess.Popen(["sh", "-c", 'read -r _; exec "$@"', "gate", *argv],
+                         stdin=subprocess.PIPE)
+    cg.add_proc(p.pid)
+    assert p.stdin is not None
+    p.stdin.write(b"go\n")
+    p.stdin.close()
+    return p
+
+
+def wait_listed(cg: cgroupfs.Cgroup, n: int) -> list[int]:
+    deadline = time.monotonic() + 30
+    while True:
+        pids = [pid for listed in cg.procs_tree().values() for pid in listed]
+        if len(pids) >= n:
+            return pids
+        assert time.monotonic() < deadline, f"only {pids} listed"
+        time.sleep(0.01)
+
+
+def proc_field(pid: int, name: str) -> str:
+    with open(f"/proc/{pid}/{name}") as f:
+        text = f.read()
+    return text.rsplit(")", 1)[1].split()[0] if name == "stat" else text.strip()
+
+
+def wait_for(condition: object, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_signal_tree_reaches_every_process_of_the_subtree_and_names_them(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    leaf = test_cgroup.make_child("leaf")
+    inner = leaf.make_child("inner")
+    main = spawn_in(leaf, ["sleep", "60"])
+    other = spawn_in(inner, ["sleep", "60"])
+    try:
+        pids = wait_listed(leaf, 2)
+        for p in (main, other):
+            wait_for(lambda p=p: proc_field(p.pid, "comm") == "sleep", "exec of sleep")
+        found = signal_tree(leaf, (signal.SIGTERM,), main.pid)
+        assert found.main_listed
+        assert sorted(p.pid for p in found.processes) == sorted(pids)
+        assert {p.comm for p in found.processes} == {"sleep"}
+        assert main.wait(10) == -signal.SIGTERM and other.wait(10) == -signal.SIGTERM
+        assert not signal_tree(leaf, (signal.SIGTERM,), main.pid).main_listed
+        assert signal_tree(leaf, (signal.SIGTERM,)).processes == []
+    finally:
+        for p in (main, other):
+            p.kill()
+            p.wait()
+        inner.remove()
+        leaf.remove()
+
+
+def test_signal_tree_sends_each_signal_in_order_and_keeps_pidfds_only_of_new_pids(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    leaf = test_cgroup.make_child("leaf")
+    # stopped first, then the TERM that only a continued process acts on
+    p = spawn_in(leaf, ["sh", "-c", "kill -STOP $$; sleep 60"])
+    try:
+        wait_listed(leaf, 1)
+        wait_for(lambda: proc_field(p.pid, "stat") == "T", "the task stopped itself")
+        existing = os.pidfd_open(p.pid)
+        keep = {p.pid: existing}
+        fds = len(os.listdir("/proc/self/fd"))
+        signal_tree(leaf, (signal.SIGTERM, signal.SIGCONT), p.pid, keep)
+        assert keep == {p.pid: existing}  # the pidfd it had is kept, none leaked
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert p.wait(10) == -signal.SIGTERM
+        os.close(existing)
+    finally:
+        p.kill()
+        p.wait()
+        leaf.remove()
+
+
+def test_signal_tree_works_through_more_processes_than_it_holds_pidfds_at_once(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    leaf = test_cgroup.make_child("leaf")
+    n = 300  # more than two chunks of 128
+    p = spawn_in(leaf, ["sh", "-c", f"i=0; while [ $i -lt {n} ]; do sleep 60 & i=$((i+1)); "
+                                    f"done; wait"])
+    try:
+        pids = wait_listed(leaf, n + 1)
+        fds = len(os.listdir("/proc/self/fd"))
+        keep: dict[int, int] = {}
+        found = signal_tree(leaf, (signal.SIGKILL,), p.pid, keep)
+        assert sorted(x.pid for x in found.processes) == sorted(pids)
+        assert found.main_listed
+        assert sorted(keep) == sorted(pids)  # a pidfd of each, handed over
+        for fd in keep.values():
+            os.close(fd)
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert leaf.wait_unpopulated(30)
+    finally:
+        p.kill()
+        p.wait()
+        leaf.remove()
+
+
+def test_signal_tree_of_a_removed_cgroup_finds_nothing(test_cgroup: cgroupfs.Cgroup) -> None:
+    leaf = test_cgroup.make_child("leaf")
+    os.rmdir(leaf.path)
+    found = signal_tree(leaf, (signal.SIGTERM,), 1)
+    assert found.processes == [] and not found.main_listed
+    leaf.close()
