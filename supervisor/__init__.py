@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         SpecError,
         SupervisorError,
     )
+    from ._handover import HandOver
     from ._isolation import Isolation
     from ._result import (
         Cleanup,
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     )
     from ._spec import TaskSpec
     from ._supervisor import Batch, Supervisor, open_supervisor
-    from ._task import TaskHandle
+    from ._task import HandedOver, TaskHandle
 
 # Public name -> the module that defines it.  Loaded on first use (PEP 562), so that
 # ``import supervisor`` (and the CLI's client verbs, which live below it) cost no trio import.
@@ -61,6 +62,8 @@ _WHERE = {
     "Isolation": "._isolation",
     "Batch": "._supervisor", "Supervisor": "._supervisor", "open_supervisor": "._supervisor",
     "TaskHandle": "._task",
+    "HandedOver": "._task",
+    "HandOver": "._handover",
 }
 
 
@@ -85,6 +88,8 @@ __all__ = [
     "ConfigError",
     "Containment",
     "CpuMax",
+    "HandOver",
+    "HandedOver",
     "InternalError",
     "Isolation",
     "Limits",

@@ -91,7 +91,7 @@ class Driver(Sampled):
         self.paused_at: float | None = None
         self.paused_s = 0.0
         self.resumed_at = t0
-        self.deadline = self._running_deadline()
+        self.deadline = self.running_deadline()
         self.grace_end = self.repeat_at = math.inf
         self.exited = False  # the main process has exited
         self.exit: Exit | None = None  # how (None: not known, or not yet for an adopted one)
@@ -162,7 +162,7 @@ class Driver(Sampled):
         if self.stop.reason is not None or self.exited:
             self._enter_term(now)
         else:
-            self.deadline = self._running_deadline()
+            self.deadline = self.running_deadline()
 
     def _step_term(self, now: float) -> None:
         if self.stop.kill_now or now >= self.grace_end:
@@ -178,7 +178,7 @@ class Driver(Sampled):
         self.phase = DONE if self.exited else KILL
         self.deadline = math.inf
 
-    def _running_deadline(self) -> float:
+    def running_deadline(self) -> float:
         if self.paused_at is not None:
             return math.inf  # neither clock runs while paused
         deadline = math.inf
@@ -333,10 +333,14 @@ class Driver(Sampled):
 
     # ---- small reads ---------------------------------------------------------------------
 
-    def detach(self) -> None:
-        """Stop driving (hand_over()): the loop returns at once, the task goes on running."""
+    def detach(self) -> bool:
+        """Stop driving (hand_over()): the loop returns at once, the task goes on running.
+        False once the task is done (it is finishing: its record comes here)."""
+        if self.phase == DONE:
+            return False
         self.detaching = True
         self._wake()
+        return True
 
     def _main_alive(self) -> bool:
         return not self.exited and not self.main.has_exited()

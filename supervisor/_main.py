@@ -53,21 +53,25 @@ class MainProcess:
         self.pid, self.pidfd, self.adopted = pid, pidfd, adopted
 
     def has_exited(self) -> bool:
-        """Has it exited (reaped or not)?  Never reaps it."""
-        if self.adopted:
-            return bool(select.select([self.pidfd], [], [], 0)[0])
+        """Has it exited (reaped or not)?  Never reaps it.  (An adopted one may still be our
+        child: a process that handed over and then exec'd its successor keeps its children.)"""
         try:
             found = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            return True  # already reaped
+            if self.adopted:  # not ours: the pidfd turns readable when it exits
+                return bool(select.select([self.pidfd], [], [], 0)[0])
+            return True  # ours, and already reaped
         return found is not None
 
     def reap(self) -> Exit | None:
-        """Once it has exited: reap it (our child) and say how it ended; for an adopted one,
-        None until its new parent has reaped it (then :meth:`exit_info` tells)."""
-        if self.adopted:
-            return self.exit_info()
-        found = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
+        """Once it has exited: reap it (our child) and say how it ended; for one that is not
+        our child, None until its parent has reaped it (then :meth:`exit_info` tells)."""
+        try:
+            found = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            if self.adopted:
+                return self.exit_info()
+            raise
         if found is None:
             return None
         if found.si_code == os.CLD_EXITED:

@@ -17,6 +17,7 @@ kernel handed the same number to a newer task's pipe.
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import logging
@@ -25,6 +26,7 @@ import select
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -226,6 +228,30 @@ class StreamCapture:
             os.close(self.log_fd)
             self.log_fd = None
 
+    def export(self) -> dict[str, Any]:
+        """What a next process needs to carry this capture on (a hand-over)."""
+        return {"mode": self.mode, "head_limit": self.head_limit, "tail_limit": self.tail_limit,
+                "head": base64.b64encode(self.head or b"").decode(),
+                "tail": base64.b64encode(self.tail[-self.tail_limit:] if self.tail and
+                                         self.tail_limit else b"").decode(),
+                "total": self.total, "log_path": self.log_path, "log_limit": self.log_limit,
+                "log_written": self.log_written, "log_truncated": self.log_truncated,
+                "closed": self.closed}
+
+    @classmethod
+    def restore(cls, state: dict[str, Any]) -> StreamCapture:
+        """The capture :meth:`export` described; its log file reopened to append."""
+        cap = cls(state["head_limit"], state["tail_limit"], log_limit=state["log_limit"],
+                  log_path=state["log_path"], head=bytearray(base64.b64decode(state["head"])),
+                  tail=bytearray(base64.b64decode(state["tail"])), total=state["total"],
+                  log_written=state["log_written"], log_truncated=state["log_truncated"],
+                  mode=state["mode"])
+        if cap.log_path is not None and not state["closed"]:
+            cap.log_fd = os.open(cap.log_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        if state["closed"]:
+            cap.close()
+        return cap
+
     def result(self) -> StreamOutput:
         head = bytes(self.head or b"")
         tail = bytes(self.tail[-self.tail_limit:]) if self.tail and self.tail_limit else b""
@@ -359,6 +385,18 @@ class IoReactor:
         """``stream``'s feed has new bytes (or EOF): write it when the pipe has room."""
         if self._streams.get(stream.fd) is stream:
             self._epoll.modify(stream.fd, select.EPOLLOUT)
+
+    def detach(self, stream: Stream) -> int | None:
+        """Stop serving ``stream`` without reading or closing it, and give its fd back (for a
+        hand-over); None if the reactor had already closed it (its end came first)."""
+        if self._held.get(stream.fd) is stream:
+            del self._held[stream.fd]
+            return stream.fd
+        if self._streams.get(stream.fd) is not stream:
+            return None
+        del self._streams[stream.fd]
+        self._epoll.unregister(stream.fd)
+        return stream.fd
 
     def remove(self, stream: Stream) -> None:
         """Stop serving ``stream`` now: read what is already buffered (bounded: a writer outside

@@ -65,6 +65,16 @@ class Series:
     def __len__(self) -> int:
         return len(self.t)
 
+    @classmethod
+    def restore(cls, state: dict[str, Any]) -> Series:
+        """The series :meth:`to_dict` described (a hand-over carries it on)."""
+        series = cls()
+        for name, column in (("t_s", series.t), ("cpu_s", series.cpu),
+                             ("memory_bytes", series.memory), ("pids", series.pids),
+                             ("io_bytes", series.io)):
+            column.extend(state[name] or ())
+        return series
+
     def to_dict(self) -> dict[str, Any]:
         def values(column: array[Any], digits: int | None) -> list[Any] | None:
             if not column:

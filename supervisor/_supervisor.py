@@ -16,6 +16,7 @@ stop, a second one a kill, and exactly one KeyboardInterrupt goes on once the re
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import re
@@ -30,16 +31,18 @@ from cgroupfs import CgroupError
 
 from ._errors import ConfigError, InternalError, SpecError, SupervisorError, first_leaf
 from ._guard import SpawnGuard
+from ._handoff import adopt_task, export_task
+from ._handover import HandOver, TaskState
 from ._keeper import Keeper
+from ._life import QueueSlot, live
 from ._output import IoReactor
-from ._result import StopReason, TaskResult
+from ._result import Cleanup, Outcome, StopReason, TaskResult
 from ._sample import Sampler
 from ._spec import DEFAULT_GRACE, TaskSpec
-from ._life import QueueSlot, live
-from ._task import Incident, Runtime, Task, TaskHandle, finish_unstarted, request_stop
+from ._task import Incident, Runtime, Task, TaskHandle, finish_unstarted, record, request_stop
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
-from .placement import Placement, check_limits, place_async
+from .placement import Placement, adopt_root, check_limits, place_async
 
 __all__ = ["DEFAULT_GRACE", "Batch", "Supervisor", "open_supervisor"]
 
@@ -68,6 +71,7 @@ class Supervisor:
         self._retain = retain_results
         self.results: collections.OrderedDict[str, TaskResult] = collections.OrderedDict()
         self._closing = False
+        self._handover: HandOver | None = None
 
     @property
     def cgroup_root(self) -> str:
@@ -257,6 +261,61 @@ class Supervisor:
                 nursery.start_soon(batch.run_one, task, slot, fail_fast)
             task_status.started(batch)
 
+    async def hand_over(self) -> HandOver:
+        """Stop supervising without stopping anything, for another process to carry on (a
+        daemon's restart): every running task's driver lets go, its pipes come off the
+        reactor unread, and on leaving ``open_supervisor`` the root is kept (not removed) and
+        the keeper told to leave it alone.  Tasks already finishing are recorded here first;
+        queued ones are recorded as never started (reason ``shutdown``).  Returns what the
+        next process passes to ``open_supervisor(adopt=...)``: keep its :meth:`HandOver.fds`
+        alive across the restart (systemd's fd store) and its :meth:`HandOver.to_json`.
+        Waiters on a handed-over task get HandedOver."""
+        if self._handover is not None:
+            raise SupervisorError("this supervisor has handed its tasks over already")
+        self._closing = True
+        handover = self._handover = HandOver(self.cgroup_root, os.dup(self._placement.root.fd))
+        self._rt.on_detach = functools.partial(export_task, handover)
+        for task in list(self._live.values()):
+            if task.driver is None or not task.driver.detach():
+                request_stop(task, StopReason.SHUTDOWN, by_caller=False)  # not running yet
+        with trio.CancelScope(shield=True):
+            for task in list(self._live.values()):
+                if not task.began:
+                    finish_unstarted(task)
+                    self._ended(task)
+                else:
+                    await task.done.wait()
+        return handover
+
+    def _adopt(self, handover: HandOver, nursery: trio.Nursery) -> None:
+        """Carry on the tasks an earlier process handed over (each in our nursery); one that
+        cannot be adopted gets its record now (``lost``, saying why)."""
+        for state in handover.tasks:
+            try:
+                life = adopt_task(self._rt, state, self._adopted)
+            except Exception as e:  # its leaf vanished, an fd is not what it claims...
+                log.exception("adopting task %s", state.id)
+                self._lost_in_handover(state, e)
+                continue
+            nursery.start_soon(life)
+        handover.tasks.clear()
+
+    def _adopted(self, task: Task) -> None:
+        self._live[task.id] = task
+
+    def _lost_in_handover(self, state: TaskState, error: Exception) -> None:
+        for fd in state.fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        spec = TaskSpec(tuple(state.state["spec"]["argv"]), name=state.state["spec"]["name"])
+        task = Task(self._rt, state.id, spec, state.state["time_limit"], ())
+        record(task, Outcome.LOST, started=True, error=error, step="adopt",
+               cleanup=Cleanup("incomplete", detail=f"could not be adopted: {error}"),
+               started_at=state.state["started_at"],
+               notes=["handed over by an earlier corral process, but could not be adopted"])
+
     def stop_all(self, *, force: bool = False, reason: StopReason = StopReason.CANCEL) -> int:
         """Ask every live task to stop; returns how many requests changed something.
 
@@ -376,7 +435,8 @@ def _config_duration(name: str, value: Any) -> float | None:
 @asynccontextmanager
 async def open_supervisor(cgroup_root: str | None = None, default_time_limit: Any = None,
                           max_time_limit: Any = None, *, retain_results: int = 1000,
-                          sample_interval: Any = "1s") -> AsyncIterator[Supervisor]:
+                          sample_interval: Any = "1s",
+                          adopt: HandOver | None = None) -> AsyncIterator[Supervisor]:
     """Open a supervisor: find a base, make its own root there, yield it, clean up on exit.
 
     ``cgroup_root``: a cgroup v2 directory to make our root in (default: discovered, see
@@ -384,9 +444,11 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
     caps every task (a larger limit is capped, and the result's notes say so); without it, the
     default is the ceiling.  A ceiling below the default is refused here.  ``sample_interval``:
     how often each running task's usage is sampled into its record's series (None: never).
-    ``retain_results``: how many records ``sup.results`` keeps (the oldest go first).  On exit
-    every task still live is stopped (reason ``shutdown``: stop signal, grace, kill), their
-    records are awaited, and the root is removed.
+    ``retain_results``: how many records ``sup.results`` keeps (the oldest go first).
+    ``adopt``: what an earlier process's :meth:`Supervisor.hand_over` gave: its root and its
+    running tasks become this supervisor's (``cgroup_root`` is then not used).  On exit every
+    task still live is stopped (reason ``shutdown``: stop signal, grace, kill), their records
+    are awaited, and the root is removed (unless this supervisor handed its tasks over).
     """
     default = _config_duration("default_time_limit", default_time_limit)
     ceiling = _config_duration("max_time_limit", max_time_limit)
@@ -399,29 +461,34 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
             f"max_time_limit ({format_duration(ceiling)}) is below default_time_limit "
             f"({format_duration(default)}): every task would be capped at once; raise the "
             f"ceiling or lower the default")
-    placement = await place_async(cgroup_root)
+    placement = (adopt_root(adopt.root_path, adopt.root_fd) if adopt is not None
+                 else await place_async(cgroup_root))
     guard = SpawnGuard(placement.root)
     keeper: Keeper | None = None
+    handed_over = False
     try:
         # Armed before any task exists: if this process dies, the keeper kills the root.
         keeper = Keeper.start(placement.root)
         guard.start()
         async with _serving(placement, guard, Sampler(interval), default, ceiling,
-                            retain_results) as sup:
-            yield sup
+                            retain_results, adopt) as sup:
+            try:
+                yield sup
+            finally:
+                handed_over = sup._handover is not None
     finally:
         guard.close()
         try:
-            placement.close()
+            placement.close(keep=handed_over)
         finally:
             if keeper is not None:
-                keeper.close()
+                keeper.release() if handed_over else keeper.close()
 
 
 @asynccontextmanager
 async def _serving(placement: Placement, guard: SpawnGuard, sampler: Sampler,
-                   default: float | None, ceiling: float | None,
-                   retain: int) -> AsyncIterator[Supervisor]:
+                   default: float | None, ceiling: float | None, retain: int,
+                   adopt: HandOver | None) -> AsyncIterator[Supervisor]:
     """The supervisor's own trio tasks (watcher, reactor, root guard) around the caller's
     block; on exit every task is stopped and recorded first, then they go."""
     watcher, reactor = CgroupWatcher(), IoReactor()
@@ -433,6 +500,8 @@ async def _serving(placement: Placement, guard: SpawnGuard, sampler: Sampler,
                              retain)
             nursery.start_soon(sup._guard_root)
             nursery.start_soon(sampler.run)
+            if adopt is not None:
+                sup._adopt(adopt, nursery)
             try:
                 yield sup
             finally:

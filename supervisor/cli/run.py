@@ -36,6 +36,7 @@ from .terminal import (
     die_by_signal,
     may_suspend,
     read_deliveries,
+    screen_reset,
     sender_cgroup,
 )
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from .._spec import TaskSpec
     from .._supervisor import Supervisor
     from .._task import TaskHandle
+    from .relay import PtyRelay
 
 __all__ = ["add_parser", "exit_status", "main"]
 
@@ -65,7 +67,22 @@ read the terminal and gets the keys itself, as it would without corral):
   Ctrl-Z          suspends corral and the task; fg / bg resume both.  The time limit
                   counts the time spent stopped (as timeout(1)): past it, the task is
                   stopped as soon as corral resumes
-  the terminal's modes are restored when the task ends, also when it was killed
+  the terminal's modes are restored when the task ends, also when it was killed, and a
+  killed full-screen program's alternate screen and hidden cursor are put back too
+
+with --pty the task runs on a terminal of its own (programs colour and line-buffer), its
+output mirrored here and kept in the record.  At a terminal this one is in raw mode while
+the task runs: every key is typed into the task's terminal, whose modes decide what it does:
+  Ctrl-C, Ctrl-\\  the task's SIGINT / SIGQUIT when its terminal makes them signals (a REPL
+                  goes on); Ctrl-C {WAY_OUT_PRESSES} times within {WAY_OUT_WINDOW:g}s stops the
+                  task, as above
+  Ctrl-D          end of input for a program reading its terminal (a REPL exits)
+  Ctrl-Z          a lone program: suspends corral and freezes the task (frozen time is not
+                  counted by the time limit); a job-control shell in the task: that shell's
+  window size     follows this terminal's (SIGWINCH)
+  stdin not a terminal: typed into the task's terminal as it comes (echoed and read as
+  keys), its end typed as Ctrl-D; stdout not a terminal: the task's terminal output as is
+  (CR LF line ends, colours).  stdout closing early stops the task (exit status 141)
 
 signals sent to corral's pid by another process (kill, a CI runner, systemd):
   SIGINT, SIGTERM, SIGHUP, SIGQUIT: the first stops the task gracefully (stop signal,
@@ -134,6 +151,9 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--chdir", metavar="DIR", help="working directory of the command")
     run.add_argument("--cgroup-root", metavar="PATH",
                      help="a delegated cgroup v2 directory to run under (default: discovered)")
+    run.add_argument("--pty", action="store_true",
+                     help="run the task on a pseudo-terminal of its own, mirrored here (its "
+                          "output is also kept in the record; keys below)")
     run.add_argument("--summary", action="store_true",
                      help="print a summary when the task ends (always, unless --quiet, when "
                           "it did not succeed)")
@@ -155,7 +175,7 @@ def _plot_target(value: str) -> str:
     return check_target(value)
 
 
-def _spec_from_args(args: argparse.Namespace) -> TaskSpec:
+def _spec_from_args(args: argparse.Namespace, pty: PtyRelay | None) -> TaskSpec:
     from cgroupfs import Limits
 
     from .._properties import parse_properties
@@ -188,8 +208,10 @@ def _spec_from_args(args: argparse.Namespace) -> TaskSpec:
         options["env"] = env
     if props.limits:
         options["limits"] = Limits(**props.limits)
-    return TaskSpec(tuple(command), stdin="inherit", stdout="inherit", stderr="inherit",
-                    ignored_signals=_inherited_ignored(), **options)
+    stdio: dict[str, Any] = {"stdin": "inherit", "stdout": "inherit", "stderr": "inherit"}
+    if pty is not None:  # its own terminal, our size and modes; captured, mirrored by a tap
+        stdio = {"stdin": None, "stdout": "capture", "stderr": "capture", **pty.spec_options()}
+    return TaskSpec(tuple(command), ignored_signals=_inherited_ignored(), **stdio, **options)
 
 
 def _inherited_ignored() -> tuple[int, ...]:
@@ -222,11 +244,13 @@ def exit_status(result: TaskResult, interrupted_by: int | None) -> int:
 class Control:
     """The task's stop requests, from the signals corral gets, before and after it exists.
 
-    Runs on the trio thread, called by the signal watcher; no I/O but a hint on stderr and
-    a read of the sender's /proc/PID/cgroup.
+    Runs on the trio thread, called by the signal watcher (and under ``--pty`` by the relay,
+    for the keys it reads as bytes); no I/O but a hint on stderr, a read of the sender's
+    /proc/PID/cgroup, and the relay's terminal work.
     """
 
-    def __init__(self, sigfd: int, quiet: bool, said: set[str]) -> None:
+    def __init__(self, sigfd: int, quiet: bool, said: set[str],
+                 pty: PtyRelay | None = None) -> None:
         self.sigfd = sigfd  # the signalfd of JOB_SIGNALS
         self.keys = Keys()
         self.quiet = quiet
@@ -236,6 +260,10 @@ class Control:
         self.pending: list[int] = []  # stop requests that came before the task existed
         self.interrupted_by: int | None = None  # the signal of the first stop request
         self.terminal_interrupt = False  # a Ctrl-C or Ctrl-\ typed at the terminal was seen
+        self.pty = pty  # --pty: the task's own terminal, mirrored to ours
+        if pty is not None:
+            pty.on_press = self.press
+            pty.on_gone = self.output_gone
 
     def attach(self, task: TaskHandle) -> None:
         self.task = task
@@ -251,16 +279,44 @@ class Control:
     def on_signal(self, d: Delivery) -> None:
         if d.from_terminal and d.signo in (signal.SIGINT, signal.SIGQUIT):
             self.terminal_interrupt = True
+            if self.pty is not None and self.task is not None:
+                self.pty.type_key(d.signo)  # the task's terminal is not this one: type it there
         act = self.keys.decide(d, time.monotonic(), started=self.task is not None,
                                from_task=self._from_task(d))
+        self._act(act, d.signo)
+
+    def press(self) -> None:
+        """A Ctrl-C typed into the task's terminal under ``--pty`` (ours in raw mode)."""
+        self.terminal_interrupt = True
+        self._act(self.keys.press(time.monotonic()), signal.SIGINT)
+
+    def output_gone(self, why: str) -> None:
+        """Under ``--pty`` our stdout stopped taking the task's output (its reader went
+        away): the task is stopped, as writing there itself would have ended it (SIGPIPE)."""
+        if not self.quiet:
+            _say(f"corral: stdout: {why}; stopping the task (its output has nowhere to go)")
+        if self.task is not None and self.task.result is None:
+            self._stop(signal.SIGPIPE)
+
+    def _act(self, act: Act, signo: int) -> None:
         if act is Act.STOP:
-            self._stop(d.signo)
+            self._stop(signo)
         elif act is Act.HINT and not self.quiet:
-            _say(_after_echo(self.keys.hint()))
+            line = _after_echo(self.keys.hint())
+            if self.pty is not None and self.pty.raw_active:
+                line = line.replace("\n", "\r\n") + "\r"  # raw mode: no newline translation
+            _say(line)
         elif act is Act.SUSPEND and may_suspend():
-            # SIGTSTP is blocked, so its default (stop) never happens: do it ourselves; the
-            # task got the same SIGTSTP.  `fg`/`bg` send SIGCONT to both.
-            os.kill(os.getpid(), signal.SIGSTOP)
+            if self.pty is not None:
+                self.pty.suspend()  # its modes back, the task frozen, then stopped
+            else:
+                # SIGTSTP is blocked, so its default (stop) never happens: do it ourselves;
+                # the task got the same SIGTSTP.  `fg`/`bg` send SIGCONT to both.
+                os.kill(os.getpid(), signal.SIGSTOP)
+        elif act is Act.RESIZE and self.pty is not None:
+            self.pty.resize()
+        elif act is Act.RESUMED and self.pty is not None:
+            self.pty.resumed()
 
     def _stop(self, signo: int) -> None:
         if self.interrupted_by is None:
@@ -270,6 +326,8 @@ class Control:
             self.pending.append(signo)  # before the spawn: the task never starts
         else:
             self.task.stop()  # the first asks gracefully; the next one kills now
+            if self.pty is not None and self.task.result is not None:
+                self.pty.abandon()  # ended, and its last output does not drain: stop waiting
 
     def _from_task(self, d: Delivery) -> bool:
         """Did one of the task's own processes send it (to its process group, ours too)?"""
@@ -327,6 +385,9 @@ async def _start_and_wait(sup: Supervisor, spec: TaskSpec, control: Control) -> 
                 before_start.cancel()
             task: TaskHandle = await nursery.start(sup.start, spec)
         control.attach(task)
+        if control.pty is not None:
+            control.pty.begin(task)  # no checkpoint since start(): the tap misses nothing
+            await control.pty.run()  # until all its output is written
         return await task.wait()
 
 
@@ -494,11 +555,33 @@ def _report(args: argparse.Namespace, sinks: list[_Sink], result: TaskResult, st
             _say(line)
 
 
-def _prepare(args: argparse.Namespace) -> TaskSpec:
+def _open_pty() -> PtyRelay:
+    from .relay import PtyRelay
+
+    try:
+        return PtyRelay.open()
+    except OSError as e:
+        die(f"--pty: corral's own stdio cannot be relayed: {e}; run without --pty")
+
+
+def _leave_full_screen(result: TaskResult) -> None:
+    """A program that held the terminal (it left the modes changed) and was killed could not
+    leave its alternate screen or show its cursor again: do it, at a terminal.  (Without
+    --pty corral does not see the output, so this is a guess, made only then: ``rmcup``
+    outside the alternate screen would move the cursor.)"""
+    if result.signal is None or not os.isatty(1):
+        return
+    try:
+        os.write(1, screen_reset(1, alternate=True, cursor=True))
+    except OSError:
+        pass  # hung up: no screen to put back
+
+
+def _prepare(args: argparse.Namespace, pty: PtyRelay | None) -> TaskSpec:
     from .._errors import PlacementError
 
     try:
-        spec = _spec_from_args(args)
+        spec = _spec_from_args(args, pty)
         if not spec.limits.is_empty():
             from ..placement import check_limits, planned_controllers
 
@@ -514,19 +597,26 @@ def main(args: argparse.Namespace) -> int:
     # they wait on the signalfd for the watcher.
     block_job_signals()
     said = configure_logging(args.quiet)
-    spec = _prepare(args)
+    pty = _open_pty() if args.pty else None
+    spec = _prepare(args, pty)
     sinks = _open_sinks(args)
     terminal = Terminal.open()
-    control = Control(_signalfd(), args.quiet, said)
+    control = Control(_signalfd(), args.quiet, said, pty)
+    held = False  # the task left the terminal's modes changed
     try:
         result, error = _supervise(spec, args, control)
     finally:
         os.close(control.sigfd)
+        if pty is not None:
+            pty.finish()  # our modes, and the screen it left, before anything is printed
+            pty.close()
         if terminal is not None:
-            terminal.restore()  # before anything is printed: the summary in sane modes
+            held = terminal.restore()  # before anything is printed: the summary in sane modes
             terminal.close()
     if result is None:
         die(str(error))
+    if held and pty is None:
+        _leave_full_screen(result)
     status = EXIT_FAILURE if error is not None else exit_status(result, control.interrupted_by)
     ended_by_key = control.terminal_interrupt and (
         result.outcome == "cancelled" or result.signal in (signal.SIGINT, signal.SIGQUIT))

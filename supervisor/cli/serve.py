@@ -50,6 +50,24 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--keep-finished", type=int, default=256, metavar="N",
                    help="finished tasks answered from memory (default 256); older ones are "
                         "answered from the records")
+    p.add_argument("--retain-age", default="7d", metavar="DURATION",
+                   help="finished tasks' records and output are kept this long (default 7d; "
+                        "'infinity': no limit)")
+    p.add_argument("--retain-count", default="10000", metavar="N",
+                   help="at most N finished tasks are kept (default 10000; 'infinity')")
+    p.add_argument("--retain-bytes", default="2G", metavar="SIZE",
+                   help="finished tasks' records and output files take at most SIZE "
+                        "(default 2G; 'infinity')")
+    p.add_argument("--on-finish-exec", metavar="PROGRAM",
+                   help="run PROGRAM for each finished task (the task's event as JSON on "
+                        "stdin; see docs/durability.md)")
+    p.add_argument("--on-finish-url", metavar="URL",
+                   help="POST each finished task's event to URL over --on-finish-socket")
+    p.add_argument("--on-finish-socket", metavar="PATH",
+                   help="the Unix socket --on-finish-url is reached through")
+    p.add_argument("--no-hand-over", dest="hand_over", action="store_false",
+                   help="stop tasks on `systemctl restart` too, instead of handing them to the "
+                        "restarted daemon")
     p.add_argument("--header-timeout", default="10s", metavar="DURATION")
     p.add_argument("--idle-timeout", default="5min", metavar="DURATION")
     p.add_argument("--send-timeout", default="30s", metavar="DURATION",
@@ -60,10 +78,10 @@ def add_parser(sub: Any) -> None:
 
 def _config(args: argparse.Namespace) -> Any:
     from .._units import parse_duration
-    from ..serve.daemon import Config
     from ..serve.http import HttpLimits
     from ..serve.protocol import DEFAULT_SOCKET, SOCKET_ENV
     from ..serve.queue import QueueLimits
+    from ..serve.state import Config
 
     for name in ("max_running", "max_queued", "max_queued_per_uid", "max_connections",
                  "keep_finished"):
@@ -85,13 +103,40 @@ def _config(args: argparse.Namespace) -> Any:
         send_timeout=parse_duration(args.send_timeout, "--send-timeout"))
     queue = QueueLimits(args.max_running, args.max_running_per_uid or args.max_running,
                         args.max_queued, args.max_queued_per_uid)
+    if (args.on_finish_url is None) != (args.on_finish_socket is None):
+        die("--on-finish-url and --on-finish-socket go together: the URL is POSTed over the "
+            "socket (as curl --unix-socket SOCKET URL)")
+    if args.on_finish_url is not None and not args.on_finish_url.startswith("http://"):
+        die(f"--on-finish-url must be http://HOST/PATH, got {args.on_finish_url!r}")
     return Config(
         socket=args.socket or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET,
         state_dir=os.path.abspath(args.state_dir), cgroup_root=args.cgroup_root,
         default_time_limit=args.default_time_limit, max_time_limit=args.max_time_limit,
         allow_gid=allow_gid, socket_mode=0o666 if allow_gid is None else 0o660,
         queue=queue, http=http, output_cap=_size(args.output_cap, "--output-cap"),
-        max_connections=args.max_connections, keep_finished=args.keep_finished)
+        max_connections=args.max_connections, keep_finished=args.keep_finished,
+        retention=_retention(args), on_finish_exec=args.on_finish_exec,
+        on_finish_url=args.on_finish_url, on_finish_socket=args.on_finish_socket,
+        hand_over=args.hand_over)
+
+
+def _retention(args: argparse.Namespace) -> Any:
+    from .._units import parse_duration
+    from ..serve.records import Retention
+
+    def unlimited(text: str) -> bool:
+        return text.strip().lower() in ("infinity", "inf", "none")
+
+    age = None if unlimited(args.retain_age) else parse_duration(args.retain_age,
+                                                                   "--retain-age")
+    count = None
+    if not unlimited(args.retain_count):
+        if not args.retain_count.isdigit() or int(args.retain_count) < 1:
+            die(f"--retain-count must be a whole number >= 1 or 'infinity', got "
+                f"{args.retain_count!r}")
+        count = int(args.retain_count)
+    size = None if unlimited(args.retain_bytes) else _size(args.retain_bytes, "--retain-bytes")
+    return Retention(age, count, size)
 
 
 def _size(text: str, what: str) -> int:

@@ -17,11 +17,12 @@ The spawn empties the child's signal mask and resets its dispositions, so tasks 
 the blocked set.  Nothing here imports trio, or much at all: :func:`block_job_signals` must
 run as early as it can.
 
-What is left for ``--pty`` (a pseudo-terminal owned by the core): :class:`Terminal` saves and
-restores the modes and knows whether corral holds the foreground; raw mode, SIGWINCH and
-SIGCONT (re-enter raw mode after ``fg``) would be added to ``JOB_SIGNALS`` and dispatched in
-:meth:`Keys.decide`'s caller.  Ctrl-C then arrives as a byte, not a signal; :meth:`Keys.press`
-counts presses whatever their source.
+``--pty`` (relay.py) gives the task a terminal of its own instead: the same signalfd also
+carries SIGWINCH (the real terminal's size, passed on) and SIGCONT (after ``fg``: raw mode
+again), and in raw mode Ctrl-C arrives as a byte, which :meth:`Keys.press` counts all the same.
+
+A full-screen program killed while it holds the terminal leaves its modes (restored from the
+saved ones) and its screen (the alternate screen, a hidden cursor: :func:`screen_reset`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import collections
 import enum
 import os
+import re
 import signal
 import struct
 import sys
@@ -36,12 +38,14 @@ import termios
 from typing import Any, NamedTuple
 
 __all__ = ["JOB_SIGNALS", "Act", "Delivery", "Keys", "Terminal", "block_job_signals",
-           "die_by_signal", "may_suspend", "read_deliveries", "sender_cgroup"]
+           "die_by_signal", "may_suspend", "read_deliveries", "screen_reset", "sender_cgroup"]
 
 # Blocked from the start of `corral run` and read from a signalfd.  SIGTTIN/SIGTTOU keep their
 # default (stop): corral must be stopped, not wrongly allowed, when it touches the terminal
-# from the background.
-JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP)
+# from the background.  SIGWINCH and SIGCONT serve --pty (blocking SIGCONT never keeps it from
+# continuing a stopped process: that happens when it is sent).
+JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP,
+               signal.SIGWINCH, signal.SIGCONT)
 
 SI_KERNEL = 0x80  # <asm-generic/siginfo.h>: sent by the kernel (a terminal's key, a hangup)
 SIGINFO_SIZE = 128  # sizeof(struct signalfd_siginfo)
@@ -104,11 +108,14 @@ class Act(enum.Enum):
     HINT = "hint"  # the program's own, and one more Ctrl-C would stop the task
     STOP = "stop"  # stop the task: the first graceful, the next one a kill
     SUSPEND = "suspend"  # Ctrl-Z: stop corral as well (the task got it from the terminal)
+    RESIZE = "resize"  # SIGWINCH: the real terminal's size changed (--pty passes it on)
+    RESUMED = "resumed"  # SIGCONT: corral runs again (--pty: raw mode again in the foreground)
 
 
 class Keys:
     """What each signal means to ``corral run`` (pure: no I/O, no clock of its own).
 
+    - SIGWINCH, SIGCONT: news about the terminal, never a stop (``--pty`` acts on them).
     - SIGTSTP, from anywhere: corral stops itself too (a full-screen program that reads
       Ctrl-Z as a byte sends SIGTSTP to its whole process group, corral included).
     - A process's SIGINT, SIGTERM, SIGHUP or SIGQUIT: stop the task (graceful, then kill),
@@ -125,6 +132,10 @@ class Keys:
         self._times: collections.deque[float] = collections.deque()
 
     def decide(self, d: Delivery, now: float, *, started: bool, from_task: bool = False) -> Act:
+        if d.signo == signal.SIGWINCH:
+            return Act.RESIZE
+        if d.signo == signal.SIGCONT:
+            return Act.RESUMED
         if d.signo == signal.SIGTSTP:
             return Act.SUSPEND
         if not d.from_terminal or d.signo in (signal.SIGTERM, signal.SIGHUP):
@@ -136,7 +147,8 @@ class Keys:
         return self.press(now)
 
     def press(self, now: float) -> Act:
-        """One Ctrl-C that the program received too."""
+        """One Ctrl-C that the program received too (a signal from the terminal, or under
+        ``--pty`` the byte typed into the task's terminal)."""
         if self.stopping:
             return Act.STOP
         times = self._times
@@ -181,16 +193,19 @@ class Terminal:
             os.close(fd)
             return None
 
-    def restore(self) -> None:
-        """Put the saved modes back if they changed and the terminal is ours to change.
+    def restore(self) -> bool:
+        """Put the saved modes back if they changed and the terminal is ours to change; True
+        if they had changed (a program left them: it held the terminal when it ended).
 
         Never raises: a terminal that hung up has nothing to restore.
         """
         try:
             if self._reclaim() and termios.tcgetattr(self.fd) != self.modes:
                 termios.tcsetattr(self.fd, termios.TCSADRAIN, self.modes)
+                return True
         except (OSError, termios.error):
             pass  # EIO after a hangup: nobody is there to see the modes
+        return False
 
     def _reclaim(self) -> bool:
         """Are we the terminal's foreground group (again)?  A task that took the terminal for
@@ -218,6 +233,36 @@ class Terminal:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+# xterm's, for a terminal whose terminfo entry cannot be read
+_RESET_FALLBACK = {"rmcup": b"\x1b[?1049l", "cnorm": b"\x1b[?25h"}
+_PADDING = re.compile(rb"\$<[0-9.*/]+>")  # terminfo delays, for tputs(3) only
+
+
+def screen_reset(fd: int, *, alternate: bool, cursor: bool) -> bytes:
+    """What a full-screen program sends its terminal when it exits, and one that was killed
+    could not: leave the alternate screen (terminfo ``rmcup``: the shell's screen and cursor
+    come back) and show the cursor (``cnorm``), for the terminal at ``fd`` ($TERM); b"" for
+    what is not asked.  Only for a terminal known to be in that state: ``rmcup`` also moves
+    the cursor to where ``smcup`` saved it."""
+    caps = [cap for cap, wanted in (("rmcup", alternate), ("cnorm", cursor)) if wanted]
+    found = _terminfo(fd, caps) if caps else []
+    return b"".join(_PADDING.sub(b"", seq) if seq else _RESET_FALLBACK[cap]
+                    for cap, seq in zip(caps, found, strict=True))
+
+
+def _terminfo(fd: int, caps: list[str]) -> list[bytes | None]:
+    """The terminfo strings ``caps`` of $TERM (None each: no curses, no $TERM, unknown)."""
+    try:
+        import curses
+    except ImportError:
+        return [None] * len(caps)
+    try:
+        curses.setupterm(None, fd)
+    except curses.error:
+        return [None] * len(caps)
+    return [curses.tigetstr(cap) for cap in caps]
 
 
 def may_suspend() -> bool:

@@ -33,7 +33,7 @@ from .._errors import PlacementError, SpecError
 from ._base import Base, choose
 from ._instance import make_instance, reap_stale
 
-__all__ = ["Placement", "check_limits", "place_async", "planned_controllers"]
+__all__ = ["Placement", "adopt_root", "check_limits", "place_async", "planned_controllers"]
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +56,29 @@ class Placement:
         """Where task leaves go (the root itself)."""
         return self.root
 
-    def close(self) -> None:
+    def close(self, *, keep: bool = False) -> None:
         """Remove our root (and anything still below it: the supervisor stopped its tasks
-        already, this is the last guard), releasing the lock."""
+        already, this is the last guard), releasing the lock; with ``keep`` (the root was
+        handed over: its lock lives on in a dup of its fd), only close our fd."""
+        if keep:
+            self.root.close()
+            return
         done = self.root.destroy(timeout=5.0)
         if done.error is not None:
             log.warning("closing the supervisor's root: %s", done.error)
+
+
+def adopt_root(path: str, fd: int) -> Placement:
+    """The root an earlier supervisor process handed over (its directory fd, the same open
+    file description as that process's flock, so it is still locked: by us now)."""
+    root = Cgroup(path, fd)
+    if not root.try_lock():  # the same open file description: taking it again succeeds
+        root.close()
+        raise PlacementError(f"the handed-over root {path} is locked by someone else: it "
+                             f"was not handed over by the process that held it")
+    controllers = root.enabled_controllers()
+    return Placement(root, "adopted from an earlier process", controllers,
+                     os.path.dirname(path), [], proc_view(path))
 
 
 async def place_async(cgroup_root: str | None) -> Placement:

@@ -98,10 +98,39 @@ class Scheduler(Generic[T]):
             if not waiting:
                 self._drop_uid(uid)
             self.total_queued -= 1
-            self._running[uid] += 1
-            self.total_running += 1
+            self._count(uid)
             return task
         return None
+
+    def reserve(self, uid: int) -> bool:
+        """Count a task of ``uid`` as running now, without queueing it, if it could start at
+        once: nothing of anyone's is waiting (fairness and FIFO hold) and the limits allow.
+        False (nothing counted) otherwise.  The caller must call :meth:`finished` later."""
+        lim = self.limits
+        if self.total_queued or self.total_running >= lim.max_running or \
+                self._running[uid] >= lim.max_running_per_uid:
+            return False
+        self._count(uid)
+        return True
+
+    def running(self, uid: int) -> None:
+        """Count a task that runs already (handed over by the daemon before) as running."""
+        self._count(uid)
+
+    def _count(self, uid: int) -> None:
+        self._running[uid] += 1
+        self.total_running += 1
+
+    def requeue(self, task: T) -> None:
+        """A task that :meth:`next_ready` handed out could not start: back to the head of its
+        uid's queue (it is no longer counted as running)."""
+        self.finished(task.uid)
+        waiting = self._waiting.get(task.uid)
+        if waiting is None:
+            waiting = self._waiting[task.uid] = collections.deque()
+            self._turns.appendleft(task.uid)
+        waiting.appendleft(task)
+        self.total_queued += 1
 
     def finished(self, uid: int) -> None:
         """A task that ``next_ready`` handed out has ended."""

@@ -1,82 +1,123 @@
 """Task records in SQLite: one row per task, written at accept, start and end.
 
-``state.db`` in the state directory; WAL; schema versioned with ``PRAGMA user_version`` (a
-newer schema than this daemon knows is refused at start, with the fix).  Every call runs in one
-worker thread, one at a time (``trio.to_thread.run_sync`` under a limiter of 1), never on the
-trio thread: a slow disk delays records, not the event loop.  Writes are group-committed:
-every write waiting at a moment goes into one transaction and one thread hop, so sixteen
-busy clients cost about what one does; each caller still returns only once its own write is
-committed.
+``state.db`` in the state directory: WAL, ``synchronous=FULL`` (a transition is on disk,
+fsynced, before anyone is told of it: the 201 of a submission, the spawn after "starting", a
+waiter's result), schema versioned and migrated (``schema.py``).  The state directory is
+locked (``lock``, flock) for the daemon's life: one daemon per state directory.
 
-The row keeps the request as accepted (``spec``), the submitter, the timestamps and the
-result JSON (``TaskResult.to_dict()``, as it is).  Seams for restart adoption and retention
-(the next issue): ``unfinished()`` lists rows an earlier run left without an end.  A task's output
-files are ``output/<id>`` (stdout) and ``output/<id>.stderr`` beside the database.
+Every call runs in one worker thread, one at a time (``trio.to_thread.run_sync`` under a
+limiter of 1), never on the trio thread: a slow disk delays records, not the event loop.
+Writes are group-committed: every write waiting at a moment goes into one transaction (one
+fsync) and one thread hop, so sixteen busy clients cost about what one does; each caller still
+returns only once its own write is committed.  The "running" update (pid, start time) is lazy:
+it rides along with the next commit, or goes within :data:`LAZY_DELAY`; a task that ends first
+never needs it (its end row has every figure).  Nothing depends on it for safety: "starting",
+written before the spawn, is what makes a restart treat the task as possibly started.
+
+A write that fails raises :class:`RecordsError` naming the file, SQLite's reason and the fix;
+a transaction never half-applies (SQLite's atomic commit), so a record is never half written.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, TypeVar
 
 import trio
 
-__all__ = ["SCHEMA_VERSION", "Records", "RecordsError"]
+from .schema import SCHEMA_VERSION, SchemaError, migrate
 
-SCHEMA_VERSION = 1
+__all__ = ["LAZY_DELAY", "SCHEMA_VERSION", "Records", "RecordsError", "Retention"]
+
 T = TypeVar("T")
+LAZY_DELAY = 0.25  # seconds a "running" update may wait for company
+MAX_TOMBSTONES = 100_000  # expired ids remembered (~50 bytes each); the oldest go first
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,   -- the task id is str(seq): never reused
-    uid INTEGER NOT NULL,
-    gid INTEGER NOT NULL,
-    peer_pid INTEGER,
-    name TEXT,
-    idempotency_key TEXT,
-    spec TEXT NOT NULL,                      -- the submission, as accepted (JSON)
-    state TEXT NOT NULL,                     -- queued | running | finished
-    created_at REAL NOT NULL,
-    started_at REAL,
-    ended_at REAL,
-    pid INTEGER,                             -- the main process, once started
-    leaf TEXT,                               -- the core's task id: the cgroup leaf's name
-    outcome TEXT,
-    exit_status INTEGER,                     -- what corral run would exit with
-    result TEXT                              -- TaskResult.to_dict(), JSON
-);
-CREATE UNIQUE INDEX IF NOT EXISTS tasks_idempotency ON tasks (uid, idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS tasks_uid ON tasks (uid, seq);
-"""
-
-COLUMNS = ("seq", "uid", "gid", "peer_pid", "name", "idempotency_key", "spec", "state",
-           "created_at", "started_at", "ended_at", "pid", "leaf", "outcome", "exit_status",
-           "result")
+COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key", "spec",
+           "state", "created_at", "started_at", "ended_at", "pid", "leaf", "run", "outcome",
+           "exit_status", "bytes", "notified", "result")
 
 
 class RecordsError(Exception):
-    """The database cannot be used: names the file, the reason and the fix."""
+    """The records cannot be read or written: names the file, the reason and the fix."""
+
+
+class Retention(NamedTuple):
+    """How long finished tasks are kept (records and output files); None: no limit."""
+
+    max_age: float | None = 7 * 86400.0
+    max_count: int | None = 10_000
+    max_bytes: int | None = 2 << 30
+
+
+def explain(e: BaseException, path: str, doing: str) -> RecordsError:
+    """A RecordsError for SQLite's or the OS's ``e``, with the fix for the usual causes."""
+    text = str(e)
+    low = text.lower()
+    state_dir = os.path.dirname(path)
+    if "full" in low or getattr(e, "errno", None) == errno.ENOSPC:
+        fix = (f"free space on the filesystem of {state_dir} (df {state_dir}), or lower "
+               f"--retain-bytes; nothing was half written")
+    elif "readonly" in low or "read-only" in low or getattr(e, "errno", None) == errno.EROFS:
+        fix = (f"{state_dir} is read-only: mount it read-write, or give --state-dir a "
+               f"writable directory")
+    elif "locked" in low or "busy" in low:
+        fix = (f"another process holds a lock on {path} (fuser -v {path}); stop it, or give "
+               f"--state-dir a directory of this daemon's own")
+    elif "not a database" in low or "malformed" in low or "corrupt" in low:
+        fix = (f"the file is damaged: move it aside (mv {path} {path}.damaged) to start with "
+               f"empty records, or restore it from a backup")
+    elif "unable to open" in low:
+        fix = f"check that {state_dir} exists, is a directory and is writable by root"
+    else:
+        fix = f"check {path} and the filesystem it is on"
+    return RecordsError(f"{doing} the task records at {path}: {text}; {fix}")
 
 
 class Records:
-    """The daemon's task records.  Open with :meth:`open` (in a worker thread)."""
+    """The daemon's task records.  Open with :meth:`open`; every method is a trio coroutine
+    that runs SQLite in the records' worker thread."""
 
-    def __init__(self, path: str, db: sqlite3.Connection) -> None:
+    def __init__(self, path: str, db: sqlite3.Connection, lock_fd: int) -> None:
         self.path = path
         self._db = db
+        self._lock_fd = lock_fd
         self._limiter = trio.CapacityLimiter(1)
         self._batch: list[_Write] = []
+        self._lazy: dict[int, dict[str, Any]] = {}  # seq -> the "running" update
         self._flushing = False
+        self.failures = 0  # writes that failed (metrics)
 
-    async def _write(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Queue a write and return once it is committed.  The first writer to find no
-        flush running flushes (its own write and every one queued meanwhile, batch after
-        batch); the others wait for theirs.  Shielded: once asked for, a write is finished
-        (a record is never half written)."""
+    @classmethod
+    async def open(cls, state_dir: str) -> Records:
+        """Lock the state directory and open (make, migrate) ``state.db``; RecordsError with
+        the fix when it cannot be used (read-only, full, locked, damaged, newer)."""
+        path = os.path.join(state_dir, "state.db")
+        lock_fd = await trio.to_thread.run_sync(lock_state_dir, state_dir)
+        try:
+            db = await trio.to_thread.run_sync(_connect, path, state_dir)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(path, db, lock_fd)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter,
+                                                 abandon_on_cancel=False)
+        except sqlite3.Error as e:
+            raise explain(e, self.path, "reading") from e
+
+    async def _write(self, fn: Callable[..., Any] | None, *args: Any) -> Any:
+        """Queue a write and return once it is committed (``fn`` None: just flush the lazy
+        updates).  The first writer to find no flush running flushes (its own write and every
+        one queued meanwhile, batch after batch); the others wait for theirs.  Shielded:
+        once asked for, a write is finished or failed, never abandoned half way."""
         w = _Write(fn, args)
         self._batch.append(w)
         with trio.CancelScope(shield=True):
@@ -85,43 +126,80 @@ class Records:
             else:
                 self._flushing = True
                 try:
-                    while self._batch:
-                        batch, self._batch = self._batch, []
-                        await self._call(_commit, self._db, batch)
-                        for done in batch:
-                            done.done.set()
+                    await self._flush()
                 finally:
                     self._flushing = False
         if w.error is not None:
+            self.failures += 1
             raise w.error
         return w.result
 
-    @classmethod
-    async def open(cls, state_dir: str) -> Records:
-        path = os.path.join(state_dir, "state.db")
-        db = await trio.to_thread.run_sync(_connect, path)
-        return cls(path, db)
+    async def _flush(self) -> None:
+        while self._batch:
+            batch, self._batch = self._batch, []
+            lazy, self._lazy = list(self._lazy.items()), {}
+            writes = [_Write(_update, (seq, values)) for seq, values in lazy] + batch
+            await trio.to_thread.run_sync(_commit, self._db, writes, self.path,
+                                          limiter=self._limiter, abandon_on_cancel=False)
+            for w in batch:
+                w.done.set()
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter,
-                                             abandon_on_cancel=False)
+    # ---- runs -------------------------------------------------------------------------------
+
+    async def begin_run(self, pid: int, now: float) -> int:
+        run: int = await self._write(_insert_run, pid, now)
+        return run
+
+    async def set_run_root(self, run: int, root: str) -> None:
+        await self._write(_exec, "UPDATE runs SET root = ? WHERE id = ?", (root, run))
+
+    async def end_run(self, run: int, now: float, how: str) -> None:
+        await self._write(_exec, "UPDATE runs SET ended_at = ?, ended = ? WHERE id = ?",
+                          (now, how, run))
+
+    async def runs(self) -> dict[int, dict[str, Any]]:
+        return await self._call(_runs, self._db)
+
+    # ---- a task's transitions -----------------------------------------------------------------
 
     async def accept(self, row: dict[str, Any]) -> str:
-        """Write a new task's row (state queued); returns its id."""
+        """Write a new task's row (``row["state"]``: queued, or starting when it is started at
+        once); returns its id."""
         task_id: str = await self._write(_insert, row)
         return task_id
 
-    async def started(self, task_id: str, started_at: float, pid: int | None,
-                      leaf: str | None) -> None:
-        await self._write(_update, task_id, {
-            "state": "running", "started_at": started_at, "pid": pid, "leaf": leaf})
+    async def starting(self, task_id: str, run: int) -> None:
+        """Durable before the spawn: after a crash this task is never started again."""
+        await self._write(_update, int(task_id), {"state": "starting", "run": run})
 
-    async def ended(self, task_id: str, outcome: str, exit_status: int,
-                    started_at: float | None, ended_at: float, result: dict[str, Any]) -> None:
-        """The end row: the result JSON exactly as the core made it."""
-        await self._write(_update, task_id, {
-            "state": "finished", "outcome": outcome, "exit_status": exit_status,
-            "started_at": started_at, "ended_at": ended_at, "result": json.dumps(result)})
+    def started(self, task_id: str, started_at: float, pid: int | None,
+                leaf: str | None) -> None:
+        """The "running" update, lazily (see the module docstring): no wait, no error."""
+        self._lazy[int(task_id)] = {"state": "running", "started_at": started_at, "pid": pid,
+                                    "leaf": leaf}
+
+    async def flush_lazy(self) -> None:
+        """Commit pending lazy updates now (the daemon's flusher calls this)."""
+        if self._lazy and not self._flushing:
+            await self._write(None)
+
+    @property
+    def lazy_pending(self) -> bool:
+        return bool(self._lazy)
+
+    async def ended(self, task_id: str, values: dict[str, Any]) -> None:
+        """The end row (``values``: outcome, exit_status, started_at, ended_at, pid, leaf,
+        bytes, notified, and ``result``, the result JSON exactly as the core made it)."""
+        seq = int(task_id)
+        values = {**self._lazy.pop(seq, {}), **values, "state": "finished",
+                  "result": json.dumps(values["result"])}
+        await self._write(_update, seq, values)
+
+    async def notified(self, task_id: str) -> None:
+        await self._write(_exec, "UPDATE tasks SET notified = 1 WHERE seq = ?",
+                          (int(task_id),))
+
+    # ---- reading ----------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> dict[str, Any] | None:
         return await self._call(_get, self._db, task_id)
@@ -132,20 +210,54 @@ class Records:
         return await self._call(_list, self._db, uid, state, limit)
 
     async def find_key(self, uid: int, key: str) -> dict[str, Any] | None:
+        """The row with this idempotency key, or ``{"id", "state": "expired", ...}`` when
+        retention removed it, or None."""
         return await self._call(_find_key, self._db, uid, key)
 
     async def unfinished(self) -> list[dict[str, Any]]:
-        """Rows without an end (an earlier run's, at start-up): the adoption seam."""
-        return await self._call(_list_unfinished, self._db)
+        """Rows without an end, oldest first (an earlier run's, at start-up)."""
+        return await self._call(_select, self._db,
+                                "SELECT * FROM tasks WHERE state != 'finished' ORDER BY seq", ())
+
+    async def ids(self) -> set[str]:
+        """Every task id that has a row."""
+        rows = await self._call(_select, self._db, "SELECT seq FROM tasks", ())
+        return {r["id"] for r in rows}
+
+    async def pending_notifications(self) -> list[dict[str, Any]]:
+        return await self._call(_select, self._db, "SELECT * FROM tasks WHERE notified = 0 "
+                                "ORDER BY seq", ())
+
+    async def expired(self, task_id: str) -> dict[str, Any] | None:
+        """What retention left of a task: uid, ended_at, expired_at, why; or None."""
+        if not task_id.isdigit():
+            return None
+        rows = await self._call(_select, self._db, "SELECT * FROM expired WHERE seq = ?",
+                                (int(task_id),))
+        return rows[0] if rows else None
+
+    # ---- retention --------------------------------------------------------------------------
+
+    async def expire(self, policy: Retention, now: float) -> list[dict[str, Any]]:
+        """Remove finished rows past ``policy`` (oldest first), leaving a tombstone each;
+        returns them (id, uid, idempotency_key, why) so that their files and memory can go.
+        Committed before any file is removed."""
+        gone: list[dict[str, Any]] = await self._write(_expire, policy, now)
+        return gone
 
     async def close(self) -> None:
-        await self._call(self._db.close)
+        try:
+            if self._lazy:
+                await self._write(None)
+        finally:
+            await trio.to_thread.run_sync(self._db.close, limiter=self._limiter)
+            os.close(self._lock_fd)
 
 
 class _Write:
     __slots__ = ("args", "done", "error", "fn", "result")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...]) -> None:
         self.fn = fn
         self.args = args
         self.done = trio.Event()
@@ -153,78 +265,144 @@ class _Write:
         self.error: BaseException | None = None
 
 
-def _commit(db: sqlite3.Connection, batch: list[_Write]) -> None:
-    """Every write of ``batch`` in one transaction (worker thread).  If the transaction
-    fails, each write is retried alone, so that one bad write fails only its caller."""
+def _apply(db: sqlite3.Connection, writes: Iterable[_Write]) -> None:
+    for w in writes:
+        if w.fn is not None:
+            w.result = w.fn(db, *w.args)
+
+
+def _commit(db: sqlite3.Connection, batch: list[_Write], path: str) -> None:
+    """Every write of ``batch`` in one transaction (worker thread).  If it fails, each write
+    is retried alone, so that one bad write fails only its caller."""
     try:
-        with db:
-            for w in batch:
-                w.result = w.fn(db, *w.args)
+        _transaction(db, batch)
         return
     except sqlite3.Error:
         pass
     for w in batch:
         try:
-            with db:
-                w.result = w.fn(db, *w.args)
+            _transaction(db, [w])
         except sqlite3.Error as e:
-            w.error = RecordsError(f"writing the task records at {_path(db)}: {e}")
+            w.error = explain(e, path, "writing")
 
 
-def _path(db: sqlite3.Connection) -> str:
-    return str(db.execute("PRAGMA database_list").fetchone()[2])
+def _transaction(db: sqlite3.Connection, writes: list[_Write]) -> None:
+    """One transaction; rolled back whole on any error (a failed COMMIT included: SQLite may
+    leave the transaction open after SQLITE_FULL or an I/O error)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        _apply(db, writes)
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
 
 
-def _connect(path: str) -> sqlite3.Connection:
+def lock_state_dir(state_dir: str) -> int:
+    """Make the state directory (0700) and lock it for this daemon's life (``lock``, flock,
+    with our pid in it); the lock's fd.  RecordsError when it cannot be made or another daemon
+    holds it."""
+    lock = os.path.join(state_dir, "lock")
+    try:
+        for path in (state_dir, os.path.join(state_dir, "output")):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise explain(e, os.path.join(state_dir, "state.db"), "preparing") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RecordsError(f"another corral serve (pid {holder}) uses the state directory "
+                           f"{state_dir}: stop it, or give this one another --state-dir") \
+            from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # the pid is for people reading the file; the lock is what counts
+    return fd
+
+
+def _connect(path: str, state_dir: str) -> sqlite3.Connection:
+    db: sqlite3.Connection | None = None
     try:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise RecordsError(
-                f"{path} has schema version {version}; this corral knows up to "
-                f"{SCHEMA_VERSION}: run the newer corral, or move the file aside to start "
-                f"with empty records")
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
         db.execute("PRAGMA busy_timeout=5000")
-        with db:
-            db.executescript(_SCHEMA)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise sqlite3.OperationalError(f"cannot switch to WAL (journal mode stays {mode}): "
+                                           f"read-only")
+        db.execute("PRAGMA synchronous=FULL")
+        check = db.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise sqlite3.DatabaseError(f"database disk image is malformed ({check})")
+        migrate(db, path, state_dir)
         os.chmod(path, 0o600)  # specs hold environments: root only
         return db
-    except sqlite3.Error as e:
-        raise RecordsError(f"cannot use the task records at {path}: {e}; check that the state "
-                           f"directory is writable and the file is a corral database") from e
+    except SchemaError as e:
+        _close(db)
+        raise RecordsError(str(e)) from e
+    except (sqlite3.Error, OSError) as e:
+        _close(db)
+        raise explain(e, path, "opening") from e
+
+
+def _close(db: sqlite3.Connection | None) -> None:
+    if db is not None:
+        db.close()
 
 
 def _row(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> dict[str, Any]:
     row = {d[0]: v for d, v in zip(cursor.description, values, strict=True)}
-    row["id"] = str(row.pop("seq"))
-    for key in ("spec", "result"):
+    if "seq" in row:
+        row["id"] = str(row.pop("seq"))
+    for key in ("spec", "result", "groups"):
         if row.get(key) is not None:
             row[key] = json.loads(row[key])
     return row
 
 
+def _select(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    cur = db.execute(sql, args)
+    return [_row(cur, v) for v in cur.fetchall()]
+
+
+def _exec(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
+    db.execute(sql, args)
+
+
 def _insert(db: sqlite3.Connection, row: dict[str, Any]) -> str:
-    row = dict(row, spec=json.dumps(row["spec"]), state="queued")
+    row = dict(row, spec=json.dumps(row["spec"]), groups=json.dumps(row.get("groups") or []))
     names = ", ".join(row)
     marks = ", ".join("?" * len(row))
     cur = db.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", tuple(row.values()))
     return str(cur.lastrowid)
 
 
-def _update(db: sqlite3.Connection, task_id: str, values: dict[str, Any]) -> None:
+def _insert_run(db: sqlite3.Connection, pid: int, now: float) -> int:
+    cur = db.execute("INSERT INTO runs (pid, started_at) VALUES (?, ?)", (pid, now))
+    assert cur.lastrowid is not None
+    return cur.lastrowid
+
+
+def _runs(db: sqlite3.Connection) -> dict[int, dict[str, Any]]:
+    cur = db.execute("SELECT * FROM runs")
+    return {r["id"]: r for r in (_row(cur, v) for v in cur.fetchall())}
+
+
+def _update(db: sqlite3.Connection, seq: int, values: dict[str, Any]) -> None:
     sets = ", ".join(f"{k} = ?" for k in values)
-    db.execute(f"UPDATE tasks SET {sets} WHERE seq = ?", (*values.values(), int(task_id)))
+    db.execute(f"UPDATE tasks SET {sets} WHERE seq = ?", (*values.values(), seq))
 
 
 def _get(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
     if not task_id.isdigit():
         return None
-    cur = db.execute("SELECT * FROM tasks WHERE seq = ?", (int(task_id),))
-    values = cur.fetchone()
-    return None if values is None else _row(cur, values)
+    rows = _select(db, "SELECT * FROM tasks WHERE seq = ?", (int(task_id),))
+    return rows[0] if rows else None
 
 
 def _list(db: sqlite3.Connection, uid: int | None, state: str | None,
@@ -238,17 +416,46 @@ def _list(db: sqlite3.Connection, uid: int | None, state: str | None,
         where.append("state = ?")
         args.append(state)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    cur = db.execute(f"SELECT {', '.join(c for c in COLUMNS if c != 'result')} FROM tasks "
-                     f"{clause} ORDER BY seq DESC LIMIT ?", (*args, limit))
-    return [_row(cur, v) for v in cur.fetchall()]
+    columns = ", ".join(c for c in COLUMNS if c != "result")
+    return _select(db, f"SELECT {columns} FROM tasks {clause} ORDER BY seq DESC LIMIT ?",
+                   (*args, limit))
 
 
 def _find_key(db: sqlite3.Connection, uid: int, key: str) -> dict[str, Any] | None:
-    cur = db.execute("SELECT * FROM tasks WHERE uid = ? AND idempotency_key = ?", (uid, key))
-    values = cur.fetchone()
-    return None if values is None else _row(cur, values)
+    rows = _select(db, "SELECT * FROM tasks WHERE uid = ? AND idempotency_key = ?", (uid, key))
+    if rows:
+        return rows[0]
+    gone = _select(db, "SELECT seq, expired_at FROM expired WHERE uid = ? AND "
+                   "idempotency_key = ?", (uid, key))
+    return {**gone[0], "state": "expired"} if gone else None
 
 
-def _list_unfinished(db: sqlite3.Connection) -> list[dict[str, Any]]:
-    cur = db.execute("SELECT * FROM tasks WHERE state != 'finished' ORDER BY seq")
-    return [_row(cur, v) for v in cur.fetchall()]
+_EXPIRED = """
+WITH f AS (
+    SELECT seq, uid, idempotency_key, ended_at,
+           row_number() OVER w AS n, sum(coalesce(bytes, 0)) OVER w AS total
+    FROM tasks WHERE state = 'finished'
+    WINDOW w AS (ORDER BY ended_at DESC, seq DESC)
+)
+SELECT seq, uid, idempotency_key, ended_at,
+       CASE WHEN ended_at < ? THEN 'age' WHEN n > ? THEN 'count' ELSE 'bytes' END AS why
+FROM f WHERE ended_at < ? OR n > ? OR total > ?
+"""
+
+
+def _expire(db: sqlite3.Connection, policy: Retention, now: float) -> list[dict[str, Any]]:
+    inf = float("inf")
+    oldest = -inf if policy.max_age is None else now - policy.max_age
+    count = 1 << 62 if policy.max_count is None else policy.max_count
+    size = 1 << 62 if policy.max_bytes is None else policy.max_bytes
+    gone = _select(db, _EXPIRED, (oldest, count, oldest, count, size))
+    for g in gone:
+        db.execute("INSERT OR REPLACE INTO expired (seq, uid, idempotency_key, ended_at, "
+                   "expired_at, why) VALUES (?, ?, ?, ?, ?, ?)",
+                   (int(g["id"]), g["uid"], g["idempotency_key"], g["ended_at"], now,
+                    g["why"]))
+        db.execute("DELETE FROM tasks WHERE seq = ?", (int(g["id"]),))
+    if gone:
+        db.execute("DELETE FROM expired WHERE seq IN (SELECT seq FROM expired ORDER BY seq "
+                   "DESC LIMIT -1 OFFSET ?)", (MAX_TOMBSTONES,))
+    return gone

@@ -22,7 +22,7 @@ from .verbs import (
 )
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from .state import Daemon
 
 __all__ = ["ROUTES", "make_router"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..http import Request, Send, Streaming
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..state import Daemon
 
 
 async def handle(d: Daemon, req: Request) -> Streaming:

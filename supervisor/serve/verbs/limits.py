@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..http import Request, Response, json_response
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..state import Daemon
 
 
 async def handle(d: Daemon, req: Request) -> Response:

@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..http import Request, Response, json_response
 from ..protocol import STATES, invalid, query_int
+from ..task import row_json
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..state import Daemon
 
-_RECORDED_STATE = {"queued": "queued", "starting": "running", "running": "running",
+_RECORDED_STATE = {"queued": "queued", "starting": "starting", "running": "running",
                    "stopping": "running", "finished": "finished"}
 
 
@@ -29,8 +30,6 @@ async def handle(d: Daemon, req: Request) -> Response:
     if len(out) < limit:  # older tasks, no longer held in memory
         rows = await d.records.list_rows(None if peer.is_root else peer.uid,
                                     None if state is None else _RECORDED_STATE[state], limit)
-        from ..tasks import row_json
-
         out += [row_json(r, full=False) for r in rows if r["id"] not in d.tasks][
             :limit - len(out)]
     return json_response(200, {"tasks": out})

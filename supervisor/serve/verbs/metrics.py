@@ -8,7 +8,7 @@ from ..http import Request, Response
 from ..metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..state import Daemon
 
 
 async def handle(d: Daemon, req: Request) -> Response:

@@ -27,8 +27,8 @@ from ..http import Request, Send, Streaming
 from ..protocol import data_frame, gap_frame, invalid, query_bool, query_int
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
-    from ..tasks import DaemonTask
+    from ..state import Daemon
+    from ..task import DaemonTask
 
 CHUNK = 64 * 1024
 POLL = 1.0  # a safety net: the subscription wakes followers

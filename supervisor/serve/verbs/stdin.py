@@ -13,7 +13,7 @@ from ..http import Request, Response, json_response
 from ..protocol import ApiError, query_bool
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..state import Daemon
 
 
 async def handle(d: Daemon, req: Request, id: str) -> Response:

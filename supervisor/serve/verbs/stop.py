@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..http import Request, Response, json_response
+from ..life import stop_queued
 from ..protocol import parse_json_body, parse_stop
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..state import Daemon
 
 
 async def handle(d: Daemon, req: Request, id: str) -> Response:
@@ -22,5 +23,5 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     if t is None:
         row = await d.find_row(req.peer, id)
         return json_response(200, {"id": id, "state": row["state"], "changed": False})
-    changed = d.stop_queued(t) or t.stop(force)
+    changed = stop_queued(d, t) or t.stop(force)
     return json_response(200, {"id": t.id, "state": t.live_state, "changed": changed})

@@ -12,10 +12,10 @@ import trio
 
 from ..http import Request, Response, json_response
 from ..protocol import invalid
-from ..tasks import row_json
+from ..task import row_json
 
 if TYPE_CHECKING:
-    from ..daemon import Daemon
+    from ..state import Daemon
 
 MAX_WAIT = 3600.0
 
