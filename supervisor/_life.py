@@ -222,7 +222,7 @@ async def _finish(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
                   started: Started) -> TaskResult:
     """End of output, usage, the leaf removed, the record."""
     if driver.exit is None and main.adopted:  # its new parent (PID 1) reaps it first
-        driver.exit = await main.wait_exit_info(2.0)
+        driver.exit = await main.wait_exit_info(5.0)
     if task.io is not None:
         task.notes = (*task.notes, *await end(task.io, task.rt.reactor))
     stats = read_usage(leaf, task.rt.controllers)
