@@ -316,13 +316,16 @@ def _cleanup_line(r: TaskResult) -> str:
 
 
 def terminal_width(fd: int = 2) -> int:
-    """Columns of the terminal on ``fd``; else ``$COLUMNS``; else 80."""
+    """Columns of the terminal on ``fd``; else ``$COLUMNS``; else 80.  A terminal that says
+    0 (a console whose size was never set, as a VM's) says nothing."""
     try:
-        return os.get_terminal_size(fd).columns
+        columns = os.get_terminal_size(fd).columns
     except OSError:
-        pass
+        columns = 0
+    if columns > 0:
+        return columns
     try:
-        return int(os.environ.get("COLUMNS", ""))
+        return int(os.environ.get("COLUMNS", "")) or 80
     except ValueError:
         return 80
 

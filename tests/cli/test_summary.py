@@ -32,6 +32,7 @@ from supervisor.cli.summary import (
     rate_cells,
     sparkline,
     summary_lines,
+    terminal_width,
 )
 
 CORRAL = os.path.join(os.path.dirname(sys.executable), "corral")
@@ -180,6 +181,25 @@ def test_without_block_characters_the_sparklines_are_ascii() -> None:
     lines = summary_lines(make_result(series), 0, width=80, unicode=False)
     assert line(lines, "CPU:").split()[2] == "#_##"
     assert all(ln.isascii() for ln in lines)
+
+
+def test_the_width_is_the_terminals_else_columns_else_80(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers: list[os.terminal_size | None] = []
+
+    def get_terminal_size(fd: int) -> os.terminal_size:
+        answer = answers.pop(0)
+        if answer is None:
+            raise OSError(25, "Inappropriate ioctl for device")  # a pipe
+        return answer
+
+    monkeypatch.setattr(os, "get_terminal_size", get_terminal_size)
+    monkeypatch.setenv("COLUMNS", "66")
+    answers += [os.terminal_size((120, 40)), os.terminal_size((0, 0)), None, None]
+    assert terminal_width() == 120
+    assert terminal_width() == 66  # a VM's console says 0 columns: as good as nothing
+    assert terminal_width() == 66
+    monkeypatch.delenv("COLUMNS")
+    assert terminal_width() == 80
 
 
 # ---- pressure, memory events, paused time, the kill snapshot ---------------------------------
