@@ -8,7 +8,6 @@ HTTP connection driven over an in-memory stream.  Nothing may escape but an ``Ap
 from __future__ import annotations
 
 import json
-import types
 from typing import Any
 
 import trio
@@ -28,7 +27,7 @@ from supervisor.serve.protocol import (
     query_bool,
     query_int,
 )
-from supervisor.serve.verbs.submit import build_spec
+from supervisor.serve.specs import build_spec
 
 ROOT = Peer(1, 0, 0, ())
 json_values = st.recursive(
@@ -93,11 +92,9 @@ def test_valid_requests_survive_the_wire_unchanged(r: SubmitRequest) -> None:
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(field_values | valid_requests.map(lambda r: r.to_json()))
 def test_building_a_spec_raises_nothing_but_api_errors(obj: Any) -> None:
-    daemon = types.SimpleNamespace(
-        stdin_pipes=False, config=types.SimpleNamespace(output_cap=1 << 20),
-        sup=types.SimpleNamespace(controllers=frozenset(), cgroup_root="/sys/fs/cgroup/x"))
     try:
-        spec = build_spec(daemon, ROOT, parse_submit(obj))  # type: ignore[arg-type]
+        spec = build_spec(ROOT, parse_submit(obj), controllers=frozenset(),
+                          root="/sys/fs/cgroup/x", output_cap=1 << 20, stdin_pipes=False)
     except ApiError as e:
         _is_refusal(e)
         return

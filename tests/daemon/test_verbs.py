@@ -11,6 +11,7 @@ import pytest
 from daemon_util import RunningDaemon, stop_reached, wait_for
 
 from supervisor.client import ApiError
+from supervisor.serve.schema import SCHEMA_VERSION
 
 Start = Callable[..., RunningDaemon]
 
@@ -204,6 +205,6 @@ def test_records_are_sqlite_wal_with_a_schema_version(start_daemon: Start) -> No
     db = sqlite3.connect(f"file:{d.state}/state.db?mode=ro", uri=True)
     try:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         db.close()

@@ -1,0 +1,218 @@
+"""Completion callbacks: a push for hosts that do not want to poll (``--on-finish-*``).
+
+Once a task's end row is written, the daemon delivers one event::
+
+    {"id": "7", "uid": 1000, "name": null, "state": "finished", "outcome": "succeeded",
+     "exit_status": 0, "at": 1764525600.1, "result": {...}}
+
+to each configured target:
+
+- ``--on-finish-exec PROGRAM``: run as a task of the daemon's own supervisor (its own cgroup
+  leaf, a 30 s time limit, nothing it starts survives), as the daemon's user, with the event
+  on stdin and ``CORRAL_TASK_ID``, ``CORRAL_TASK_UID``, ``CORRAL_OUTCOME`` and
+  ``CORRAL_EXIT_STATUS`` in its environment; delivered when it exits 0.
+- ``--on-finish-url URL`` with ``--on-finish-socket PATH``: ``POST`` of the event as JSON to
+  URL's path over the Unix socket PATH (as ``curl --unix-socket PATH URL``); delivered on a
+  2xx answer within 10 s.
+
+Only the daemon's operator configures targets (a client's own socket or program would run with
+the daemon's privileges).  Delivery is at least once: the end row says a delivery is due
+(``notified = 0``) and it is marked done only once every target took it, so a daemon that
+restarts meanwhile delivers it again.  One task's event at a time, in the order tasks ended;
+a target that fails is retried with doubling waits (1 s to 60 s) and holds the rest back.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import trio
+
+from .records import Records, RecordsError
+
+if TYPE_CHECKING:
+    from .. import Supervisor
+
+__all__ = ["Hooks"]
+
+log = logging.getLogger(__name__)
+
+EXEC_TIME_LIMIT = "30s"
+POST_TIMEOUT = 10.0
+MAX_WAIT = 60.0
+
+
+class Hooks:
+    """The completion callbacks of one daemon; ``finished(id)`` queues a delivery."""
+
+    def __init__(self, records: Records, *, program: str | None = None,
+                 url: str | None = None, socket: str | None = None) -> None:
+        self.records = records
+        self.program = program
+        self.url = url
+        self.socket = socket
+        self.sup: Supervisor | None = None
+        self._due: collections.deque[str] = collections.deque()
+        self._queued: set[str] = set()
+        self._wake = trio.Event()
+        self._counter = 0
+        self._scope = trio.CancelScope()
+        self._stopped = trio.Event()
+        self.delivered = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.program is not None or self.url is not None
+
+    def finished(self, task_id: str) -> None:
+        if self.enabled and task_id not in self._queued:
+            self._queued.add(task_id)
+            self._due.append(task_id)
+            self._wake.set()
+
+    async def run(self, sup: Supervisor) -> None:
+        """Deliver due events until cancelled or :meth:`stop`; first the ones an earlier run
+        left due."""
+        try:
+            with self._scope:
+                if self.enabled:
+                    self.sup = sup
+                    await self._run()
+        finally:
+            self._stopped.set()
+
+    async def stop(self) -> None:
+        """Stop delivering (a delivery in progress is abandoned: it is due again at the next
+        start) and wait until no callback runs."""
+        self._scope.cancel()
+        await self._stopped.wait()
+
+    async def _run(self) -> None:
+        try:
+            pending = await self.records.pending_notifications()
+        except RecordsError as e:
+            log.error("completion callbacks due from earlier runs: %s", e)
+            pending = []
+        for row in pending:
+            self.finished(row["id"])
+        while True:
+            while not self._due:
+                await self._wake.wait()
+                self._wake = trio.Event()
+            task_id = self._due[0]
+            await self._deliver(task_id)
+            self._due.popleft()
+            self._queued.discard(task_id)
+
+    async def _deliver(self, task_id: str) -> None:
+        row = await self._row(task_id)
+        if row is None:
+            return  # expired meanwhile: nothing left to tell
+        event = _event(row)
+        done: set[str] = set()
+        wait = 1.0
+        while True:
+            for target, send in (("exec", self._exec), ("url", self._post)):
+                if target not in done and await send(event):
+                    done.add(target)
+            if done >= self._targets():
+                break
+            await trio.sleep(wait)
+            wait = min(wait * 2, MAX_WAIT)
+        await self._mark(task_id)
+
+    def _targets(self) -> set[str]:
+        return {t for t, on in (("exec", self.program), ("url", self.url)) if on}
+
+    async def _row(self, task_id: str) -> dict[str, Any] | None:
+        while True:
+            try:
+                return await self.records.get(task_id)
+            except RecordsError as e:
+                log.error("completion callback of task %s: %s; retrying", task_id, e)
+                await trio.sleep(MAX_WAIT / 4)
+
+    async def _mark(self, task_id: str) -> None:
+        self.delivered += 1
+        try:
+            await self.records.notified(task_id)
+        except RecordsError as e:
+            # delivered; the next run may deliver it once more (at least once)
+            log.warning("completion callback of task %s delivered, not marked: %s", task_id, e)
+
+    async def _exec(self, event: dict[str, Any]) -> bool:
+        if self.program is None:
+            return True
+        assert self.sup is not None
+        self._counter += 1
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "CORRAL_TASK_ID": event["id"], "CORRAL_TASK_UID": str(event["uid"]),
+               "CORRAL_OUTCOME": str(event["outcome"]),
+               "CORRAL_EXIT_STATUS": str(event["exit_status"])}
+        try:
+            r = await self.sup.run([self.program], task_id=f"hook-{event['id']}-{self._counter}",
+                                   stdin=json.dumps(event).encode(), env=env,
+                                   inherit_env=False, time_limit=EXEC_TIME_LIMIT, cwd="/")
+        except Exception as e:  # refused by the core (e.g. shutting down): retried later
+            log.warning("--on-finish-exec for task %s: %s", event["id"], e)
+            return False
+        if r.outcome != "succeeded":
+            log.warning("--on-finish-exec %s for task %s: %s (exit %s); retrying",
+                        self.program, event["id"], r.outcome, r.exit_code)
+            return False
+        return True
+
+    async def _post(self, event: dict[str, Any]) -> bool:
+        if self.url is None:
+            return True
+        try:
+            with trio.fail_after(POST_TIMEOUT):
+                status = await post_json(self.socket, self.url, event)
+        except (OSError, trio.TooSlowError, ValueError) as e:
+            log.warning("--on-finish-url %s for task %s: %s; retrying", self.url,
+                        event["id"], e or type(e).__name__)
+            return False
+        if not 200 <= status < 300:
+            log.warning("--on-finish-url %s for task %s: HTTP %d; retrying", self.url,
+                        event["id"], status)
+            return False
+        return True
+
+
+def _event(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "uid": row["uid"], "name": row["name"], "state": "finished",
+            "outcome": row["outcome"], "exit_status": row["exit_status"],
+            "at": row["ended_at"] or time.time(), "result": row["result"]}
+
+
+async def post_json(socket_path: str | None, url: str, obj: Any) -> int:
+    """POST ``obj`` as JSON to ``url``'s path over the Unix socket; the answer's status.
+    ValueError for a URL that is not http://; OSError when the socket cannot be reached."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or socket_path is None:
+        raise ValueError(f"--on-finish-url must be http://HOST/PATH, sent over "
+                         f"--on-finish-socket, got {url!r}")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    head = (f"POST {path} HTTP/1.1\r\nhost: {parts.netloc or 'localhost'}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"connection: close\r\nuser-agent: corral\r\n\r\n").encode()
+    stream = await trio.open_unix_socket(os.fspath(socket_path))
+    async with stream:
+        await stream.send_all(head + body)
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                raise OSError(f"the server closed the connection after {len(answer)} bytes")
+            answer += chunk
+    try:
+        return int(answer.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise OSError(f"not an HTTP answer: {answer[:80]!r}") from None

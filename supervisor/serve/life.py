@@ -1,0 +1,276 @@
+"""A task's life in the daemon: queued -> starting -> running -> finished, one end record.
+
+Order of a life (:func:`run_task`, one trio task per started task):
+
+1. The dispatcher took it from the queue, or the submission found a free slot and its accept
+   row already says "starting" (one fsync fewer on the common path).
+2. Otherwise the "starting" row is written first (durable: after a crash from here on, a
+   restart records the task ``lost`` and never starts it again).  If that write fails the
+   task goes back to the head of its queue and dispatch retries in :data:`RETRY` seconds.
+3. ``sup.start(spec, task_id=id, task_status=...)`` runs the core's life in this trio task;
+   the core hands the ``TaskHandle`` over once the process runs, and the "running" row is
+   queued then (lazily: ``records.started``).
+4. The result comes back: the end row is written (the result JSON as the core made it), and
+   only then do waiters, followers and event subscribers see the task finished.  If that write
+   fails, they see it finished all the same (``"record": "pending"``), the write is retried
+   until it succeeds, and the task stays in memory meanwhile; a daemon that must exit first
+   logs the result (never silently: see ``docs/durability.md``).
+5. The completion callback, if one is configured (``hooks.py``), after the end row.
+
+Only the library's public API is used: ``sup.start``, ``sup.record_unstarted``,
+``TaskHandle.stop/wait/pid``, ``TaskResult.to_dict()``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .protocol import exit_status
+from .records import RecordsError
+from .schema import output_bytes
+from .state import Daemon
+from .task import DaemonTask
+
+if TYPE_CHECKING:
+    from .. import TaskHandle, TaskResult
+
+__all__ = ["RETRY", "accepted", "adopt", "dispatch", "exit_status_of", "run_task",
+           "stop_queued", "take_result", "write_end"]
+
+log = logging.getLogger(__name__)
+
+RETRY = 1.0  # seconds before a record write that failed is tried again (doubling to 30 s)
+
+
+def accepted(d: Daemon, t: DaemonTask, *, reserved: bool) -> None:
+    """A task whose accept row is written: queue it (or, with a slot ``reserved`` at submit,
+    start it now: its row says "starting" already)."""
+    d.add(t)
+    d.metrics.submitted.inc()
+    d.publish(t, "queued")
+    if reserved:
+        d.nursery.start_soon(run_task, d, t, True)
+    else:
+        d.scheduler.enqueue(t)
+        dispatch(d)
+
+
+def dispatch(d: Daemon) -> None:
+    """Start queued tasks as the limits allow, round-robin between uids.  Called when a
+    task is queued and when one ends (no dispatcher task: one scheduling round less)."""
+    while not (d.draining or d.handing_over):
+        t = d.scheduler.next_ready()
+        if t is None:
+            return
+        d.nursery.start_soon(run_task, d, t, False)
+
+
+def stop_queued(d: Daemon, t: DaemonTask, reason: str = "cancel") -> bool:
+    """End a queued task without starting it; False if it was not queued."""
+    if not d.scheduler.remove(t):
+        return False
+    d.nursery.start_soon(_end_unstarted, d, t, reason)
+    return True
+
+
+async def _end_unstarted(d: Daemon, t: DaemonTask, reason: str) -> None:
+    assert t.spec is not None
+    result = d.sup.record_unstarted(t.spec, reason=reason, task_id=t.id)
+    await take_result(d, t, result)
+
+
+class _Started:
+    """The ``task_status`` handed to ``sup.start``: the core calls ``started(handle)`` once
+    the process runs, or once it is known that it never will."""
+
+    def __init__(self, daemon: Daemon, task: DaemonTask) -> None:
+        self.daemon = daemon
+        self.task = task
+
+    def started(self, value: Any = None) -> None:
+        handle: TaskHandle = value
+        _running(self.daemon, self.task, handle)
+
+
+def _running(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
+    t.handle = handle
+    t.started.set()
+    if handle.state != "running":
+        return  # it never ran (stopped first, or the spawn failed): the end record says so
+    t.pid = handle.pid
+    t.state = "running"
+    t.started_at = time.time()
+    for i in range(t.stop_requests):  # asked while it was being started
+        handle.stop(force=t.stop_force and i == t.stop_requests - 1)
+    d.publish(t, "running")
+    d.records.started(t.id, t.started_at, handle.pid, handle.id)
+
+
+async def run_task(d: Daemon, t: DaemonTask, marked: bool) -> None:
+    """The task's whole life in the daemon (see the module docstring).  ``marked``: its row
+    says "starting" already."""
+    assert t.spec is not None
+    t.state = "starting"
+    result: TaskResult | None
+    try:
+        if not marked and not await _mark_starting(d, t):
+            return
+        if t.stop_requests or d.draining:
+            reason = "cancel" if t.stop_requests else "shutdown"
+            result = d.sup.record_unstarted(t.spec, reason=reason, task_id=t.id)
+        else:
+            result = await d.sup.start(t.spec, task_id=t.id, task_status=_Started(d, t))
+            if result is None:
+                return  # handed over to the next daemon process, which records its end
+    except Exception as e:
+        # the core refused or failed (a bug, or a state nobody planned for): this task ends
+        # with a record that says so; the daemon and the other tasks go on
+        log.exception("task %s: the supervisor failed it", t.id)
+        await _record_failure(d, t, e)
+        return
+    finally:
+        if t.state != "queued":  # (put back in the queue: not running)
+            d.scheduler.finished(t.uid)
+            dispatch(d)
+    await take_result(d, t, result)
+
+
+async def _mark_starting(d: Daemon, t: DaemonTask) -> bool:
+    """The durable "starting" row; False (the task back at the head of its queue, a retry of
+    dispatch armed) if it cannot be written."""
+    try:
+        await d.records.starting(t.id, d.run)
+        return True
+    except RecordsError as e:
+        log.error("task %s stays queued: %s (retrying in %gs)", t.id, e, RETRY)
+        t.state = "queued"
+        d.scheduler.requeue(t)
+        d.nursery.start_soon(_dispatch_later, d)
+        return False
+
+
+async def _dispatch_later(d: Daemon) -> None:
+    await trio.sleep(RETRY)
+    dispatch(d)
+
+
+async def adopt(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
+    """The life of a task a previous daemon process handed over: it runs already (its
+    "running" row is there); wait for its result and record it."""
+    import supervisor
+
+    _running(d, t, handle)
+    try:
+        result = await handle.wait()
+    except supervisor.HandedOver:
+        return  # handed over once more: the next daemon process records its end
+    finally:
+        d.scheduler.finished(t.uid)
+        dispatch(d)
+    await take_result(d, t, result)
+
+
+async def take_result(d: Daemon, t: DaemonTask, result: TaskResult) -> None:
+    t.started.set()
+    t.outcome = str(result.outcome)
+    for name, out in (("stdout", result.output_stdout), ("stderr", result.output_stderr)):
+        tail = out.tail if out.log_truncated else b""
+        t.kept[name] = (out.total, tail)
+        if tail:
+            _write_tail(t.output if name == "stdout" else t.output + ".stderr", tail)
+    t.result_json = result.to_dict()
+    t.exit_status = exit_status_of(result)
+    t.ended_at = result.ended_at
+    t.started_at = result.started_at
+    await write_end(d, t)
+
+
+async def write_end(d: Daemon, t: DaemonTask) -> None:
+    """The end record (shielded: it is written whatever else happens), then the task is
+    finished for waiters, followers and subscribers; a failed write is retried in the
+    background (the task stays in memory, ``"record": "pending"``)."""
+    assert t.result_json is not None and t.ended_at is not None
+    values = end_values(t, notify=d.hooks.enabled)
+    with trio.CancelScope(shield=True):
+        try:
+            await d.records.ended(t.id, values)
+            t.recorded = True
+        except RecordsError as e:
+            log.error("task %s: its end record could not be written: %s; retrying, and "
+                      "answering from memory meanwhile", t.id, e)
+            d.unrecorded.add(t.id)
+            d.nursery.start_soon(_retry_end, d, t, values)
+    t.state = "finished"
+    t.handle = None  # the core's handle is done with: let it go
+    t.done.set()
+    d.task_finished(t)
+    if t.recorded:
+        d.hooks.finished(t.id)
+
+
+def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
+    """The end row's columns for a finished task."""
+    assert t.result_json is not None
+    result = json.dumps(t.result_json)
+    size = output_bytes(t.output) + len(result) + len(json.dumps(t.request.to_json()))
+    return {"outcome": t.outcome, "exit_status": t.exit_status, "started_at": t.started_at,
+            "ended_at": t.ended_at, "pid": t.pid, "result": t.result_json, "bytes": size,
+            "notified": 0 if notify else None}
+
+
+async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any]) -> None:
+    """Retry an end row until it is written (doubling waits up to 30 s)."""
+    wait = RETRY
+    while True:
+        await trio.sleep(wait)
+        try:
+            await d.records.ended(t.id, values)
+        except RecordsError as e:
+            log.error("task %s: its end record still cannot be written: %s", t.id, e)
+            wait = min(wait * 2, 30.0)
+            continue
+        log.info("task %s: its end record is written now", t.id)
+        t.recorded = True
+        d.unrecorded.discard(t.id)
+        d.evict()
+        d.hooks.finished(t.id)
+        return
+
+
+async def _record_failure(d: Daemon, t: DaemonTask, error: Exception) -> None:
+    """The core's record if it made one before failing; else the daemon's own, ``lost``."""
+    if t.handle is not None and t.handle.result is not None:
+        await take_result(d, t, t.handle.result)
+        return
+    t.started.set()
+    t.outcome = "lost"
+    t.ended_at = time.time()
+    t.exit_status = 125
+    t.result_json = {"outcome": "lost", "started": t.started_at is not None,
+                     "daemon_error": f"corral serve could not run this task (a bug; see the "
+                                     f"daemon's log): {error!r}"}
+    await write_end(d, t)
+
+
+def exit_status_of(result: TaskResult) -> int:
+    """What ``corral run`` would exit with for ``result`` (read from the object: the JSON
+    format is the core's to document, and is passed through untouched)."""
+    stop = result.stop
+    return exit_status(str(result.outcome), result.exit_code, result.signal,
+                       result.error_step, result.error_errno,
+                       None if stop is None else str(stop.reason))
+
+
+def _write_tail(path: str, tail: bytes) -> None:
+    """The kept tail of a stream whose file hit the cap, beside it (``<file>.tail``), so that
+    the last bytes outlive the task's place in memory.  At most the tail size (48 KiB)."""
+    try:
+        with open(path + ".tail", "wb") as f:
+            f.write(tail)
+    except OSError as e:
+        log.warning("keeping the output tail at %s.tail: %s", path, e)

@@ -1,0 +1,246 @@
+"""Start-up: what earlier runs left unfinished becomes final, runs, or goes on.
+
+Every accepted task ends with exactly one final record.  At start-up, before the socket
+listens, each row without an end (oldest first) is settled by its state:
+
+- ``queued`` (accepted, never dispatched): queued again, and runs in this run, with its
+  request as accepted and as its submitter (uid, gid, groups from the row).
+- ``starting``/``running`` handed over by ``systemctl restart`` (the core adopted it): its life
+  goes on here (``life.adopt``); its record comes when it ends.
+- ``starting``/``running`` otherwise: its daemon died.  Its processes were killed with the
+  earlier run's cgroup root: by that run's keeper at once (it watches the daemon through a
+  pidfd), or, if the keeper died too, by this run's placement, which clears every root whose
+  flock nobody holds (``sup.placement_notes`` say which and how many processes).  Ownership
+  decides, never a pid.  The row gets a ``lost`` record saying so, with the cleanup outcome
+  (``clean`` when the root is gone; ``incomplete`` with the reason otherwise).  A task that was
+  "starting" is never started again: it may have run.
+
+Then output files whose task has no row (retention interrupted between its commit and the
+unlinks) are removed.  Returns a summary for the log.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import trio
+
+from cgroupfs import Cgroup, CgroupError, CgroupNotFound
+
+from .life import adopt, dispatch, take_result, write_end
+from .peers import Peer
+from .protocol import ApiError, exit_status, parse_submit
+from .task import DaemonTask
+
+if TYPE_CHECKING:
+    from .. import TaskHandle
+    from .state import Daemon
+
+__all__ = ["Recovered", "recover", "root_cleanup"]
+
+log = logging.getLogger(__name__)
+
+ROOT_WAIT = 10.0  # seconds an earlier run's keeper may still be clearing its root
+
+
+class Recovered(NamedTuple):
+    requeued: int
+    adopted: int
+    lost: int
+    orphan_files: int
+
+
+class _Cleanup(NamedTuple):
+    state: str  # clean | incomplete
+    detail: str
+
+
+async def recover(d: Daemon, runs: dict[int, dict[str, Any]],
+                  adopted: dict[str, TaskHandle]) -> Recovered:
+    """Settle every unfinished row of earlier runs (see the module docstring)."""
+    rows = await d.records.unfinished()  # (this run has accepted nothing yet)
+    fates: dict[int | None, _Cleanup] = {}
+    counts = {"queued": 0, "adopted": 0, "lost": 0}
+    for row in rows:
+        handle = adopted.pop(row["id"], None)
+        if row["state"] == "queued":
+            await _requeue(d, row)
+            counts["queued"] += 1
+        elif handle is not None:
+            _adopt(d, row, handle)
+            counts["adopted"] += 1
+        elif row["id"] in d.sup.results:
+            # handed over, but the core could not adopt it: the core's own lost record
+            await _take_core_record(d, row)
+            counts["lost"] += 1
+        else:
+            run = row["run"]
+            if run not in fates:
+                root = (runs.get(run) or {}).get("root")
+                fates[run] = await trio.to_thread.run_sync(root_cleanup, root,
+                                                           d.sup.placement_notes)
+            await _record_lost(d, row, fates[run])
+            counts["lost"] += 1
+    for task_id, handle in adopted.items():
+        log.error("the earlier run handed over task %s, which has no unfinished record: "
+                  "killing it", task_id)
+        handle.stop(force=True)
+    dispatch(d)
+    orphans = await trio.to_thread.run_sync(_remove_orphans, d.output_dir,
+                                            await _known_ids(d))
+    return Recovered(counts["queued"], counts["adopted"], counts["lost"], orphans)
+
+
+def _task_of(d: Daemon, row: dict[str, Any]) -> DaemonTask:
+    """The daemon's task for a recorded row (its spec not made yet)."""
+    return DaemonTask(row["id"], row["uid"], row["gid"], row["peer_pid"] or 0,
+                      parse_submit(row["spec"]), None, os.path.join(d.output_dir, row["id"]),
+                      row["created_at"], tuple(row["groups"] or ()))
+
+
+async def _requeue(d: Daemon, row: dict[str, Any]) -> None:
+    t = _task_of(d, row)
+    peer = Peer(t.peer_pid, t.uid, t.gid, t.groups)
+    try:
+        t.spec = d.spec_for(peer, t.request, t.output)
+    except ApiError as e:
+        # accepted by an earlier run, refused by this one (its limits or controllers changed)
+        d.add(t)
+        await _end_refused(d, t, e)
+        return
+    d.add(t)
+    d.scheduler.enqueue(t)
+
+
+async def _end_refused(d: Daemon, t: DaemonTask, error: ApiError) -> None:
+    import supervisor
+
+    result = d.sup.record_unstarted(supervisor.TaskSpec(tuple(t.request.argv)), reason="cancel",
+                                    task_id=t.id)
+    out = result.to_dict()
+    out["notes"] = [*out["notes"], f"accepted before a restart of corral serve, and refused "
+                    f"after it: {error.message}"]
+    _finish_from_dict(t, out, "cancelled")
+    await write_end(d, t)
+
+
+async def _take_core_record(d: Daemon, row: dict[str, Any]) -> None:
+    t = _task_of(d, row)
+    d.add(t)
+    await take_result(d, t, d.sup.results[row["id"]])
+
+
+def _adopt(d: Daemon, row: dict[str, Any], handle: TaskHandle) -> None:
+    t = _task_of(d, row)
+    d.add(t)
+    d.scheduler.running(t.uid)
+    d.nursery.start_soon(adopt, d, t, handle)
+
+
+async def _record_lost(d: Daemon, row: dict[str, Any], cleanup: _Cleanup) -> None:
+    """The one final record of a task whose daemon died while it was starting or running."""
+    import supervisor
+
+    t = _task_of(d, row)
+    result = d.sup.record_unstarted(supervisor.TaskSpec(tuple(t.request.argv), name=t.request.name),
+                                    reason="shutdown", task_id=t.id)
+    d.add(t)
+    _finish_from_dict(t, lost_result(result.to_dict(), row, cleanup), "lost")
+    t.started_at = row["started_at"]
+    t.pid = row["pid"]
+    await write_end(d, t)
+
+
+def lost_result(base: dict[str, Any], row: dict[str, Any], cleanup: _Cleanup) -> dict[str, Any]:
+    """The result format's record for a lost task, made from an unstarted one's (so that
+    every field the format has is there)."""
+    started = row["state"] == "running"
+    if started:
+        what = (f"corral serve (run {row['run']}) died while this task ran (main pid "
+                f"{row['pid']}); its processes were killed with that run's cgroup root")
+    else:
+        what = (f"corral serve (run {row['run']}) died while starting this task; whether its "
+                f"process had started is not known (if it had, it was killed with that run's "
+                f"cgroup root); it was not started again")
+    out = dict(base)
+    out.update(outcome="lost", started=started, stop=None,
+               created_at=_iso(row["created_at"]),
+               started_at=_iso(row["started_at"]) if started else None,
+               exit={"code": None, "signal": None, "signal_name": None},
+               cleanup={"state": cleanup.state, "leftovers": [], "leftovers_ended_by": None,
+                        "detail": cleanup.detail},
+               error={"message": what, "errno": None, "errno_name": None, "step": "daemon"},
+               notes=[*base.get("notes", ()), what])
+    return out
+
+
+def _finish_from_dict(t: DaemonTask, result: dict[str, Any], outcome: str) -> None:
+    t.outcome = outcome
+    t.result_json = result
+    t.exit_status = exit_status(outcome, None, None)
+    t.ended_at = time.time()
+    t.started.set()
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(ts, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def root_cleanup(root: str | None, notes: list[str]) -> _Cleanup:
+    """What became of an earlier run's cgroup root (blocking: run in a thread).  By the
+    placement's notes when it cleared it; gone already (its keeper's work); or cleared here
+    once nobody holds its lock; else incomplete, with the reason."""
+    if root is None:
+        return _Cleanup("clean", "its daemon died before it made a cgroup root")
+    for note in notes:
+        if root in note:
+            state = "clean" if note.startswith("removed") else "incomplete"
+            return _Cleanup(state, f"cleared at the next start of corral serve: {note}")
+    deadline = time.monotonic() + ROOT_WAIT
+    while os.path.exists(root):
+        try:
+            with Cgroup.open(root) as cg:
+                if cg.try_lock():
+                    done = cg.destroy()
+                    if done.error is not None:
+                        return _Cleanup("incomplete", f"clearing {root}: {done.error}")
+                    return _Cleanup("clean", f"{root} was killed and removed at the next "
+                                    f"start of corral serve (nobody held it)")
+        except CgroupNotFound:
+            break
+        except CgroupError as e:
+            return _Cleanup("incomplete", f"clearing {root}: {e}")
+        if time.monotonic() > deadline:
+            return _Cleanup("incomplete", f"{root} is still held (locked) by another process "
+                            f"{ROOT_WAIT:g}s after the start; its tasks may still run")
+        time.sleep(0.05)
+    return _Cleanup("clean", f"the daemon's keeper killed the processes in {root} and "
+                    f"removed it when the daemon died")
+
+
+async def _known_ids(d: Daemon) -> set[str]:
+    return await d.records.ids() | set(d.tasks)
+
+
+def _remove_orphans(output_dir: str, known: set[str]) -> int:
+    removed = 0
+    try:
+        names = os.listdir(output_dir)
+    except OSError:
+        return 0
+    for name in names:
+        task_id = name.split(".", 1)[0]
+        if task_id.isdigit() and task_id not in known:
+            try:
+                os.unlink(os.path.join(output_dir, name))
+                removed += 1
+            except OSError as e:
+                log.warning("removing %s: %s", name, e)
+    return removed

@@ -1,0 +1,66 @@
+"""Retention: finished tasks are kept by age, count and bytes, then expire (``--retain-*``).
+
+Enforced while the daemon runs: a pass soon after tasks finish (at most one a second) and one
+a minute for age.  A pass commits first (each expired row becomes a tombstone in ``expired``,
+so that a late request is told the task expired rather than that it never existed), then
+forgets the tasks held in memory and removes their output files.  A crash between the commit
+and the unlinks leaves files without a row: the next start removes them (``recover.py``).
+Running and queued tasks never expire, nor do finished ones whose end row is still being
+retried (their row is not "finished" yet).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import trio
+
+from .records import RecordsError
+from .state import Daemon
+
+__all__ = ["expire_now", "retention_loop"]
+
+log = logging.getLogger(__name__)
+
+PERIOD = 60.0  # seconds between passes when nothing finishes (age moves on)
+MIN_GAP = 1.0  # seconds between passes
+
+
+async def retention_loop(d: Daemon) -> None:
+    """Run passes until cancelled."""
+    while True:
+        with trio.move_on_after(PERIOD):
+            await d.retention_due.wait()
+        d.retention_due = trio.Event()
+        await expire_now(d)
+        await trio.sleep(MIN_GAP)
+
+
+async def expire_now(d: Daemon) -> int:
+    """One pass; how many tasks expired."""
+    try:
+        gone = await d.records.expire(d.config.retention, time.time())
+    except RecordsError as e:
+        log.error("retention: %s; retrying in %gs", e, PERIOD)
+        return 0
+    for g in gone:
+        d.forget(g["id"])
+    if gone:
+        await trio.to_thread.run_sync(_remove_files, d.output_dir, [g["id"] for g in gone])
+        log.info("retention: %d finished task(s) expired (ids %s...)", len(gone),
+                 ", ".join(g["id"] for g in gone[:5]))
+    return len(gone)
+
+
+def _remove_files(output_dir: str, ids: list[str]) -> None:
+    for task_id in ids:
+        base = os.path.join(output_dir, task_id)
+        for suffix in ("", ".tail", ".stderr", ".stderr.tail"):
+            try:
+                os.unlink(base + suffix)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                log.warning("retention: removing %s: %s", base + suffix, e)

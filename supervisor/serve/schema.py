@@ -1,0 +1,148 @@
+"""The records' schema and its migrations (pure sqlite3, run in the records' worker thread).
+
+``PRAGMA user_version`` is the schema's version.  A new database is made at version 1 and
+migrated like any other, so every migration runs on every fresh start (and the tests).  A
+database newer than :data:`SCHEMA_VERSION` is refused: an older corral must not write rows it
+does not understand.  Each migration runs in one transaction with its version bump: a crash or a
+full disk in the middle leaves the database at the version before, never half migrated.
+
+Versions::
+
+    1  tasks (one row per task: accept, start, end)
+    2  tasks.groups (the submitter's supplementary groups, to run a queued task after a
+       restart as it was submitted), tasks.run (which daemon run started it), tasks.bytes
+       (what a finished task holds on disk, for retention), tasks.notified (the completion
+       callback: 0 pending, 1 delivered); the state "starting" (written before the spawn, so
+       a task is never started twice); runs (each daemon run: its cgroup root, how it ended);
+       expired (what retention removed, so that a late request is told so)
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+
+__all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
+
+SCHEMA_VERSION = 2
+
+_V1 = """
+CREATE TABLE tasks (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,   -- the task id is str(seq): never reused
+    uid INTEGER NOT NULL,
+    gid INTEGER NOT NULL,
+    peer_pid INTEGER,
+    name TEXT,
+    idempotency_key TEXT,
+    spec TEXT NOT NULL,                      -- the submission, as accepted (JSON)
+    state TEXT NOT NULL,                     -- queued | starting | running | finished
+    created_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    pid INTEGER,                             -- the main process, once started
+    leaf TEXT,                               -- the core's task id: the cgroup leaf's name
+    outcome TEXT,
+    exit_status INTEGER,                     -- what corral run would exit with
+    result TEXT                              -- TaskResult.to_dict(), JSON
+);
+CREATE UNIQUE INDEX tasks_idempotency ON tasks (uid, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX tasks_uid ON tasks (uid, seq);
+"""
+
+_V2 = """
+ALTER TABLE tasks ADD COLUMN groups TEXT;          -- JSON list of gids
+ALTER TABLE tasks ADD COLUMN run INTEGER;          -- runs.id of the run that started it
+ALTER TABLE tasks ADD COLUMN bytes INTEGER;        -- on disk once finished: row + output
+ALTER TABLE tasks ADD COLUMN notified INTEGER;     -- callback: 0 pending, 1 done, NULL none
+CREATE INDEX tasks_unfinished ON tasks (state) WHERE state != 'finished';
+CREATE INDEX tasks_finished ON tasks (ended_at, seq) WHERE state = 'finished';
+CREATE INDEX tasks_notify ON tasks (notified) WHERE notified = 0;
+CREATE TABLE runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    pid INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    root TEXT,                               -- the supervisor's cgroup root
+    ended_at REAL,
+    ended TEXT                               -- stopped | handed_over; NULL: running or died
+);
+CREATE TABLE expired (
+    seq INTEGER PRIMARY KEY,                 -- the task's id
+    uid INTEGER NOT NULL,
+    idempotency_key TEXT,
+    ended_at REAL,
+    expired_at REAL NOT NULL,
+    why TEXT NOT NULL                        -- age | count | bytes
+);
+CREATE UNIQUE INDEX expired_idempotency ON expired (uid, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+"""
+
+
+class SchemaError(Exception):
+    """The database's schema cannot be used by this corral (the message has the fix)."""
+
+
+def _script(db: sqlite3.Connection, text: str) -> None:
+    """Each statement of ``text`` in the open transaction (``executescript`` would commit it
+    first, and a migration must be one transaction)."""
+    pending = ""
+    for line in text.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            db.execute(pending)
+            pending = ""
+
+
+def _to_v2(db: sqlite3.Connection, state_dir: str) -> None:
+    _script(db, _V2)
+    # finished rows get their size now: the row's JSON and the output files beside it
+    rows = db.execute("SELECT seq, length(spec) + coalesce(length(result), 0) FROM tasks "
+                      "WHERE state = 'finished'").fetchall()
+    for seq, size in rows:
+        size += output_bytes(os.path.join(state_dir, "output", str(seq)))
+        db.execute("UPDATE tasks SET bytes = ? WHERE seq = ?", (size, seq))
+
+
+# version reached -> the step from the version before (run inside one transaction)
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
+    1: lambda db, _: _script(db, _V1),
+    2: _to_v2,
+}
+
+
+def output_bytes(stdout_path: str) -> int:
+    """Bytes a task's output files take: stdout, stderr and their kept tails."""
+    total = 0
+    for suffix in ("", ".tail", ".stderr", ".stderr.tail"):
+        try:
+            total += os.stat(stdout_path + suffix).st_blocks * 512
+        except OSError:
+            continue
+    return total
+
+
+def migrate(db: sqlite3.Connection, path: str, state_dir: str) -> int:
+    """Bring ``db`` (autocommit connection) to :data:`SCHEMA_VERSION`; the version it had.
+    SchemaError for a newer schema, or a file that is a database but not corral's."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"{path} has schema version {version}; this corral knows versions up to "
+            f"{SCHEMA_VERSION}: run the newer corral that wrote it, or move the file aside "
+            f"(mv {path} {path}.v{version}) to start with empty records")
+    if version == 0 and db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+        raise SchemaError(
+            f"{path} is an SQLite database, but not corral's (it has tables and no schema "
+            f"version); give --state-dir a directory of corral's own")
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[target](db, state_dir)
+            db.execute(f"PRAGMA user_version={target}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    return version

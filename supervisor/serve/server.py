@@ -1,0 +1,183 @@
+"""The listening sockets and the connections on them.
+
+``bind_listeners`` gives the sockets to accept on: a socket unit's (socket activation), the one
+an earlier run of this daemon bound and parked in the fd store across a restart, or
+``--socket`` bound now (a stale file from a dead daemon is replaced; a live daemon's is
+refused).  ``accept_loop`` serves each connection in the server nursery: the peer's
+credentials, the connection limits, ``--allow-group``, then h11 (``http.py``) and the router.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import trio
+
+from .http import serve_connection
+from .peers import allowed, peer_of
+from .routes import make_router
+from .state import Config, Daemon
+
+__all__ = ["Bound", "accept_loop", "bind_listeners"]
+
+log = logging.getLogger(__name__)
+
+
+class Bound:
+    """The sockets to accept on; ``own`` is the one this daemon bound (and may park across a
+    restart: then ``keep`` is set, and its file is left in place)."""
+
+    def __init__(self, listeners: list[socket.socket], own: socket.socket | None) -> None:
+        self.sockets = listeners + ([own] if own is not None else [])
+        self.listeners = [trio.socket.from_stdlib_socket(s) for s in self.sockets]
+        self.own = own
+        self.keep = False
+
+
+@contextmanager
+def bind_listeners(config: Config, passed: list[socket.socket],
+                   parked: socket.socket | None) -> Iterator[Bound]:
+    """The passed sockets (socket activation), else the parked one if it still is
+    ``config.socket``, else ``config.socket`` bound now."""
+    if passed:
+        if parked is not None:
+            parked.close()
+        yield Bound(passed, None)
+        return
+    path = config.socket
+    if parked is not None and _name(parked) != path:
+        log.info("the parked socket is %s, not --socket %s: binding anew", _name(parked), path)
+        parked.close()
+        parked = None
+    sock = parked if parked is not None else _bind(config)
+    bound = Bound([], sock)
+    try:
+        yield bound
+    finally:
+        sock.close()
+        if not bound.keep:
+            with suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _name(sock: socket.socket) -> str:
+    name = sock.getsockname()
+    return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+
+def _bind(config: Config) -> socket.socket:
+    path = config.socket
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    _remove_stale_socket(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.bind(path)
+        if config.allow_gid is not None:
+            os.chown(path, -1, config.allow_gid)
+        os.chmod(path, config.socket_mode)
+        sock.listen(4096)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket; remove it or give "
+                      f"another --socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: a dead daemon's
+        return
+    finally:
+        probe.close()
+    raise OSError(errno.EADDRINUSE, f"another daemon already listens on {path}; stop it or "
+                  f"give another --socket")
+
+
+async def accept_loop(d: Daemon, listener: trio.socket.SocketType,
+                      connections: trio.Nursery) -> None:
+    """Accept on ``listener`` until cancelled; each connection runs in ``connections``."""
+    router = make_router(d)
+    while True:
+        try:
+            sock, _ = await listener.accept()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                d.metrics.shed.labels(reason="no_fds").inc()
+                await trio.sleep(0.1)  # out of descriptors: let some connections end
+                continue
+            raise
+        connections.start_soon(_connection, d, sock, router)
+
+
+async def _connection(d: Daemon, sock: trio.socket.SocketType, router: Any) -> None:
+    with sock:
+        try:
+            peer = peer_of(sock)  # type: ignore[arg-type]
+        except OSError:
+            return
+        if d.connections >= d.config.max_connections:
+            d.metrics.shed.labels(reason="max_connections").inc()
+            await _refuse_raw(sock, _BUSY)
+            return
+        if not allowed(peer, d.config.allow_gid):
+            d.metrics.shed.labels(reason="not_allowed").inc()
+            await _refuse_raw(sock, _FORBIDDEN)
+            return
+        d.connections += 1
+        try:
+            shed = await serve_connection(trio.SocketStream(sock), peer, d.config.http,
+                                          router, _answered(d))
+            if shed is not None:
+                d.metrics.shed.labels(reason=shed).inc()
+        except Exception:
+            # a bug of ours on one connection: it ends, the daemon goes on
+            log.exception("connection of uid %d", peer.uid)
+        finally:
+            d.connections -= 1
+
+
+def _answered(d: Daemon) -> Any:
+    def answered(verb: str, status: int) -> None:
+        d.metrics.requests.labels(verb=verb, status=str(status)).inc()
+
+    return answered
+
+
+async def _refuse_raw(sock: trio.socket.SocketType, response: bytes) -> None:
+    """Send a whole refusal, then read what the client sent for a moment before closing:
+    closing with unread bytes would reset the connection and lose the answer."""
+    with suppress(OSError), trio.move_on_after(1.0):
+        await sock.send(response)
+        sock.shutdown(socket.SHUT_WR)
+        while await sock.recv(65536):
+            pass
+
+
+def _raw_error(status: str, code: str, message: str) -> bytes:
+    """A whole HTTP response for refusing a connection before h11 is involved."""
+    body = json.dumps({"error": {"code": code, "message": message, "field": None}}).encode()
+    return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"content-length: {len(body) + 1}\r\n\r\n").encode() + body + b"\n"
+
+
+_BUSY = _raw_error("503 Service Unavailable", "busy", "the daemon holds its maximum of "
+                   "connections (--max-connections); retry later")
+_FORBIDDEN = _raw_error("403 Forbidden", "forbidden", "your uid is not in the group that "
+                        "--allow-group admits; ask the host's administrator to add you to it")

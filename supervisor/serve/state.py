@@ -1,0 +1,210 @@
+"""What every verb works on: the configuration and the daemon's state (no I/O of its own).
+
+``Daemon`` holds the supervisor, the records, the task table (ids -> ``DaemonTask``), the
+queue, the event hub and the metrics.  The lives of tasks are ``life.py``'s, the main loop and
+the connections ``daemon.py``'s; both use this module, and it uses neither (no import cycle).
+One trio thread: nothing here locks.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import trio
+
+from .events import EventHub
+from .http import HttpLimits
+from .metrics import Metrics
+from .peers import Peer
+from .protocol import DEFAULT_SOCKET, ApiError, SubmitRequest
+from .queue import QueueLimits, Scheduler
+from .records import Records, Retention
+from .specs import build_spec
+from .task import DaemonTask
+
+if TYPE_CHECKING:
+    from .. import Supervisor, TaskSpec
+    from .hooks import Hooks
+    from .sdnotify import Notifier
+
+__all__ = ["DEFAULT_STATE_DIR", "Config", "Daemon", "expired_error", "not_found"]
+
+DEFAULT_STATE_DIR = "/var/lib/corral"
+
+
+class Config(NamedTuple):
+    socket: str = DEFAULT_SOCKET
+    state_dir: str = DEFAULT_STATE_DIR
+    cgroup_root: str | None = None
+    default_time_limit: str | None = None
+    max_time_limit: str | None = None
+    allow_gid: int | None = None
+    socket_mode: int = 0o666
+    queue: QueueLimits = QueueLimits()
+    http: HttpLimits = HttpLimits()
+    output_cap: int = 64 << 20  # per stream and task, in the state directory
+    max_connections: int = 4096
+    # finished tasks held in memory with their result JSON (up to ~130 KiB each with full
+    # output tails); older ones are answered from the records
+    keep_finished: int = 256
+    retention: Retention = Retention()
+    on_finish_exec: str | None = None  # a program run with each finished task's event
+    on_finish_url: str | None = None  # POSTed each finished task's event ...
+    on_finish_socket: str | None = None  # ... over this Unix socket
+    # under systemd, `systemctl restart` hands running tasks to the next daemon
+    hand_over: bool = True
+
+
+class Daemon:
+    """The state the verbs work on; made by ``daemon.serve`` once the supervisor is open."""
+
+    def __init__(self, config: Config, sup: Supervisor, records: Records,
+                 nursery: trio.Nursery, notifier: Notifier, hooks: Hooks, run: int) -> None:
+        self.config = config
+        self.sup = sup
+        self.records = records
+        self.nursery = nursery  # task lives and record writes
+        self.notifier = notifier
+        self.hooks = hooks
+        self.run = run  # this daemon run's id in the records
+        self.output_dir = os.path.join(config.state_dir, "output")
+        self.tasks: dict[str, DaemonTask] = {}
+        self.keys: dict[tuple[int, str], str] = {}  # (uid, idempotency key) -> task id
+        self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.scheduler: Scheduler[DaemonTask] = Scheduler(config.queue)
+        self.hub = EventHub()
+        self.connections = 0
+        self.draining = False
+        self.handing_over = False  # systemd restarts us: no new tasks start
+        self.handed_over = False  # the core handed the running tasks over
+        self.live = 0  # task lives not yet ended
+        self.all_ended = trio.Event()
+        self.retention_due = trio.Event()  # a task finished: retention may have work
+        self.unrecorded: set[str] = set()  # finished, end row still being retried
+        self.stdin_pipes = _stdin_pipe_supported()
+        self.metrics = Metrics(self._gauges)  # last: it reads the gauges above at once
+
+    def find(self, peer: Peer, task_id: str) -> DaemonTask | None:
+        """The task if it is in memory and ``peer`` may see it; None if not in memory.
+        ApiError 404 when it is someone else's."""
+        t = self.tasks.get(task_id)
+        if t is not None and not peer.may_see(t.uid):
+            raise not_found(task_id)
+        return t
+
+    async def find_row(self, peer: Peer, task_id: str) -> dict[str, Any]:
+        """A task no longer (or never) in memory, from the records; 410 if retention removed
+        it (to its owner), 404 if none is ``peer``'s."""
+        row = await self.records.get(task_id)
+        if row is not None and peer.may_see(row["uid"]):
+            return row
+        if row is None:
+            gone = await self.records.expired(task_id)
+            if gone is not None and peer.may_see(gone["uid"]):
+                raise expired_error(task_id, gone, self.config.retention)
+        raise not_found(task_id)
+
+    def spec_for(self, peer: Peer, r: SubmitRequest, log_file: str | None = None) -> TaskSpec:
+        """The core's TaskSpec for a request of ``peer``'s (ApiError 400/403)."""
+        return build_spec(peer, r, controllers=self.sup.controllers, root=self.sup.cgroup_root,
+                          output_cap=self.config.output_cap, stdin_pipes=self.stdin_pipes,
+                          log_file=log_file)
+
+    def add(self, t: DaemonTask) -> None:
+        """A task joins the table (accepted now, or found in the records at start-up)."""
+        self.tasks[t.id] = t
+        if t.request.idempotency_key is not None:
+            self.keys[(t.uid, t.request.idempotency_key)] = t.id
+        self.live += 1
+
+    def publish(self, t: DaemonTask, state: str) -> None:
+        event: dict[str, Any] = {"id": t.id, "state": state, "uid": t.uid, "at": time.time()}
+        if state == "finished":
+            event["outcome"] = t.outcome
+            event["exit_status"] = t.exit_status
+        self.hub.publish(t.uid, event)
+
+    def task_finished(self, t: DaemonTask) -> None:
+        """Once its result is known: events, metrics, and the bound on finished tasks held in
+        memory (one whose end row is still being retried is held until it is written)."""
+        self.metrics.finished.labels(outcome=t.outcome or "lost").inc()
+        self.publish(t, "finished")
+        self._finished[t.id] = None
+        self.evict()
+        self.live -= 1
+        self.retention_due.set()
+        if self.live == 0 and (self.draining or self.handing_over):
+            self.all_ended.set()
+
+    def evict(self) -> None:
+        """Drop the oldest finished tasks past ``keep_finished`` from memory (the records
+        answer for them)."""
+        for old in list(self._finished):
+            if len(self._finished) <= self.config.keep_finished:
+                return
+            if old in self.unrecorded:
+                continue
+            del self._finished[old]
+            self.forget(old)
+
+    def forget(self, task_id: str) -> None:
+        """A finished task leaves memory (evicted, or expired)."""
+        self._finished.pop(task_id, None)
+        gone = self.tasks.pop(task_id, None)
+        if gone is not None and gone.request.idempotency_key is not None:
+            self.keys.pop((gone.uid, gone.request.idempotency_key), None)
+
+    def _gauges(self) -> dict[str, tuple[str, float]]:
+        s = self.scheduler
+        return {
+            "corral_tasks_running": ("Tasks started and not ended", s.total_running),
+            "corral_tasks_queued": ("Tasks waiting to start", s.total_queued),
+            "corral_tasks_held": ("Tasks held in memory", len(self.tasks)),
+            "corral_tasks_unrecorded": ("Finished tasks whose end record is being retried",
+                                        len(self.unrecorded)),
+            "corral_record_write_failures": ("Record writes that failed (each is retried or "
+                                             "refused, never dropped)",
+                                             self.records.failures),
+            "corral_connections": ("Open client connections", self.connections),
+            "corral_event_subscribers": ("GET /v1/events streams", len(self.hub)),
+            "corral_draining": ("1 while shutting down", int(self.draining)),
+        }
+
+
+def not_found(task_id: str) -> ApiError:
+    # the same answer for a task that does not exist and for someone else's
+    return ApiError(404, "not_found", f"no task {task_id!r} of yours; list yours with GET "
+                    f"/v1/tasks (corral ps)", "id")
+
+
+def expired_error(task_id: str, gone: dict[str, Any], policy: Retention) -> ApiError:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(gone["expired_at"]))
+    rule = {"age": f"it finished more than {_age(policy.max_age)} ago (--retain-age)",
+            "count": f"the daemon keeps the newest {policy.max_count} finished tasks "
+                     f"(--retain-count)",
+            "bytes": f"finished tasks may hold at most {policy.max_bytes} bytes on disk "
+                     f"(--retain-bytes)"}.get(gone["why"], gone["why"])
+    return ApiError(410, "expired", f"task {task_id} expired: its record and output were "
+                    f"removed at {when} because {rule}; fetch results sooner, or raise "
+                    f"the daemon's --retain-* limits", "id")
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "forever"
+    from .._units import format_duration
+
+    return format_duration(seconds)
+
+
+def _stdin_pipe_supported() -> bool:
+    import supervisor
+
+    try:
+        supervisor.TaskSpec(["true"], stdin="pipe")  # type: ignore[arg-type]
+    except ValueError:
+        return False
+    return hasattr(supervisor.TaskHandle, "write_stdin")
