@@ -210,3 +210,10 @@ def test_corral_run_plot_draws_the_cpu_it_sampled(tmp_path: Path,
     root = ET.parse(out).getroot()
     assert len(svg_line(root, "cpu_s")) >= 2 * 2 + 1  # two samples at least, as steps
     assert "task " in svg_text(root)
+
+
+def test_plot_takes_the_next_word_as_its_file_whatever_it_starts_with() -> None:
+    from supervisor.cli.run import prepare_argv
+
+    assert prepare_argv(["--plot", "-odd.svg", "--time-limit", "-1s", "--", "true"]) == \
+        ["--plot=-odd.svg", "--time-limit=-1s", "--", "true"]
