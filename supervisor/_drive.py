@@ -30,6 +30,7 @@ task only, and a task's life never runs in it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -49,7 +50,7 @@ from ._stop import StopState, signal_tree
 from ._tracking import Tracker
 from ._watch import CgroupWatcher
 
-__all__ = ["DONE", "KILL", "RUNNING", "TERM", "Driver", "Terms"]
+__all__ = ["DONE", "KILL", "RUNNING", "TERM", "Driver", "Terms", "terms"]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,13 @@ class Terms:
     repeat: float | None
     idle: float | None
     controllers: frozenset[str]
-    leaf_view: str | None  # the leaf as /proc/PID/cgroup names it (None: unknown here)
+
+
+@functools.lru_cache(maxsize=256)
+def terms(time_limit: float | None, grace: float, repeat: float | None, idle: float | None,
+          controllers: frozenset[str]) -> Terms:
+    """Terms, shared by every task told the same (most tasks of a supervisor are)."""
+    return Terms(time_limit, grace, repeat, idle, controllers)
 
 
 class Driver(Sampled):
@@ -81,12 +88,13 @@ class Driver(Sampled):
                  "tracker", "watcher")
 
     def __init__(self, leaf: Cgroup, main: MainProcess, stop: StopState,
-                 watcher: CgroupWatcher, terms: Terms, *, t0: float,
+                 watcher: CgroupWatcher, terms: Terms, *, t0: float, leaf_view: str | None,
                  activity: Callable[[], float], on_stopping: Callable[[], None]) -> None:
         self.leaf, self.main, self.stop, self.watcher = leaf, main, stop, watcher
         self.terms, self.t0, self.activity = terms, t0, activity
         self.on_stopping = on_stopping  # called once: the main exited, or a stop began
-        self.tracker = Tracker(leaf, main.pid, terms.leaf_view)
+        # ``leaf_view``: the leaf as /proc/PID/cgroup names it (None: unknown here)
+        self.tracker = Tracker(leaf, main.pid, leaf_view)
         self.phase = RUNNING
         self.paused_at: float | None = None
         self.paused_s = 0.0
@@ -97,8 +105,8 @@ class Driver(Sampled):
         self.exit: Exit | None = None  # how (None: not known, or not yet for an adopted one)
         self.exited_at = 0.0
         self.detaching = False  # hand_over(): stop driving, leave the task running
-        self.problems: list[str] = []
-        self.notes: list[str] = []
+        self.problems: tuple[str, ...] = ()  # (tuples: most tasks never have any)
+        self.notes: tuple[str, ...] = ()
         self.signalled_tree = self.killed_tree = False
         self.series: Series | None = None
         self.snapshot: KillSnapshot | None = None
@@ -112,7 +120,24 @@ class Driver(Sampled):
             # (nothing to step before the first wait: the spawn had no checkpoint, so no stop
             # request and no deadline can have come; an exit already shows on the pidfd)
             while True:
-                await self._wait()
+                # One wait at a time (written out here, not in a helper coroutine: every
+                # frame a held task waits in costs memory): the main process while it lives,
+                # then the leaf emptying; the deadline; the waker a stop request cancels.
+                try:
+                    with trio.CancelScope(deadline=self.deadline,
+                                          shield=self.pending is not None) as waker:
+                        self.stop.waker = waker
+                        if not self.exited:
+                            await trio.lowlevel.wait_readable(self.main.pidfd)
+                        else:
+                            await self.watcher.wait_empty(self.leaf)
+                except trio.Cancelled as exc:
+                    # the caller's scope: a graceful stop now, the Cancelled once the record
+                    # exists
+                    self.pending = exc
+                    self.stop.request(StopReason.CANCEL, by_caller=True)
+                finally:
+                    self.stop.waker = None
                 if self.detaching:
                     return  # handed over: the task runs on, another supervisor drives it
                 self._step(trio.current_time())
@@ -123,21 +148,6 @@ class Driver(Sampled):
             if not self.detaching:
                 self.stop.finish()
             self.tracker.close()
-
-    async def _wait(self) -> None:
-        try:
-            with trio.CancelScope(deadline=self.deadline, shield=self.pending is not None) as w:
-                self.stop.waker = w
-                if not self.exited:
-                    await trio.lowlevel.wait_readable(self.main.pidfd)
-                else:
-                    await self.watcher.wait_empty(self.leaf)
-        except trio.Cancelled as exc:
-            # the caller's scope: a graceful stop now, the Cancelled once the record exists
-            self.pending = exc
-            self.stop.request(StopReason.CANCEL, by_caller=True)
-        finally:
-            self.stop.waker = None
 
     def _step(self, now: float) -> None:
         """What happened since the last wait, then the current state's rule."""
@@ -173,7 +183,7 @@ class Driver(Sampled):
             self.deadline = min(self.grace_end, self.repeat_at)
 
     def _step_kill_overdue(self) -> None:
-        self.problems.append(f"the leaf did not empty within {KILL_TIMEOUT:.0f}s of cgroup.kill")
+        self.problems += (f"the leaf did not empty within {KILL_TIMEOUT:.0f}s of cgroup.kill",)
         # the main process itself may be stuck (D state): keep waiting for it
         self.phase = DONE if self.exited else KILL
         self.deadline = math.inf
@@ -267,7 +277,7 @@ class Driver(Sampled):
         if thawed:
             where = ", ".join(os.path.join(self.leaf.path, r) if r != "." else self.leaf.path
                               for r in thawed)
-            self.notes.append(f"the task had frozen {where}; corral thawed it to stop it")
+            self.notes += (f"the task had frozen {where}; corral thawed it to stop it",)
 
     def _on_main_exit(self, now: float) -> None:
         if not self.main.adopted:
@@ -329,7 +339,7 @@ class Driver(Sampled):
         if self.series is None:
             self.series = Series()
         self.series.add(round(now - self.t0, 3), cpu, memory, pids, io)
-        self.tracker.track(self.leaf.procs())
+        self.tracker.note(self.leaf.procs())
 
     # ---- small reads ---------------------------------------------------------------------
 

@@ -119,7 +119,7 @@ def _driver_state(d: Driver, clock: _Clock) -> dict[str, Any]:
             "exit": None if d.exit is None else [d.exit.code, d.exit.signal],
             "exited_at": clock.out(d.exited_at) if d.exited else None,
             "signalled_tree": d.signalled_tree, "killed_tree": d.killed_tree,
-            "notes": d.notes, "problems": d.problems,
+            "notes": list(d.notes), "problems": list(d.problems),
             "leftovers": [[p.pid, p.comm] for p in d.tracker.leftovers.values()],
             "escaped": [[e.pid, e.comm, e.cgroup, e.ended] for e in d.tracker.escaped.values()],
             "series": None if d.series is None else d.series.to_dict()}
@@ -220,7 +220,7 @@ def _restore_driver(d: Driver, s: dict[str, Any], clock: _Clock) -> None:
     d.exit = None if s["exit"] is None else Exit(*s["exit"])
     d.exited_at = clock.back(s["exited_at"]) if s["exited_at"] is not None else 0.0
     d.signalled_tree, d.killed_tree = s["signalled_tree"], s["killed_tree"]
-    d.notes, d.problems = s["notes"], s["problems"]
+    d.notes, d.problems = tuple(s["notes"]), tuple(s["problems"])
     d.tracker.leftovers = {pid: ProcessInfo(pid, comm) for pid, comm in s["leftovers"]}
     d.tracker.escaped = {e[0]: EscapedProcess(*e) for e in s["escaped"]}
     d.series = None if s["series"] is None else Series.restore(s["series"])

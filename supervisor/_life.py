@@ -35,7 +35,7 @@ import trio
 
 from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
 
-from ._drive import Driver, Terms
+from ._drive import Driver, terms
 from ._errors import InternalError
 from ._main import MainProcess
 from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
@@ -91,7 +91,12 @@ async def live(task: Task,
                 return await _run(task, task_status)
             finally:
                 slot.limiter.release_on_behalf_of(task)
-        return await _run(task, task_status)
+        # (one coroutine frame less per held task than awaiting _run: a supervisor may hold
+        # thousands, and each waiting frame costs a few hundred bytes)
+        launched = _launch(task, task_status)
+        if isinstance(launched, Launched):
+            return await drive(task, *launched)
+        return launched
     finally:
         task.rt.on_end(task)
 
@@ -122,7 +127,20 @@ async def _queue(task: Task, slot: QueueSlot,
         slot.turn.set()  # admitted or given up: the next in line may queue now
 
 
+class Launched(tuple):  # type: ignore[type-arg]
+    """What ``drive`` needs of a task just spawned: (leaf, main, driver, started)."""
+
+
 async def _run(task: Task, task_status: trio.TaskStatus[TaskHandle]) -> TaskResult | None:
+    launched = _launch(task, task_status)
+    if isinstance(launched, Launched):
+        return await drive(task, *launched)
+    return launched
+
+
+def _launch(task: Task, task_status: trio.TaskStatus[TaskHandle]) -> TaskResult | Launched:
+    """Start the task (synchronously): what ``drive`` needs, or the record of a task that
+    never started (stopped first, or its spawn failed)."""
     if task.stop.reason is not None:
         task_status.started(task.handle)
         return finish_unstarted(task)
@@ -140,17 +158,17 @@ async def _run(task: Task, task_status: trio.TaskStatus[TaskHandle]) -> TaskResu
     task.pid, task.cgroup, task.state = spawned.pid, leaf.path, "running"
     task_status.started(task.handle)
     main = MainProcess(spawned.pid, spawned.pidfd)
-    return await drive(task, leaf, main, new_driver(task, leaf, main, started.t0), started)
+    return Launched((leaf, main, new_driver(task, leaf, main, started.t0), started))
 
 
 def new_driver(task: Task, leaf: Cgroup, main: MainProcess, t0: float) -> Driver:
     """The driver of a running task, on what its spec and its supervisor say."""
     rt, spec = task.rt, task.spec
     view = None if rt.root_view is None else f"{rt.root_view.rstrip('/')}/{task.id}"
-    terms = Terms(task.time_limit, spec.grace_s, spec.repeat_s, spec.idle_timeout_s,
-                  rt.controllers, view)
-    return Driver(leaf, main, task.stop, rt.watcher, terms, t0=t0, activity=task.last_output,
-                  on_stopping=task.stopping)
+    told = terms(task.time_limit, spec.grace_s, spec.repeat_s, spec.idle_timeout_s,
+                 rt.controllers)
+    return Driver(leaf, main, task.stop, rt.watcher, told, t0=t0, leaf_view=view,
+                  activity=task.last_output, on_stopping=task.stopping)
 
 
 async def drive(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["read_cgroup", "read_cmdline", "read_comm", "read_stat", "read_state"]
+__all__ = ["read_cgroup", "read_cmdline", "read_comm", "read_start", "read_stat", "read_state"]
 
 
 def _read(path: str) -> bytes | None:
@@ -74,5 +74,18 @@ def read_stat(pid: int) -> tuple[str, int, float] | None:
     try:
         return (fields[0].decode("ascii", "replace"), int(fields[1]),
                 (int(fields[11]) + int(fields[12])) / _TICKS)
+    except (IndexError, ValueError):
+        return None
+
+
+def read_start(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): with its pid, it names one process
+    for good (a pid reused later has another start), without holding anything."""
+    data = _read(f"/proc/{pid}/stat")
+    if data is None:
+        return None
+    fields = data.rpartition(b")")[2].split()
+    try:
+        return int(fields[19])
     except (IndexError, ValueError):
         return None

@@ -23,7 +23,7 @@ from cgroupfs import Cgroup
 from ._drive import Driver
 from ._errors import InternalError, SpecError, SupervisorError
 from ._guard import SpawnGuard
-from ._output import IoReactor, StdinFeed, Stream, StreamCapture, Tap
+from ._output import IoReactor, Latch, StdinFeed, Stream, StreamCapture, Tap
 from ._result import (
     Cleanup,
     Containment,
@@ -95,7 +95,7 @@ class Task:
         self.state = "queued"
         self.notes = notes  # () for most: shared, costs nothing per task
         self.stop = StopState(int(spec.stop_signal))
-        self.done = trio.Event()
+        self.done = Latch()
         self.result: TaskResult | None = None
         self.handed_over = False
         self.created_at = time.time()

@@ -57,6 +57,9 @@ def urlencode(query: dict[str, Any]) -> str:
     return "&".join(f"{quote(k)}={quote(str(v))}" for k, v in query.items())
 
 
+RECONNECT = 60.0  # seconds a waiting or following client tries to reach a restarting daemon
+
+
 class DaemonUnavailable(ConnectionError):
     """The daemon's socket cannot be reached; the message names it and the fix."""
 
@@ -77,7 +80,11 @@ class _Response:
         r = self._reader
         if self.headers.get("transfer-encoding", "").lower() == "chunked":
             while True:
-                size = int(r.readline().split(b";")[0].strip() or b"0", 16)
+                line = r.readline()
+                if not line:  # (a chunked body always ends with a 0 chunk)
+                    raise DaemonUnavailable("the daemon closed the connection in the middle "
+                                            "of its answer")
+                size = int(line.split(b";")[0].strip() or b"0", 16)
                 if size == 0:
                     while r.readline() not in (b"\r\n", b"\n", b""):
                         pass  # trailers
@@ -120,6 +127,7 @@ class Client:
         self.timeout = timeout
         self._sock: socket.socket | None = None
         self._reader: Any = None
+        self._reached = False  # a daemon answered once: losing it now is a restart's doing
 
     def __enter__(self) -> Client:
         return self
@@ -177,6 +185,7 @@ class Client:
             name, _, value = line.decode("latin-1").partition(":")
             headers[name.strip().lower()] = value.strip()
         resp = _Response(status, headers, self._reader)
+        self._reached = True
         if headers.get("connection", "").lower() == "close":
             self._sock = None  # not reused (the reader still holds the socket for the body)
         return resp
@@ -211,7 +220,10 @@ class Client:
         elif stdin is not None:
             options["stdin"] = stdin
         request = SubmitRequest(list(argv), **options)
-        _, obj = self._call("POST", "/v1/tasks", request.to_json())
+        # (503 restarting: nothing was accepted, so asking again cannot make a second task;
+        # a connection lost mid-request is not retried: it may have been accepted)
+        _, obj = self._again(RECONNECT, self._call, "POST", "/v1/tasks", request.to_json(),
+                             unreachable=False)
         return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
 
     def list(self, state: str | None = None, limit: int = 100) -> list[TaskInfo]:
@@ -223,18 +235,77 @@ class Client:
         _, obj = self._call("GET", f"/v1/tasks/{quote(task_id, safe='')}")
         return TaskInfo.from_json(obj)
 
-    def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+    def wait(self, task_id: str, timeout: float | None = None, *,
+             reconnect: float = RECONNECT) -> TaskInfo:
         """Until the task has finished (long polls of at most 60 s each); with ``timeout``,
-        the task as it is then."""
+        the task as it is then.  A daemon that goes away (a restart) is reconnected to for up
+        to ``reconnect`` seconds."""
         import time
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 60.0 if deadline is None else max(0.0, min(60.0, deadline - time.monotonic()))
-            status, obj = self._call("GET", f"/v1/tasks/{quote(task_id, safe='')}/wait?"
-                                     f"timeout={left:.3f}s", ok=(200, 202))
+            path = f"/v1/tasks/{quote(task_id, safe='')}/wait?timeout={left:.3f}s"
+            status, obj = self._again(reconnect, self._call, "GET", path, ok=(200, 202))
             if status == 200 or (deadline is not None and time.monotonic() >= deadline):
                 return TaskInfo.from_json(obj)
+
+    def _again(self, reconnect: float, call: Any, *args: Any, unreachable: bool = True,
+               **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, again while the daemon is restarting (503
+        ``restarting``) or (with ``unreachable``), once it had answered, unreachable: for up
+        to ``reconnect`` seconds.  A daemon never reached is an error at once."""
+        import time
+
+        give_up = time.monotonic() + reconnect
+        pause = 0.05
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except (DaemonUnavailable, ApiError) as e:
+                if not self._passing(e, unreachable):
+                    raise
+                self.close()
+                if time.monotonic() + pause > give_up:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
+    def _passing(self, e: Exception, unreachable: bool = True) -> bool:
+        """Whether ``e`` is a restart's doing (worth another try)."""
+        if isinstance(e, ApiError):
+            return e.code == "restarting"
+        return unreachable and self._reached
+
+    def follow(self, task_id: str, stream: str = "stdout", offset: int = 0, *,
+               reconnect: float = RECONNECT) -> Iterator[Frame]:
+        """Like ``output(follow=True)``, across restarts of the daemon: when the connection
+        drops before the end frame, reconnect (for up to ``reconnect`` seconds) and go on
+        from the next byte.  Every byte comes once, in order; the end frame comes last."""
+        import time
+
+        pos = offset
+        give_up = time.monotonic() + reconnect
+        while True:
+            try:
+                for frame in self.output(task_id, stream, pos, follow=True):
+                    give_up = time.monotonic() + reconnect
+                    if frame.kind == "data":
+                        pos = frame.offset + len(frame.data)
+                    elif frame.kind == "gap":
+                        pos = frame.end
+                    yield frame
+                    if frame.kind == "end":
+                        return
+            except (DaemonUnavailable, ApiError) as e:
+                if not self._passing(e):
+                    raise
+            self.close()  # the stream ended early (or broke): the daemon went away
+            if time.monotonic() > give_up:
+                raise DaemonUnavailable(f"the corral daemon at {self.socket_path} went away "
+                                        f"while following task {task_id}, and did not come "
+                                        f"back within {reconnect:g}s")
+            time.sleep(0.1)
 
     def output(self, task_id: str, stream: str = "stdout", offset: int = 0,
                follow: bool = False) -> Iterator[Frame]:

@@ -1,7 +1,8 @@
 """``corral logs [-f] [--stderr] [--offset N] ID``: a task's output, from the daemon's files.
 
 The bytes go to stdout as the task wrote them; with ``-f`` it follows until the task ends,
-then exits with the task's status (as ``corral run``).  Bytes past the daemon's output cap are
+then exits with the task's status (as ``corral run``), reconnecting (from the next byte) if
+the daemon restarts meanwhile.  Bytes past the daemon's output cap are
 named on stderr (``bytes A..B are no longer held``), never silently skipped.
 """
 
@@ -31,7 +32,8 @@ def main(args: argparse.Namespace) -> int:
     stream = "stderr" if args.stderr else "stdout"
 
     def body(client: Any) -> int:
-        frames = client.output(args.id, stream, args.offset, follow=args.follow)
+        frames = client.follow(args.id, stream, args.offset) if args.follow else \
+            client.output(args.id, stream, args.offset)
         end = write_frames(frames, sys.stdout.buffer, stream)
         if args.follow and end is not None:
             return report(end.result.get("outcome"), end.exit_status, quiet=True)

@@ -74,8 +74,7 @@ with --pty the task runs on a terminal of its own (programs colour and line-buff
 output mirrored here and kept in the record.  At a terminal this one is in raw mode while
 the task runs: every key is typed into the task's terminal, whose modes decide what it does:
   Ctrl-C, Ctrl-\\  the task's SIGINT / SIGQUIT when its terminal makes them signals (a REPL
-                  goes on); Ctrl-C {WAY_OUT_PRESSES} times within {WAY_OUT_WINDOW:g}s stops the
-                  task, as above
+                  goes on); {WAY_OUT_PRESSES} Ctrl-C within {WAY_OUT_WINDOW:g}s stop it, as above
   Ctrl-D          end of input for a program reading its terminal (a REPL exits)
   Ctrl-Z          a lone program: suspends corral and freezes the task (frozen time is not
                   counted by the time limit); a job-control shell in the task: that shell's
@@ -566,13 +565,13 @@ def _open_pty() -> PtyRelay:
 
 def _leave_full_screen(result: TaskResult) -> None:
     """A program that held the terminal (it left the modes changed) and was killed could not
-    leave its alternate screen or show its cursor again: do it, at a terminal.  (Without
-    --pty corral does not see the output, so this is a guess, made only then: ``rmcup``
-    outside the alternate screen would move the cursor.)"""
+    leave its alternate screen or show its cursor again: do it, at a terminal.  Without --pty
+    corral does not see the output, so whether it was in the alternate screen is a guess:
+    left in a way that changes nothing outside it (``known=False``)."""
     if result.signal is None or not os.isatty(1):
         return
     try:
-        os.write(1, screen_reset(1, alternate=True, cursor=True))
+        os.write(1, screen_reset(1, alternate=True, cursor=True, known=False))
     except OSError:
         pass  # hung up: no screen to put back
 

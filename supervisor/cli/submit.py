@@ -65,20 +65,19 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _follow(client: Any, task_id: str) -> Any:
-    """stdout here and stderr in a thread (each its own connection); the end frame."""
+    """stdout here and stderr in a thread (each its own connection, each reconnecting across
+    a restart of the daemon); the end frame."""
     import threading
 
     from ..client import Client
 
     def copy_stderr() -> None:
         with Client(client.socket_path) as other:
-            write_frames(other.output(task_id, "stderr", follow=True), sys.stderr.buffer,
-                         "stderr")
+            write_frames(other.follow(task_id, "stderr"), sys.stderr.buffer, "stderr")
 
     thread = threading.Thread(target=copy_stderr, daemon=True)
     thread.start()
-    result = write_frames(client.output(task_id, "stdout", follow=True), sys.stdout.buffer,
-                          "stdout")
+    result = write_frames(client.follow(task_id, "stdout"), sys.stdout.buffer, "stdout")
     thread.join()
     return result
 

@@ -238,18 +238,24 @@ class Terminal:
 # xterm's, for a terminal whose terminfo entry cannot be read
 _RESET_FALLBACK = {"rmcup": b"\x1b[?1049l", "cnorm": b"\x1b[?25h"}
 _PADDING = re.compile(rb"\$<[0-9.*/]+>")  # terminfo delays, for tputs(3) only
+# DEC private mode 1047 off: the normal screen if the alternate one is shown, the cursor where
+# it is; outside the alternate screen nothing at all (xterm, VTE, tmux)
+_LEAVE_ALTERNATE_IN_PLACE = b"\x1b[?1047l"
 
 
-def screen_reset(fd: int, *, alternate: bool, cursor: bool) -> bytes:
+def screen_reset(fd: int, *, alternate: bool, cursor: bool, known: bool = True) -> bytes:
     """What a full-screen program sends its terminal when it exits, and one that was killed
-    could not: leave the alternate screen (terminfo ``rmcup``: the shell's screen and cursor
-    come back) and show the cursor (``cnorm``), for the terminal at ``fd`` ($TERM); b"" for
-    what is not asked.  Only for a terminal known to be in that state: ``rmcup`` also moves
-    the cursor to where ``smcup`` saved it."""
-    caps = [cap for cap, wanted in (("rmcup", alternate), ("cnorm", cursor)) if wanted]
+    could not, for the terminal at ``fd`` ($TERM): leave the alternate screen, and show the
+    cursor (terminfo ``cnorm``); b"" for what is not asked.  ``known``: the alternate screen
+    is known to be shown, so terminfo's ``rmcup`` also brings the cursor back to where the
+    program found it; otherwise (a guess) mode 1047 is turned off, which does nothing outside
+    the alternate screen (``rmcup`` there would move the cursor to an old saved place)."""
+    caps = [cap for cap, wanted in (("rmcup", alternate and known), ("cnorm", cursor))
+            if wanted]
     found = _terminfo(fd, caps) if caps else []
-    return b"".join(_PADDING.sub(b"", seq) if seq else _RESET_FALLBACK[cap]
-                    for cap, seq in zip(caps, found, strict=True))
+    out = b"".join(_PADDING.sub(b"", seq) if seq else _RESET_FALLBACK[cap]
+                   for cap, seq in zip(caps, found, strict=True))
+    return (_LEAVE_ALTERNATE_IN_PLACE if alternate and not known else b"") + out
 
 
 def _terminfo(fd: int, caps: list[str]) -> list[bytes | None]:

@@ -1,12 +1,12 @@
 """Retention: finished tasks are kept by age, count and bytes, then expire (``--retain-*``).
 
-Enforced while the daemon runs: a pass soon after tasks finish (at most one a second) and one
-a minute for age.  A pass commits first (each expired row becomes a tombstone in ``expired``,
-so that a late request is told the task expired rather than that it never existed), then
-forgets the tasks held in memory and removes their output files.  A crash between the commit
-and the unlinks leaves files without a row: the next start removes them (``recover.py``).
-Running and queued tasks never expire, nor do finished ones whose end row is still being
-retried (their row is not "finished" yet).
+Enforced while the daemon runs: a pass soon after tasks finish (at most one a second), and
+one every minute (or every quarter of ``--retain-age``, if shorter) for age.  A pass commits
+first (each expired row becomes a tombstone in ``expired``, so that a late request is told the
+task expired rather than that it never existed), then forgets the tasks held in memory and
+removes their output files.  A crash between the commit and the unlinks leaves files without a
+row: the next start removes them (``recover.py``).  Running and queued tasks never expire, nor
+do finished ones whose end row is still being retried (their row is not "finished" yet).
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ MIN_GAP = 1.0  # seconds between passes
 
 async def retention_loop(d: Daemon) -> None:
     """Run passes until cancelled."""
+    age = d.config.retention.max_age
+    period = PERIOD if age is None else min(PERIOD, max(MIN_GAP, age / 4))
     while True:
-        with trio.move_on_after(PERIOD):
+        with trio.move_on_after(period):
             await d.retention_due.wait()
         d.retention_due = trio.Event()
         await expire_now(d)

@@ -245,6 +245,27 @@ async def test_a_leftover_that_moves_itself_out_is_killed_and_reported(
         elsewhere.destroy()
 
 
+async def test_a_child_that_leaves_while_the_main_runs_is_found_by_the_sampler(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    elsewhere = test_cgroup.make_child("elsewhere")
+    try:
+        # the sampler sees the sleep in the leaf; then it leaves; the main waits for it
+        script = ('sleep 600 & child=$!; sleep 0.6; echo $child > "$ELSEWHERE/cgroup.procs"; '
+                  'wait')
+        async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
+                                              sample_interval="0.1s") as sup:
+            with trio.fail_after(HANG):
+                r = await sup.run(["sh", "-c", script], env={"ELSEWHERE": elsewhere.path},
+                                  time_limit="1.5s", grace="0.5s")
+        assert r.outcome == "timed_out" and r.cleanup == "incomplete"
+        (escaped,) = r.containment.escaped
+        assert escaped.comm == "sleep" and escaped.ended == "killed"
+        assert escaped.cgroup is not None and escaped.cgroup.endswith("/elsewhere")
+        await wait_for(lambda: not elsewhere.is_populated(), what="the escapee's death")
+    finally:
+        elsewhere.destroy()
+
+
 # ---- 7. sub-cgroups made inside a leaf ----------------------------------------------------
 
 SUB_TERM = LEAF + textwrap.dedent("""\

@@ -27,7 +27,10 @@ if TYPE_CHECKING:
 
 async def handle(d: Daemon, req: Request) -> Response:
     r = parse_submit(parse_json_body(req.body))
-    if d.draining or d.handing_over:
+    if d.handing_over:
+        raise ApiError(503, "restarting", "the daemon is restarting (systemctl restart): "
+                       "nothing was accepted; retry in a moment (the clients do)")
+    if d.draining:
         raise ApiError(503, "shutting_down", "the daemon is shutting down and accepts no new "
                        "tasks; retry once it is back")
     if r.idempotency_key is not None:
