@@ -72,9 +72,9 @@ def start_supervisor(kind: str, base: str, mark: str) -> subprocess.Popen[bytes]
 
 
 def crash_round(kind: str, base: str, mark: str, rng: random.Random) -> Round:
-    # random moments across the supervisor's whole life: its start-up (~0.3-1 s here), its
-    # tasks starting and running, up to their time limit
-    kill_after = rng.uniform(0.0, 2.5 if kind == "library" else 1.5)
+    # random moments across the supervisor's whole life: its start-up (0.3-1.5 s here, with
+    # the load), its tasks starting and running, up to their time limit and its stop
+    kill_after = rng.uniform(0.0, 3.5)
     proc = start_supervisor(kind, base, mark)
     t0 = time.monotonic()
     try:
