@@ -384,3 +384,52 @@ def test_a_background_job_passes_its_ignored_signals_on_as_the_bare_command_woul
                         f'grep SigIgn /proc/self/status & wait'],
                        capture_output=True, text=True, timeout=HANG)
     assert r.stdout == "SigIgn:\t0000000000000006\n", r.stderr
+
+
+# ---- --pty without a terminal (test_terminal.py drives it at one) ------------------------------
+
+def corral_bytes(*args: str, root: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    """``corral run --cgroup-root ROOT ARGS``, stdout as bytes: a terminal's CR LF kept."""
+    return subprocess.run([CORRAL, "run", "--cgroup-root", root, *args], input=stdin,
+                          capture_output=True, timeout=HANG)
+
+
+COLOUR = ("import sys; print('\\033[31mred\\033[0m' if sys.stdout.isatty() else 'plain'); "
+          "sys.exit(3)")
+
+
+def test_pty_gives_the_task_a_terminal_when_corral_has_none(root: str,
+                                                            tmp_path: pathlib.Path) -> None:
+    # stdin /dev/null, stdout and stderr pipes: the task still sees a terminal (colour), the
+    # output comes through as its terminal gives it (CR LF), the record keeps it, and the
+    # exit status is the task's
+    r = corral_bytes("--pty", "--json-file", str(tmp_path / "r.json"), "--",
+                     sys.executable, "-c", COLOUR, root=root)
+    assert r.returncode == 3, r.stderr
+    assert r.stdout == b"\x1b[31mred\x1b[0m\r\n"
+    out = json.loads((tmp_path / "r.json").read_text())["output"]["stdout"]
+    assert out["mode"] == "tty" and out["head"] == "\x1b[31mred\x1b[0m\r\n"
+
+
+def test_pty_types_piped_stdin_into_the_terminal_and_ends_it_with_ctrl_d(root: str) -> None:
+    # the terminal echoes what is typed, as it would keys; the end of input is one Ctrl-D
+    # (after a last line without a newline, one more ends that line first)
+    script = 'read a; echo "got $a"; test -t 0 && echo tty; cat; echo "<eof"'
+    r = corral_bytes("--pty", "--", "sh", "-c", script, root=root,
+                     stdin=b"one\ntwo-without-newline")
+    assert r.returncode == 0, r.stderr
+    assert b"got one\r\ntty\r\n" in r.stdout, r.stdout
+    assert r.stdout.endswith(b"two-without-newline<eof\r\n"), r.stdout
+
+
+def test_pty_output_to_a_closed_pipe_stops_the_task_as_sigpipe_would(root: str) -> None:
+    # the reader goes away: the task is stopped (it would have died of SIGPIPE), status 141
+    p = subprocess.Popen(f"{CORRAL} run --pty --cgroup-root {root} -- sh -c "
+                         f"'while :; do echo y; done' | head -c 1000 >/dev/null; "
+                         f"exit ${{PIPESTATUS[0]}}",
+                         shell=True, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, executable="/bin/bash")
+    _, err = p.communicate(timeout=HANG)
+    assert p.returncode == 128 + signal.SIGPIPE, err
+    assert "stdout: Broken pipe; stopping the task" in err, err
+    assert "finished with result: cancelled" in err, err

@@ -18,12 +18,14 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import cgroupfs
+from supervisor.cli.relay import Screen
 from supervisor.cli.terminal import Act, Delivery, Keys
 
 CORRAL = os.path.join(os.path.dirname(sys.executable), "corral")
 PYTHON = "/usr/bin/python3"  # the system's: a pyenv shim costs seconds per start
 DEADLINE = 30.0
 RACE_RUNS = 50
+EARLY_RUNS = 10
 
 SI_USER, SI_KERNEL = 0, 0x80
 
@@ -117,8 +119,12 @@ class Tmux:
         self.tmux("send-keys", "-l", text)
         self.tmux("send-keys", "Enter")
 
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-J", "-S", "-")
+    def screen(self, *, escapes: bool = False) -> str:
+        return self.tmux("capture-pane", "-p", "-J", "-S", "-", *(["-e"] if escapes else []))
+
+    def shows(self, fmt: str) -> str:
+        """A format of the pane, e.g. ``#{alternate_on}``."""
+        return self.tmux("display", "-p", fmt).strip()
 
     def wait_screen(self, pattern: str, timeout: float = DEADLINE) -> None:
         wait_until(lambda: re.search(pattern, self.screen(), re.M),
@@ -265,6 +271,35 @@ def test_ctrl_c_race_never_loses_the_summary_or_the_record(shell: Shell) -> None
     assert set(outcomes) <= {"signaled", "cancelled"}, outcomes
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "Python installs its SIGINT handler before site and the console script's imports, and the "
+    "dispatcher can call run.EARLY only after those: a key 15-50 ms after the start is a "
+    "KeyboardInterrupt with a traceback (measured: every try in that window).  Closing it "
+    "takes the signals blocked before exec (a launcher for the entry point), not corral run"))
+def test_ctrl_c_in_the_first_50ms_never_prints_a_traceback(shell: Shell) -> None:
+    """A key right after Enter: while Python starts (killed by SIGINT, nothing printed) or
+    from corral's first step on (the summary and the record complete)."""
+    rng = random.Random(os.environ.get("CORRAL_RACE_SEED", uuid.uuid4().hex))
+    for i in range(EARLY_RUNS):
+        name = f"early{i}"
+        shell.corral("--summary -- sleep 30", name=name, err=True)
+        wait_until(lambda: children(shell.pane_pid), "corral's process")
+        time.sleep(rng.uniform(0, 0.05))
+        shell.keys("C-c")
+        try:
+            status = shell.status(name, timeout=5)
+        except AssertionError:
+            shell.keys("C-c")  # read as the program's just before the spawn (see above)
+            status = shell.status(name)
+        err = (shell.tmp / f"{name}.err").read_text()
+        assert "Traceback" not in err, err
+        record = shell.tmp / f"{name}.json"
+        if record.exists() and record.stat().st_size:
+            assert_complete(err, shell.record(name), status)
+        else:
+            assert status == 130 and not err, err  # Python's start: SIGINT's default action
+
+
 def test_a_repl_owns_its_ctrl_c_and_exits_on_ctrl_d(shell: Shell) -> None:
     shell.corral(f"--summary -- {PYTHON} -q")
     shell.wait_screen(r"^>>> $")
@@ -342,9 +377,12 @@ def test_time_limit_counts_the_time_spent_stopped(shell: Shell) -> None:
     assert isinstance(usage, dict) and usage["wall_s"] >= limit
 
 
-def test_three_ctrl_c_within_two_seconds_stop_a_program_that_ignores_it(shell: Shell) -> None:
-    # ignores SIGINT (sh and its sleep) and SIGTERM: only the way out and then a kill end it
-    shell.corral("--summary --grace 1h -- sh -c \"trap '' INT TERM; sleep 600\"")
+@pytest.mark.parametrize("pty", ["", "--pty"])
+def test_three_ctrl_c_within_two_seconds_stop_a_program_that_ignores_it(shell: Shell,
+                                                                        pty: str) -> None:
+    # ignores SIGINT (sh and its sleep) and SIGTERM: only the way out and then a kill end it;
+    # under --pty each Ctrl-C is a byte typed into the task's terminal, counted all the same
+    shell.corral(f"{pty} --summary --grace 1h -- sh -c \"trap '' INT TERM; sleep 600\"")
     corral = shell.corral_pid()
     shell.task_pid(corral, "sleep")
     shell.keys("C-c")
@@ -471,6 +509,125 @@ def test_modes_are_restored_after_a_kill_at_the_time_limit(shell: Shell, command
     assert shell.record()["outcome"] == "timed_out"
 
 
+@pytest.mark.parametrize("pty", ["", "--pty"])
+def test_a_full_screen_program_killed_at_its_time_limit_leaves_its_screen_too(
+        shell: Shell, pty: str) -> None:
+    # the alternate screen, a hidden cursor and its own modes, then killed (shrugs off the
+    # stop signal): the shell gets its screen, cursor and modes back
+    before = shell.stty("before")
+    shell.corral(f"{pty} --time-limit 2s --grace 0.3s -- sh -c \"tput smcup; tput civis; "
+                 f"stty -icanon -echo; echo full-screen; trap '' TERM; sleep 600\"", err=True)
+    wait_until(lambda: shell.shows("#{alternate_on}#{cursor_flag}") == "10",
+               "the alternate screen, cursor hidden")
+    assert shell.status() == 124
+    assert shell.shows("#{alternate_on}#{cursor_flag}") == "01"
+    assert shell.stty("after") == before
+    assert shell.record()["exit"]["signal_name"] == "SIGKILL"  # type: ignore[index]
+
+
+# ---- --pty: the task's own terminal, mirrored ----------------------------------------------------
+
+COLOUR = "import sys; print('\\033[31mred\\033[0m' if sys.stdout.isatty() else 'plain')"
+
+
+def test_pty_colours_at_the_terminal_and_the_record_keeps_it(shell: Shell) -> None:
+    script = shell.tmp / "colour.py"
+    script.write_text(COLOUR + "\n")
+    shell.corral(f"--pty -- {PYTHON} {script}")
+    assert shell.status() == 0
+    assert re.search(r"^\x1b\[31mred$", shell.screen(escapes=True), re.M), \
+        shell.screen(escapes=True)  # (tmux puts the reset at the start of the next line)
+    out = shell.record()["output"]["stdout"]  # type: ignore[index]
+    assert out["mode"] == "tty" and out["head"] == "\x1b[31mred\x1b[0m\r\n"
+    # stdout to a file: with --pty the task still has a terminal (colour); without, none
+    shell.corral(f"--pty -- {PYTHON} {script} >{shell.tmp}/pty.out", name="file")
+    shell.corral(f"-- {PYTHON} {script} >{shell.tmp}/bare.out", name="bare")
+    assert shell.status("file") == 0 and shell.status("bare") == 0
+    assert (shell.tmp / "pty.out").read_bytes() == b"\x1b[31mred\x1b[0m\r\n"
+    assert (shell.tmp / "bare.out").read_bytes() == b"plain\n"
+
+
+def test_pty_a_repl_survives_ctrl_c_exits_on_ctrl_d_and_the_modes_come_back(shell: Shell) -> None:
+    before = shell.stty("before")
+    shell.corral(f"--pty -- {PYTHON} -q")
+    shell.wait_screen(r"^>>> $")
+    shell.line("import time; time.sleep(60)")
+    corral = shell.corral_pid()
+    wait_until(lambda: proc_state(shell.task_pid(corral, "python3")) == "S", "the sleep")
+    shell.keys("C-c")
+    shell.wait_screen(r"^KeyboardInterrupt$")
+    shell.line("print(6 * 7)")
+    shell.wait_screen(r"^42$")
+    shell.keys("C-d")
+    assert shell.status() == 0
+    assert shell.record()["outcome"] == "succeeded"
+    assert shell.stty("after") == before
+
+
+def test_pty_window_size_follows_the_terminal(shell: Shell) -> None:
+    shell.corral("--pty -- sh -c 'stty size; trap \"stty size\" WINCH; "
+                 "while :; do sleep 0.05; done'")
+    shell.wait_screen(r"^50 160$")  # the tmux window's, given at the start
+    shell.tmux("resize-window", "-x", "100", "-y", "30")
+    shell.wait_screen(r"^30 100$")  # SIGWINCH: passed on
+    shell.keys("C-c")
+    assert shell.status() == 130
+
+
+def test_pty_less_quit_with_q_leaves_the_terminal_as_it_was(shell: Shell) -> None:
+    text = shell.tmp / "text"
+    text.write_text("".join(f"corral-less-line-{i}\n" for i in range(200)))
+    before = shell.stty("before")
+    shell.corral(f"--pty -- less {text}")
+    shell.wait_screen(r"^corral-less-line-0$")
+    assert shell.shows("#{alternate_on}") == "1"
+    shell.keys("q")
+    assert shell.status() == 0
+    assert shell.stty("after") == before
+    assert shell.shows("#{alternate_on}#{cursor_flag}") == "01"
+
+
+def test_pty_ctrl_z_suspends_both_modes_back_then_raw_again_after_fg(shell: Shell) -> None:
+    before = shell.stty("before")
+    shell.corral(f"--pty -- {PYTHON} -q")
+    shell.wait_screen(r"^>>> $")
+    corral = shell.corral_pid()
+    shell.task_pid(corral, "python3")
+    shell.keys("C-z")
+    shell.wait_screen(r"Stopped")
+    wait_until(lambda: proc_state(corral) == "T", "corral stopped")
+    events = [p for p in pathlib.Path(shell.root).glob("*/*/cgroup.events")]
+    assert len(events) == 1 and "frozen 1" in events[0].read_text()  # the task: frozen
+    assert shell.stty("stopped") == before  # the shell got its modes back, not raw ones
+    shell.command("fg")
+    wait_until(lambda: "frozen 0" in events[0].read_text(), "the task thawed")
+    shell.line("print('after' + '-fg')")
+    shell.wait_screen(r"^after-fg$")
+    # raw mode again: typed once, echoed once (by the task's terminal); cooked, ours would too
+    assert shell.screen().count("print('after' + '-fg')") == 1, shell.screen()
+    shell.keys("C-d")
+    assert shell.status() == 0
+    assert shell.stty("after") == before
+
+
+def test_pty_large_output_arrives_complete_and_in_order(shell: Shell) -> None:
+    # to the terminal (non-blocking writes as tmux reads), to a file, and to a pipe whose
+    # reader starts late (the task is held meanwhile); several MiB each
+    lines = 400_000
+    expected = b"".join(b"%d\r\n" % i for i in range(1, lines + 1))
+    shell.corral(f"--pty -- seq {lines}")
+    assert shell.status() == 0
+    assert re.search(rf"^{lines - 1}\n{lines}\n", shell.screen(), re.M)
+    out = shell.record()["output"]["stdout"]  # type: ignore[index]
+    assert out["total_bytes"] == len(expected) and out["tail"].endswith(f"{lines}\r\n")
+    shell.corral(f"--pty -- seq {lines} >{shell.tmp}/file", name="file")
+    assert shell.status("file") == 0
+    assert (shell.tmp / "file").read_bytes() == expected
+    shell.corral(f"--pty -- seq {lines} | (sleep 1; cat) >{shell.tmp}/pipe", name="pipe")
+    assert shell.status("pipe") == 0
+    assert (shell.tmp / "pipe").read_bytes() == expected
+
+
 # ---- the way-out rule, without a terminal ------------------------------------------------------
 
 def terminal_key(signo: int) -> Delivery:
@@ -500,11 +657,28 @@ def test_keys_by_origin() -> None:
     assert keys.decide(terminal_key(signal.SIGINT), 0, started=True) is Act.STOP
 
 
+def test_keys_window_and_continue_are_never_a_stop() -> None:
+    keys = Keys()
+    for code, pid in ((SI_KERNEL, 0), (SI_USER, 4242)):
+        assert keys.decide(Delivery(signal.SIGWINCH, code, pid), 0, started=True) is Act.RESIZE
+        assert keys.decide(Delivery(signal.SIGCONT, code, pid), 0, started=True) is Act.RESUMED
+
+
+def test_screen_sees_modes_cut_between_chunks() -> None:
+    screen = Screen()
+    for chunk in (b"text\x1b[?10", b"49h\x1b[?25", b"l more", b"x" * 100):
+        screen.feed(chunk)
+    assert screen.alternate and screen.cursor_hidden
+    screen.feed(b"\x1b[?1049l\x1b[?12;25h")
+    assert not screen.alternate and not screen.cursor_hidden
+
+
 def test_help_documents_keys_and_exit_statuses() -> None:
     r = subprocess.run([CORRAL, "run", "--help"], capture_output=True, text=True,
                        timeout=DEADLINE)
     text = " ".join(r.stdout.split())
     for needle in ("Ctrl-C 3 times within 2s", "Ctrl-Z suspends corral and the task",
                    "143 by SIGTERM", "129 by SIGHUP", "124 stopped at its time limit",
-                   "counts the time spent stopped"):
+                   "counts the time spent stopped", "with --pty", "window size follows",
+                   "stdin not a terminal"):
         assert needle in text, needle
