@@ -292,10 +292,12 @@ class Control:
     def output_gone(self, why: str) -> None:
         """Under ``--pty`` our stdout stopped taking the task's output (its reader went
         away): the task is stopped, as writing there itself would have ended it (SIGPIPE)."""
+        task = self.task
+        if task is None or task.result is not None or task.stop_requested is not None:
+            return  # ended, or being stopped already (a hangup): never a second request
         if not self.quiet:
             _say(f"corral: stdout: {why}; stopping the task (its output has nowhere to go)")
-        if self.task is not None and self.task.result is None:
-            self._stop(signal.SIGPIPE)
+        self._stop(signal.SIGPIPE)
 
     def _act(self, act: Act, signo: int) -> None:
         if act is Act.STOP:

@@ -431,8 +431,12 @@ def test_a_signal_from_the_task_to_its_process_group_is_its_own(shell: Shell) ->
     assert shell.record()["outcome"] == "failed"
 
 
-def test_a_terminal_that_hangs_up_stops_the_task_and_keeps_the_record(shell: Shell) -> None:
-    shell.corral("--summary -- sh -c \"trap '' HUP; sleep 600\"", err=True)
+@pytest.mark.parametrize("pty", ["", "--pty"])
+def test_a_terminal_that_hangs_up_stops_the_task_and_keeps_the_record(shell: Shell,
+                                                                      pty: str) -> None:
+    # (under --pty the task's own terminal stays: corral's SIGHUP is a graceful stop, and
+    # the output it can no longer write never makes that a kill)
+    shell.corral(f"{pty} --summary -- sh -c \"trap '' HUP; sleep 600\"", err=True)
     corral = shell.corral_pid()
     shell.task_pid(corral, "sleep")
     shell.close()  # the terminal is gone: SIGHUP from the kernel, then from bash
