@@ -336,6 +336,7 @@ class Driver(Sampled):
         if self.phase == DONE:
             return
         cpu, memory, pids, io = sample(self.leaf, self.terms.controllers)
+        now = trio.current_time()  # after the reads: a rate never runs ahead of its time
         if self.series is None:
             self.series = Series()
         self.series.add(round(now - self.t0, 3), cpu, memory, pids, io)

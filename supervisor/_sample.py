@@ -29,10 +29,15 @@ log = logging.getLogger(__name__)
 MAX_POINTS = 64
 
 
+_NONE = -1.0  # a reading that was not there (every column stays in step with ``t``)
+
+
 class Series:
     """Bounded series of one task's usage.  ``t``: seconds after the spawn; ``cpu``: CPU
     seconds used so far (a counter); ``memory``/``pids``: current values; ``io``: bytes read
-    and written so far (a counter).  A kind the leaf does not offer stays empty."""
+    and written so far (a counter).  Every column has a value per point (``_NONE`` where a
+    reading was missing), so each stays in step with ``t``; a kind the leaf never offered
+    comes out as None."""
 
     __slots__ = ("cpu", "io", "memory", "pids", "t")
 
@@ -50,8 +55,7 @@ class Series:
         self.t.append(t)
         for column, value in ((self.cpu, cpu), (self.memory, memory), (self.pids, pids),
                               (self.io, io)):
-            if value is not None:
-                column.append(value)
+            column.append(_NONE if value is None else value)
 
     def _halve(self) -> None:
         """Every pair of points becomes one: counters and times keep the later value, the
@@ -69,17 +73,19 @@ class Series:
     def restore(cls, state: dict[str, Any]) -> Series:
         """The series :meth:`to_dict` described (a hand-over carries it on)."""
         series = cls()
+        length = len(state["t_s"] or ())
         for name, column in (("t_s", series.t), ("cpu_s", series.cpu),
                              ("memory_bytes", series.memory), ("pids", series.pids),
                              ("io_bytes", series.io)):
-            column.extend(state[name] or ())
+            column.extend(_NONE if v is None else v for v in state[name] or [None] * length)
         return series
 
     def to_dict(self) -> dict[str, Any]:
         def values(column: array[Any], digits: int | None) -> list[Any] | None:
-            if not column:
+            if all(v == _NONE for v in column):
                 return None
-            return [round(v, digits) if digits is not None else int(v) for v in column]
+            return [None if v == _NONE else round(v, digits) if digits is not None else int(v)
+                    for v in column]
 
         return {"t_s": values(self.t, 3), "cpu_s": values(self.cpu, 6),
                 "memory_bytes": values(self.memory, None), "pids": values(self.pids, None),

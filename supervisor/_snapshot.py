@@ -19,21 +19,27 @@ SNAPSHOT_MAX = 32  # processes recorded; the rest are counted
 
 
 def take_snapshot(leaf: Cgroup, after_s: float) -> KillSnapshot | None:
-    """Freeze ``leaf``'s subtree and record its processes; None if it has none (or is gone).
-    The caller kills it next and thaws it after (``leaf.thaw_tree()``)."""
+    """Record ``leaf``'s processes, then freeze its subtree; None if it has none (or is gone).
+    Each process's state is read before the freeze (a frozen process reads as sleeping,
+    whatever it was doing); the freeze then holds names and command lines still, and anything
+    forked meanwhile is counted.  The caller kills it next and thaws it after
+    (``leaf.thaw_tree()``)."""
     try:
-        leaf.freeze()
         pids = [pid for listed in leaf.procs_tree().values() for pid in listed]
+        stats = {pid: read_stat(pid) for pid in pids[:SNAPSHOT_MAX]}
+        leaf.freeze()
+        later = sum(len(listed) for listed in leaf.procs_tree().values())
     except CgroupError:
         return None
     if not pids:
         return None
     processes = []
-    for pid in pids[:SNAPSHOT_MAX]:
-        stat = read_stat(pid)
+    for pid, stat in stats.items():
         if stat is None:
             continue  # gone meanwhile
         state, ppid, cpu = stat
         processes.append(SnapshotProcess(pid, ppid, state, read_comm(pid), read_cmdline(pid),
                                          round(cpu, 2)))
-    return KillSnapshot(round(after_s, 6), tuple(processes), max(0, len(pids) - SNAPSHOT_MAX))
+    # not recorded: those past the cap, and those forked between the listing and the freeze
+    more = max(0, len(pids) - SNAPSHOT_MAX) + max(0, later - len(pids))
+    return KillSnapshot(round(after_s, 6), tuple(processes), more)

@@ -35,7 +35,7 @@ def test_memory_max_ends_a_hog_oom_killed_with_137(tmp_path: Path) -> None:
     assert "finished with result: oom_killed" in r.stderr and "OOM kills:" in r.stderr
     assert result["outcome"] == "oom_killed" and result["signal"] == 9
     assert result["usage"]["oom_kills"] >= 1
-    assert result["usage"]["memory_peak"] <= 24 << 20
+    assert result["usage"]["memory_peak_bytes"] <= 24 << 20
     assert result["cleanup"]["state"] == "clean"
 
 
@@ -54,7 +54,7 @@ def test_limits_within_bounds_let_the_task_succeed_and_report_usage(tmp_path: Pa
                            tmp=tmp_path)
     assert r.returncode == 0 and r.stdout == "survived\n", r.stderr
     u = result["usage"]
-    assert u["memory_peak"] >= 8 << 20 and u["pids_peak"] >= 1 and u["oom_kills"] == 0
+    assert u["memory_peak_bytes"] >= 8 << 20 and u["pids_peak"] >= 1 and u["oom_kills"] == 0
     assert u["cpu_total_s"] > 0
     assert sorted(result["containment"]["controllers"]) == ["cpu", "io", "memory", "pids"]
 
