@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         SpecError,
         SupervisorError,
     )
+    from ._capture import Tap
     from ._handover import HandOver
     from ._isolation import Isolation
     from ._result import (
@@ -64,6 +65,7 @@ _WHERE = {
     "TaskHandle": "._task",
     "HandedOver": "._task",
     "HandOver": "._handover",
+    "Tap": "._capture",
 }
 
 
@@ -102,6 +104,7 @@ __all__ = [
     "StreamOutput",
     "Supervisor",
     "SupervisorError",
+    "Tap",
     "TaskHandle",
     "TaskResult",
     "TaskSpec",

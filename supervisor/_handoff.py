@@ -22,11 +22,12 @@ import trio
 
 from cgroupfs import Cgroup
 
+from ._capture import StreamCapture
 from ._drive import DONE, KILL, RUNNING, TERM, Driver
 from ._handover import HandOver, TaskState
 from ._life import Started, drive, new_driver
 from ._main import Exit, MainProcess
-from ._output import StdinFeed, StreamCapture
+from ._output import StdinFeed
 from ._result import EscapedProcess, ProcessInfo, StopReason, TaskResult
 from ._sample import Series
 from ._spec import TaskSpec

@@ -35,11 +35,11 @@ import trio
 
 from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
 
+from ._capture import StreamCapture
 from ._drive import Driver, terms
 from ._errors import InternalError
 from ._main import MainProcess
 from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
-from ._output import StreamCapture
 from ._result import Cleanup, Containment, Outcome, StopReason, TaskResult
 from ._sample import read_pressure
 from ._spawn import Spawned, spawn

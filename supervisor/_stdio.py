@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import trio
 
-from ._output import IoReactor, StdinFeed, Stream, StreamCapture, enlarge_pipe
+from ._capture import StreamCapture
+from ._output import IoReactor, StdinFeed, Stream, enlarge_pipe
 from ._spec import TaskSpec
 
 __all__ = ["DRAIN_DEADLINE", "TaskIo", "end", "plumb", "register", "set_window_size"]

@@ -20,10 +20,11 @@ import trio
 
 from cgroupfs import Cgroup
 
+from ._capture import StreamCapture, Tap
 from ._drive import Driver
 from ._errors import InternalError, SpecError, SupervisorError
 from ._guard import SpawnGuard
-from ._output import IoReactor, Latch, StdinFeed, Stream, StreamCapture, Tap
+from ._output import IoReactor, Latch, StdinFeed, Stream
 from ._result import (
     Cleanup,
     Containment,

@@ -13,7 +13,7 @@ from sup_util import HANG, alive, wait_for
 
 import cgroupfs
 import supervisor
-from supervisor._output import SUBSCRIBER_BUFFER
+from supervisor._capture import SUBSCRIBER_BUFFER
 from supervisor._spawn import spawn
 from supervisor._watch import CgroupWatcher
 

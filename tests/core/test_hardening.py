@@ -24,7 +24,8 @@ from sup_util import HANG, IGNORE_TERM_READY, alive, wait_for, wait_ready
 import cgroupfs
 import supervisor
 from supervisor import TaskSpec, _output
-from supervisor._output import IoReactor, StreamCapture
+from supervisor._capture import StreamCapture
+from supervisor._output import IoReactor
 
 MNT = cgroupfs.find_cgroup2_mount().mount_point
 LEAF = 'LEAF="$MNT$(sed -n "s/^0:://p" /proc/self/cgroup)"; '
