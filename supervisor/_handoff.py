@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import logging
 import math
 import os
 import time
@@ -28,13 +29,15 @@ from ._handover import HandOver, TaskState
 from ._life import Started, drive, new_driver
 from ._main import Exit, MainProcess
 from ._output import StdinFeed
-from ._result import EscapedProcess, ProcessInfo, StopReason, TaskResult
+from ._result import Cleanup, EscapedProcess, Outcome, ProcessInfo, StopReason, TaskResult
 from ._sample import Series
 from ._spec import TaskSpec
 from ._stdio import TaskIo, register
-from ._task import Runtime, Task
+from ._task import Runtime, Task, record
 
-__all__ = ["adopt_task", "export_task"]
+__all__ = ["adopt_all", "adopt_task", "export_task"]
+
+log = logging.getLogger(__name__)
 
 _TIOCGPTPEER = 0x5441  # ioctl: open the other side of this pseudo-terminal (Linux >= 4.13)
 
@@ -231,3 +234,32 @@ def _restore_driver(d: Driver, s: dict[str, Any], clock: _Clock) -> None:
         d.deadline = clock.back(s["kill_by"])
     else:
         d.deadline = d.running_deadline()
+
+
+def adopt_all(rt: Runtime, handover: HandOver, nursery: trio.Nursery,
+              register_task: Callable[[Task], None]) -> None:
+    """Adopt every task of ``handover``, each life in ``nursery``; one that cannot be adopted
+    gets its record now (``lost``, saying why), so that each still has exactly one."""
+    for state in handover.tasks:
+        try:
+            life = adopt_task(rt, state, register_task)
+        except Exception as e:  # its leaf vanished, an fd is not what it claims...
+            log.exception("adopting task %s", state.id)
+            _lost_in_handover(rt, state, e)
+            continue
+        nursery.start_soon(life)
+    handover.tasks.clear()
+
+
+def _lost_in_handover(rt: Runtime, state: TaskState, error: Exception) -> None:
+    for fd in state.fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    spec = TaskSpec(tuple(state.state["spec"]["argv"]), name=state.state["spec"]["name"])
+    task = Task(rt, state.id, spec, state.state["time_limit"], ())
+    record(task, Outcome.LOST, started=True, error=error, step="adopt",
+           cleanup=Cleanup("incomplete", detail=f"could not be adopted: {error}"),
+           started_at=state.state["started_at"],
+           notes=["handed over by an earlier corral process, but could not be adopted"])

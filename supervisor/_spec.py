@@ -59,6 +59,23 @@ def _no_nul(name: str, value: str) -> None:
                               f"{e.start}; pass bytes decoded with os.fsdecode()") from None
 
 
+def _window_size(size: Any) -> tuple[int, int]:
+    ok = isinstance(size, tuple | list) and len(size) == 2 and all(
+        isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 65535 for n in size)
+    if not ok:
+        raise SpecError("tty_size", f"tty_size must be (rows, columns), each a whole number "
+                                    f"from 1 to 65535, got {size!r}")
+    return (size[0], size[1])
+
+
+def _terminal_modes(modes: Any) -> list[Any]:
+    if not (isinstance(modes, list | tuple) and len(modes) == 7
+            and isinstance(modes[6], list | tuple)):
+        raise SpecError("tty_modes", f"tty_modes must be what termios.tcgetattr() returns (a "
+                                     f"list of 7 items), got {modes!r}")
+    return [*modes[:6], list(modes[6])]
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """One command to run, and how.
@@ -235,28 +252,14 @@ class TaskSpec:
     def _check_tty(self) -> None:
         if not isinstance(self.tty, bool):
             raise SpecError("tty", f"tty must be True or False, got {self.tty!r}")
-        size: Any = self.tty_size
-        if size is not None:
-            ok = (isinstance(size, tuple | list) and len(size) == 2 and all(
-                isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 65535
-                for n in size))
-            if not ok:
-                raise SpecError("tty_size", f"tty_size must be (rows, columns), each a whole "
-                                            f"number from 1 to 65535, got {size!r}")
-            if not self.tty:
-                raise SpecError("tty_size", "tty_size is for a task with tty=True; set tty=True "
-                                            "or drop tty_size")
-            object.__setattr__(self, "tty_size", (size[0], size[1]))
-        modes: Any = self.tty_modes
-        if modes is not None:
-            if not self.tty:
-                raise SpecError("tty_modes", "tty_modes is for a task with tty=True; set "
-                                             "tty=True or drop tty_modes")
-            if not (isinstance(modes, list | tuple) and len(modes) == 7
-                    and isinstance(modes[6], list | tuple)):
-                raise SpecError("tty_modes", f"tty_modes must be what termios.tcgetattr() "
-                                             f"returns (a list of 7 items), got {modes!r}")
-            object.__setattr__(self, "tty_modes", [*modes[:6], list(modes[6])])
+        for name in ("tty_size", "tty_modes"):
+            if getattr(self, name) is not None and not self.tty:
+                raise SpecError(name, f"{name} is for a task with tty=True; set tty=True or "
+                                      f"drop {name}")
+        if self.tty_size is not None:
+            object.__setattr__(self, "tty_size", _window_size(self.tty_size))
+        if self.tty_modes is not None:
+            object.__setattr__(self, "tty_modes", _terminal_modes(self.tty_modes))
         if self.tty and (self.stdin == "inherit" or "inherit" in (self.stdout, self.stderr)):
             raise SpecError("tty", "a task with tty=True has its own terminal: its stdin and "
                                    "output cannot also be \"inherit\"; drop one of the two")

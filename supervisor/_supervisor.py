@@ -29,17 +29,18 @@ import trio
 
 from cgroupfs import CgroupError
 
+from ._batch import Batch, drive_batch
 from ._errors import ConfigError, InternalError, SpecError, SupervisorError, first_leaf
 from ._guard import SpawnGuard
-from ._handoff import adopt_task, export_task
-from ._handover import HandOver, TaskState
+from ._handoff import adopt_all, export_task
+from ._handover import HandOver
 from ._keeper import Keeper
-from ._life import QueueSlot, live
+from ._life import live
 from ._output import IoReactor
-from ._result import Cleanup, Outcome, StopReason, TaskResult
+from ._result import StopReason, TaskResult
 from ._sample import Sampler
 from ._spec import DEFAULT_GRACE, TaskSpec
-from ._task import Incident, Runtime, Task, TaskHandle, finish_unstarted, record, request_stop
+from ._task import Incident, Runtime, Task, TaskHandle, finish_unstarted, request_stop
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
 from .placement import Placement, adopt_root, check_limits, place_async
@@ -223,7 +224,7 @@ class Supervisor:
         """
         batch = self._new_batch(specs, max_concurrency)
         async with trio.open_nursery() as nursery:
-            await nursery.start(self._drive_batch, batch, max_concurrency, fail_fast)
+            await nursery.start(drive_batch, batch, max_concurrency, fail_fast)
         return batch.results()
 
     async def start_batch(self, specs: Iterable[TaskSpec], max_concurrency: int = 4,
@@ -232,7 +233,7 @@ class Supervisor:
                           ) -> None:
         """``batch = await nursery.start(sup.start_batch, specs)``; see :class:`Batch`."""
         batch = self._new_batch(specs, max_concurrency)
-        await self._drive_batch(batch, max_concurrency, fail_fast, task_status=task_status)
+        await drive_batch(batch, max_concurrency, fail_fast, task_status=task_status)
 
     def _new_batch(self, specs: Iterable[TaskSpec], max_concurrency: int) -> Batch:
         specs = list(specs)
@@ -246,20 +247,6 @@ class Supervisor:
                                          f"it with TaskSpec([\"cmd\", \"arg\"], ...)")
         admitted = [(s, *self._admit(s)) for s in specs]
         return Batch([self._register(*a) for a in admitted])
-
-    async def _drive_batch(self, batch: Batch, max_concurrency: int, fail_fast: bool, *,
-                           task_status: trio.TaskStatus[Batch] = trio.TASK_STATUS_IGNORED,
-                           ) -> None:
-        # Admission is FIFO: each task queues behind the one before it, so tasks start in
-        # the order given whatever order the scheduler wakes them in.
-        limiter = trio.CapacityLimiter(max_concurrency)
-        after: trio.Event | None = None
-        async with trio.open_nursery() as nursery:
-            for task in batch.tasks:
-                slot = QueueSlot(limiter, after, trio.Event())
-                after = slot.turn
-                nursery.start_soon(batch.run_one, task, slot, fail_fast)
-            task_status.started(batch)
 
     async def hand_over(self) -> HandOver:
         """Stop supervising without stopping anything, for another process to carry on (a
@@ -288,33 +275,11 @@ class Supervisor:
         return handover
 
     def _adopt(self, handover: HandOver, nursery: trio.Nursery) -> None:
-        """Carry on the tasks an earlier process handed over (each in our nursery); one that
-        cannot be adopted gets its record now (``lost``, saying why)."""
-        for state in handover.tasks:
-            try:
-                life = adopt_task(self._rt, state, self._adopted)
-            except Exception as e:  # its leaf vanished, an fd is not what it claims...
-                log.exception("adopting task %s", state.id)
-                self._lost_in_handover(state, e)
-                continue
-            nursery.start_soon(life)
-        handover.tasks.clear()
+        """Carry on the tasks an earlier process handed over, each in our nursery."""
+        adopt_all(self._rt, handover, nursery, self._adopted)
 
     def _adopted(self, task: Task) -> None:
         self._live[task.id] = task
-
-    def _lost_in_handover(self, state: TaskState, error: Exception) -> None:
-        for fd in state.fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        spec = TaskSpec(tuple(state.state["spec"]["argv"]), name=state.state["spec"]["name"])
-        task = Task(self._rt, state.id, spec, state.state["time_limit"], ())
-        record(task, Outcome.LOST, started=True, error=error, step="adopt",
-               cleanup=Cleanup("incomplete", detail=f"could not be adopted: {error}"),
-               started_at=state.state["started_at"],
-               notes=["handed over by an earlier corral process, but could not be adopted"])
 
     def stop_all(self, *, force: bool = False, reason: StopReason = StopReason.CANCEL) -> int:
         """Ask every live task to stop; returns how many requests changed something.
@@ -379,38 +344,6 @@ class Supervisor:
             log.warning("%s", text)
             self._rt.incidents.append(Incident(trio.current_time(), text))
             del self._rt.incidents[:-100]  # bounded: the newest hundred
-
-
-class Batch:
-    """A batch of tasks.  ``cancel()`` once: queued tasks never start, running ones stop
-    gracefully; ``cancel()`` again: every running one is killed now.  A fail-fast stop is the
-    batch's own: it never counts as the caller's first cancel."""
-
-    def __init__(self, tasks: list[Task]) -> None:
-        self.tasks = tasks
-        self.handles = [t.handle for t in tasks]
-        self._failed_fast = False
-
-    def cancel(self) -> None:
-        for h in self.handles:
-            h.stop()
-
-    async def run_one(self, task: Task, slot: QueueSlot, fail_fast: bool) -> None:
-        """One task's life in the batch (the batch's nursery runs this)."""
-        result = await live(task, slot=slot)
-        if fail_fast and result is not None and result.outcome != "succeeded" and \
-                not self._failed_fast:
-            self._failed_fast = True
-            for t in self.tasks:
-                request_stop(t, StopReason.FAIL_FAST, by_caller=False)
-
-    async def wait(self) -> list[TaskResult]:
-        return [await h.wait() for h in self.handles]
-
-    def results(self) -> list[TaskResult]:
-        out = [h.result for h in self.handles]
-        assert all(r is not None for r in out)
-        return out  # type: ignore[return-value]
 
 
 def _unwrapped(group: BaseExceptionGroup[BaseException]) -> BaseException:
