@@ -13,11 +13,9 @@ second and takes the GIL only to compare two numbers.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 from cgroupfs import Cgroup, CgroupError
 
@@ -54,14 +52,13 @@ class SpawnGuard:
         if self._thread.is_alive():
             self._thread.join()
 
-    @contextlib.contextmanager
-    def spawning(self, leaf: Cgroup) -> Iterator[None]:
-        """Around one spawn into ``leaf`` (on the event loop's thread)."""
+    def begin(self, leaf: Cgroup) -> None:
+        """A spawn into ``leaf`` starts (on the event loop's thread); :meth:`end` after it,
+        in a ``finally`` (plain calls, not a context manager: this is on every spawn)."""
         self._leaf_path, self._since = leaf.path, time.monotonic()
-        try:
-            yield
-        finally:
-            self._since, self._leaf_path = 0.0, None
+
+    def end(self) -> None:
+        self._since, self._leaf_path = 0.0, None
 
     def take_thawed(self) -> list[str]:
         """Notes for the task just spawned: what had to be thawed (usually none)."""

@@ -214,11 +214,16 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
         if not spec.limits.is_empty():
             leaf.set_limits(spec.limits)
         stdio, io = plumb(spec, task.stdout, task.stderr, undo, child_ends)
-        with rt.guard.spawning(leaf), spec.isolation.prepare() as options:
-            spawned = spawn(spec.argv, env=spec.environment(), cgroup_fd=leaf.fd,
-                            stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=spec.cwd,
-                            new_session=spec.tty, controlling_tty=spec.tty,
-                            ignored_signals=spec.ignored_signal_numbers, **options)
+        rt.guard.begin(leaf)
+        try:
+            with spec.isolation.prepare() as options:
+                spawned = spawn(spec.argv, env=spec.environment_or_none(), cgroup_fd=leaf.fd,
+                                stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
+                                cwd=spec.cwd, new_session=spec.tty,
+                                controlling_tty=spec.tty,
+                                ignored_signals=spec.ignored_signal_numbers, **options)
+        finally:
+            rt.guard.end()
         undo.pop_all()
     for thawed in rt.guard.take_thawed():
         task.notes = (*task.notes, thawed)

@@ -285,6 +285,11 @@ class TaskSpec:
         base.update(self.env or {})
         return base
 
+    def environment_or_none(self) -> dict[str, str] | None:
+        """The task's environment, or None when it is the supervisor's own, unchanged (the
+        spawn then takes it as it is, with no copy)."""
+        return None if self.inherit_env and not self.env else self.environment()
+
     @property
     def grace_s(self) -> float:
         assert isinstance(self.grace, float)

@@ -94,6 +94,7 @@ def _integer(text: str) -> int:
 _MONTH = Fraction(2_629_800)  # systemd's USEC_PER_MONTH: 365.25 / 12 days
 _YEAR = Fraction(31_557_600)  # systemd's USEC_PER_YEAR: 365.25 days
 _ABSURD = 100 * _YEAR
+_ABSURD_S = float(_ABSURD)
 _TIME_UNITS: dict[str, Fraction] = {
     # man systemd.time; case-sensitive: "M" is months, "m" minutes.
     **dict.fromkeys(("usec", "us", "µs", "μs"), Fraction(1, 1_000_000)),
@@ -122,6 +123,8 @@ def parse_duration(
     Numbers (not bools) are seconds. ``"infinity"`` (or ``math.inf``) gives ``math.inf`` when
     ``allow_infinity``; zero only when ``allow_zero``; more than 100 years never.
     """
+    if type(value) is float and 0 < value <= _ABSURD_S:
+        return value  # the common case (a default, a number of seconds): nothing to read
     rule = "a positive duration" if not allow_zero else "a duration (zero or more)"
     rule += ' like "30s", "5min" or "1h 30min"' + (', or "infinity"' if allow_infinity else "")
     total = _duration_value(value, what, rule)  # None is infinity
