@@ -157,22 +157,25 @@ def _foreground(fd: int) -> bool:
 
 class RawMode:
     """The terminal at our stdin in raw mode while the task runs (cfmakeraw's flags, as
-    systemd's ptyfwd and script(1)), its saved modes put back on every way out.  Only changed
-    while corral is the terminal's foreground group (from the background, tcsetattr would
-    stop it with SIGTTOU).  ``keep_output``: our stdout is elsewhere, so this terminal keeps
-    its output processing for corral's own lines.  Never raises."""
+    systemd's ptyfwd and script(1)), the modes found when it was entered put back on every
+    way out.  Only changed while corral is the terminal's foreground group (from the
+    background, tcsetattr would stop it with SIGTTOU; and a background job finds the shell's
+    line editor's modes there).  ``keep_output``: our stdout is elsewhere, so this terminal
+    keeps its output processing for corral's own lines.  Never raises."""
 
-    def __init__(self, fd: int, saved: list[Any], *, keep_output: bool) -> None:
+    def __init__(self, fd: int, *, keep_output: bool) -> None:
         self.fd = fd
-        self.saved = saved
-        self.raw = _raw(saved, keep_output=keep_output)
+        self.keep_output = keep_output
+        self.saved: list[Any] | None = None
         self.active = False
 
     def enter(self) -> None:
         if self.active or not _foreground(self.fd):
             return
         try:
-            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.raw)
+            self.saved = termios.tcgetattr(self.fd)
+            termios.tcsetattr(self.fd, termios.TCSADRAIN,
+                              _raw(self.saved, keep_output=self.keep_output))
             self.active = True
         except (OSError, termios.error):
             pass  # hung up: nothing to type into the task any more
@@ -186,7 +189,7 @@ class RawMode:
         if not self.active:
             return
         self.active = False
-        if _foreground(self.fd):
+        if self.saved is not None and _foreground(self.fd):
             try:
                 termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
             except (OSError, termios.error):
@@ -307,21 +310,26 @@ class PtyRelay:
         self.on_gone: Callable[[str], None] = lambda why: None
         self._nursery: trio.Nursery | None = None
         self._writing: trio.CancelScope | None = None
+        self._reading: trio.CancelScope | None = None
         self._last_input = b"\n"
 
     @classmethod
     def open(cls) -> PtyRelay:
+        """Our stdio, and the modes the task's terminal starts with: those of ours (stdin's,
+        else stdout's) when corral is its foreground group, else the kernel's defaults (a
+        background job would find the shell's line editor's modes there)."""
         stdin_tty, stdout_tty = os.isatty(0), os.isatty(1)
-        modes = raw = None
+        modes = None
         for fd in (0, 1) if stdin_tty or stdout_tty else ():
             try:
-                modes = termios.tcgetattr(fd)
+                modes = termios.tcgetattr(fd) if _foreground(fd) else None
                 break
             except termios.error:
                 continue
-        if stdin_tty and modes is not None:
+        raw = None
+        if stdin_tty:
             same = stdout_tty and os.path.samestat(os.fstat(0), os.fstat(1))
-            raw = RawMode(0, termios.tcgetattr(0), keep_output=not same)
+            raw = RawMode(0, keep_output=not same)
         return cls(Port.open(0, write=False), Port.open(1, write=True), raw, modes, stdout_tty)
 
     @property
@@ -408,7 +416,7 @@ class PtyRelay:
     async def _pump(self, task: TaskHandle) -> None:
         """Our stdin into the task's terminal, until it ends (then the end-of-file key)."""
         try:
-            while data := await self.stdin.read():
+            while data := await self._read():
                 if self.raw_active:
                     await self._typed(task, data)
                 else:
@@ -423,6 +431,20 @@ class PtyRelay:
         except OSError as e:
             log.warning("reading corral's stdin failed: %s; the task's input ends here", e)
             task.close_stdin()
+
+    async def _read(self) -> bytes:
+        """The next bytes of our stdin.  A terminal is read only while corral is its
+        foreground group: in the background (``&``, ``bg``) corral mirrors the output as any
+        background job would, instead of being stopped by SIGTTIN; ``fg`` sends a running job
+        no signal, so the foreground is looked for every 0.2 s, and brings raw mode back."""
+        while True:
+            if self.raw is not None and not _foreground(self.raw.fd):
+                while not _foreground(self.raw.fd):
+                    await trio.sleep(0.2)
+                self.resumed()
+            with trio.CancelScope() as self._reading:
+                return await self.stdin.read()
+            # cancelled by resumed(): sent to the background while waiting; look again
 
     async def _typed(self, task: TaskHandle, data: bytes) -> None:
         """Keys typed at our terminal (raw mode): to the task, but Ctrl-C is counted and a
@@ -488,9 +510,12 @@ class PtyRelay:
         self.resumed()
 
     def resumed(self) -> None:
-        """Continued (SIGCONT): raw mode again if the terminal is ours, and its size."""
+        """Continued (SIGCONT): raw mode again if the terminal is ours, and its size; in the
+        background (``bg``), our stdin is left alone until ``fg``."""
         if self.raw is not None and self._nursery is not None:
             self.raw.reenter()
+            if not self.raw.active and self._reading is not None:
+                self._reading.cancel()
         self.resize()
 
     def resize(self) -> None:

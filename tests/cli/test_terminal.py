@@ -614,6 +614,22 @@ def test_pty_ctrl_z_suspends_both_modes_back_then_raw_again_after_fg(shell: Shel
     assert shell.stty("after") == before
 
 
+def test_pty_in_the_background_mirrors_output_and_fg_brings_the_keys(shell: Shell) -> None:
+    # started with &: the output comes through and corral is not stopped (it leaves the
+    # terminal's input alone until it is in the foreground); fg: keys reach the task
+    shell.corral("--pty -- sh -c 'echo started; read x; echo \"got $x\"' &")
+    corral = shell.corral_pid()
+    shell.wait_screen(r"started$")  # (maybe after the prompt bash printed meanwhile)
+    shell.line("jobs")  # (the prompt line ends with the task's output: no waiting for it)
+    shell.wait_screen(r"^\[1\]\+ +Running")
+    assert proc_state(corral) != "T"
+    shell.command("fg")
+    wait_until(lambda: in_foreground(corral), "corral in the foreground")
+    shell.line("hello")
+    shell.wait_screen(r"^got hello$")
+    assert shell.status() == 0
+
+
 def test_pty_large_output_arrives_complete_and_in_order(shell: Shell) -> None:
     # to the terminal (non-blocking writes as tmux reads), to a file, and to a pipe whose
     # reader starts late (the task is held meanwhile); several MiB each
