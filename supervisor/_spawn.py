@@ -214,31 +214,15 @@ def _rlimit_name(resource_number: int) -> str:
 
 
 def spawn(
-    argv: Sequence[str | bytes],
-    *,
-    env: Mapping[str, str] | None = None,
-    cgroup_fd: int = -1,
-    stdin: int,
-    stdout: int,
-    stderr: int,
-    cwd: str | None = None,
-    umask: int | None = None,
-    new_session: bool = False,
-    controlling_tty: bool = False,
-    pass_fds: Sequence[int] = (),
+    argv: Sequence[str | bytes], *, env: Mapping[str, str] | None = None, cgroup_fd: int = -1,
+    stdin: int, stdout: int, stderr: int, cwd: str | None = None, umask: int | None = None,
+    new_session: bool = False, controlling_tty: bool = False, pass_fds: Sequence[int] = (),
     force_fallback: bool = False,
-    new_netns: bool = False,
-    netns_fd: int | None = None,
-    mount_namespace: bool = False,
-    tmpfs: Sequence[str] = (),
-    read_only: Sequence[tuple[str, int]] = (),
+    new_netns: bool = False, netns_fd: int | None = None, mount_namespace: bool = False,
+    tmpfs: Sequence[str] = (), read_only: Sequence[tuple[str, int]] = (),
     rlimits: Sequence[tuple[int, int, int]] = (),
-    uid: int | None = None,
-    gid: int | None = None,
-    groups: Sequence[int] | None = None,
-    drop_bounding_caps: int = 0,
-    ambient_caps: int = 0,
-    no_new_privs: bool = False,
+    uid: int | None = None, gid: int | None = None, groups: Sequence[int] | None = None,
+    drop_bounding_caps: int = 0, ambient_caps: int = 0, no_new_privs: bool = False,
     ignored_signals: Sequence[int] = (),
 ) -> Spawned:
     """Start ``argv`` with fds ``stdin``/``stdout``/``stderr`` as 0/1/2, in cgroup ``cgroup_fd``.
@@ -267,16 +251,31 @@ def spawn(
                          tuple(rlimits), uid, gid, None if groups is None else tuple(groups),
                          drop_bounding_caps, ambient_caps, no_new_privs)
     bargv = [os.fsencode(a) for a in argv]
+    keep: list[Any] = []  # every C object the argument block points to, alive until the call
+    a = _process_args(bargv, env, cgroup_fd, (stdin, stdout, stderr), pass_fds, cwd, umask,
+                      ignored_signals, keep)
+    a.flags = iso.fill(a, keep) | _process_flags(new_session, controlling_tty, force_fallback)
+    r = ffi.new("struct corral_spawn_result *")
+    rc = lib.corral_spawn(a, r)
+    if rc < 0:
+        raise _spawn_error(-rc, r, bargv[0], cwd, iso)
+    return Spawned(r.pid, r.pidfd, _METHODS[r.method], r.fallback_errno)
+
+
+def _process_args(bargv: list[bytes], env: Mapping[str, str] | None, cgroup_fd: int,
+                  stdio: tuple[int, int, int], pass_fds: Sequence[int], cwd: str | None,
+                  umask: int | None, ignored_signals: Sequence[int], keep: list[Any]) -> Any:
+    """A new C argument block with the process's part written (the executable's candidates,
+    argv, environment, cgroup, fds, cwd, umask, ignored signals); what it points to is added
+    to ``keep``.  Raises SpawnError (ENOENT, "exec") for an empty command name."""
     environ = os.environ if env is None else env
     candidates = resolve_executable(os.fsdecode(bargv[0]), environ.get("PATH"))
-
-    keep: list[Any] = []
     a = ffi.new("struct corral_spawn_args *")
     a.exec_paths = _strings_for_child(tuple(candidates), keep)
     a.argv = _cstrings(bargv, keep)
     a.envp = _strings_for_child(tuple(f"{k}={v}" for k, v in environ.items()), keep)
     a.cgroup_fd = cgroup_fd
-    a.stdin_fd, a.stdout_fd, a.stderr_fd = stdin, stdout, stderr
+    a.stdin_fd, a.stdout_fd, a.stderr_fd = stdio
     if pass_fds:
         fds = ffi.new("int[]", list(pass_fds))
         keep.append(fds)
@@ -287,22 +286,23 @@ def spawn(
         a.cwd = c
     a.umask = -1 if umask is None else umask
     a.ignored_signals = sum(1 << (int(sig) - 1) for sig in set(ignored_signals))
-    flags = iso.fill(a, keep)
-    if new_session:
-        flags |= lib.CORRAL_SPAWN_SETSID
-    if controlling_tty:
-        flags |= lib.CORRAL_SPAWN_SETCTTY
-    if force_fallback:
-        flags |= lib.CORRAL_SPAWN_FORCE_FALLBACK
-    a.flags = flags
+    return a
 
-    r = ffi.new("struct corral_spawn_result *")
-    rc = lib.corral_spawn(a, r)
-    if rc < 0:
-        step = _STEPS.get(r.step, str(r.step))
-        target = {"exec": os.fsdecode(bargv[0]), "chdir": cwd}.get(step)
-        raise SpawnError(-rc, step, target or iso.target(step, r.index))
-    return Spawned(r.pid, r.pidfd, _METHODS[r.method], r.fallback_errno)
+
+def _process_flags(new_session: bool, controlling_tty: bool, force_fallback: bool) -> int:
+    """The CORRAL_SPAWN_* flags of :func:`spawn`'s process keywords."""
+    return ((lib.CORRAL_SPAWN_SETSID if new_session else 0)
+            | (lib.CORRAL_SPAWN_SETCTTY if controlling_tty else 0)
+            | (lib.CORRAL_SPAWN_FORCE_FALLBACK if force_fallback else 0))
+
+
+def _spawn_error(err: int, r: Any, command: bytes, cwd: str | None,
+                 iso: _IsolationArgs) -> SpawnError:
+    """The SpawnError for a failed corral_spawn() whose result is ``r``: the step, ``err``
+    (an errno) and what the step was about (the command, the directory, a mount...)."""
+    step = _STEPS.get(r.step, str(r.step))
+    target = {"exec": os.fsdecode(command), "chdir": cwd}.get(step)
+    return SpawnError(err, step, target or iso.target(step, r.index))
 
 
 @functools.lru_cache(maxsize=16)

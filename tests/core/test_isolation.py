@@ -443,7 +443,7 @@ def test_property_errors_name_the_property(item: str, fragments: list[str]) -> N
 
 
 def test_limit_values_read_as_systemd_reads_them() -> None:
-    from supervisor._isolation import _rlimit
+    from supervisor._isovalues import parse_rlimit as _rlimit
 
     infinity = 2**64 - 1
     assert _rlimit("NICE", "-5", "LimitNICE") == (25, 25)  # RLIMIT_NICE is 20 - nice
@@ -529,7 +529,7 @@ HYBRID = """\
 ])
 def test_cgroup_mounts_to_make_read_only(mountinfo: str,
                                          expected: list[tuple[str, int]]) -> None:
-    from supervisor._isolation import _cgroup_mounts
+    from supervisor._isohost import cgroup_mounts as _cgroup_mounts
 
     assert list(_cgroup_mounts(mountinfo)) == expected
 
