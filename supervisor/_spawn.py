@@ -170,6 +170,27 @@ def _cached_cstrings(items: tuple[str, ...]) -> tuple[Any, list[Any]]:
     return _cstrings([os.fsencode(s) for s in items], keep), keep
 
 
+def _environment_for_child(env: Mapping[str, str] | None, keep: list[Any]) -> Any:
+    """The child's ``envp``: ``env``, or (None) ours as it is now.  Ours is read as bytes
+    (``os.environb``: no decoding and encoding of every variable at every spawn) and its
+    C array reused while it has not changed."""
+    if env is None:
+        # CPython keeps the bytes in a plain dict behind os.environ (os.environb's own items()
+        # goes through Python-level lookups: ~30 us for a usual environment, this ~1 us)
+        data = getattr(os.environ, "_data", None)
+        items = tuple(data.items() if isinstance(data, dict) else os.environb.items())
+        held = _cached_env(items)
+        keep.append(held)
+        return held[0]
+    return _strings_for_child(tuple(f"{k}={v}" for k, v in env.items()), keep)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_env(items: tuple[tuple[bytes, bytes], ...]) -> tuple[Any, list[Any]]:
+    keep: list[Any] = []
+    return _cstrings([k + b"=" + v for k, v in items], keep), keep
+
+
 def _strings_for_child(items: tuple[str, ...], keep: list[Any]) -> Any:
     held = _cached_cstrings(items)
     keep.append(held)  # alive for this spawn even if the cache lets it go meanwhile
@@ -273,7 +294,7 @@ def _process_args(bargv: list[bytes], env: Mapping[str, str] | None, cgroup_fd: 
     a = ffi.new("struct corral_spawn_args *")
     a.exec_paths = _strings_for_child(tuple(candidates), keep)
     a.argv = _cstrings(bargv, keep)
-    a.envp = _strings_for_child(tuple(f"{k}={v}" for k, v in environ.items()), keep)
+    a.envp = _environment_for_child(env, keep)
     a.cgroup_fd = cgroup_fd
     a.stdin_fd, a.stdout_fd, a.stderr_fd = stdio
     if pass_fds:

@@ -396,3 +396,11 @@ async def test_a_task_that_will_never_run_gets_its_record_with_the_reason(
     assert r.id == "q-1" and r.outcome == "cancelled" and not r.started
     assert r.stop is not None and r.stop.reason == "shutdown" and r.stop.reached == "requested"
     assert sup.results["q-1"] is r and sup.tasks == []
+
+
+async def test_a_change_to_our_environment_reaches_the_next_task(
+        sup: supervisor.Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_TEST_VAR", "first")
+    assert (await sup.run(["sh", "-c", "echo $CORRAL_TEST_VAR"])).stdout == b"first\n"
+    monkeypatch.setenv("CORRAL_TEST_VAR", "second")  # the spawn's cached copy must not stay
+    assert (await sup.run(["sh", "-c", "echo $CORRAL_TEST_VAR"])).stdout == b"second\n"
