@@ -635,9 +635,10 @@ def test_pty_large_output_arrives_complete_and_in_order(shell: Shell) -> None:
     # reader starts late (the task is held meanwhile); several MiB each
     lines = 400_000
     expected = b"".join(b"%d\r\n" % i for i in range(1, lines + 1))
-    shell.corral(f"--pty -- seq {lines}")
+    shell.corral(f"--pty --summary -- seq {lines}")
     assert shell.status() == 0
-    assert re.search(rf"^{lines - 1}\n{lines}\n", shell.screen(), re.M)
+    # all of it on the screen before the summary (the tap is read to its end first)
+    assert re.search(rf"^{lines - 1}\n{lines}\ncorral: task \S+ finished", shell.screen(), re.M)
     out = shell.record()["output"]["stdout"]  # type: ignore[index]
     assert out["total_bytes"] == len(expected) and out["tail"].endswith(f"{lines}\r\n")
     shell.corral(f"--pty -- seq {lines} >{shell.tmp}/file", name="file")
