@@ -614,6 +614,17 @@ def test_pty_ctrl_z_suspends_both_modes_back_then_raw_again_after_fg(shell: Shel
     assert shell.stty("after") == before
 
 
+def test_pty_with_stdin_elsewhere_the_terminals_ctrl_c_is_still_the_tasks(shell: Shell) -> None:
+    # stdin is not the terminal: no raw mode, so the terminal's Ctrl-C is a signal to corral
+    # alone (the task is on a terminal of its own); corral types it into the task's terminal
+    shell.corral("--pty -- sleep 60 </dev/null")
+    corral = shell.corral_pid()
+    shell.task_pid(corral, "sleep")
+    shell.keys("C-c")
+    assert shell.status() == 130
+    assert shell.record()["exit"]["signal_name"] == "SIGINT"  # type: ignore[index]
+
+
 def test_pty_in_the_background_mirrors_output_and_fg_brings_the_keys(shell: Shell) -> None:
     # started with &: the output comes through and corral is not stopped (it leaves the
     # terminal's input alone until it is in the foreground); fg: keys reach the task
