@@ -265,9 +265,15 @@ def test_a_killed_corral_leaves_nothing_for_long(root: str, tmp_path: pathlib.Pa
     leaf = next(line[3:] for line in ready.read_text().splitlines() if line.startswith("0::"))
     mount = cgroupfs.find_cgroup2_mount()
     leaf_path = cgroupfs.cgroup_fs_path(mount, leaf)
-    with open(os.path.join(leaf_path, "cgroup.procs")) as f:
-        pidfds = [os.pidfd_open(int(x)) for x in f.read().split()]
-    assert len(pidfds) == 3  # the shell, its sleep and the escapee
+
+    def procs() -> list[str]:
+        with open(os.path.join(leaf_path, "cgroup.procs")) as f:
+            return f.read().split()
+
+    while len(procs()) < 3:  # the shell, its sleep and the escapee (forked in the background)
+        assert time.monotonic() < deadline, procs()
+        time.sleep(0.01)
+    pidfds = [os.pidfd_open(int(x)) for x in procs()]
     p.kill()
     _, err = p.communicate(timeout=HANG)
     try:
