@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from cgroupfs import CpuMax, Limits
 
+    from ._capture import Tap
     from ._errors import (
         ConfigError,
         InternalError,
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
         SpecError,
         SupervisorError,
     )
-    from ._capture import Tap
     from ._handover import HandOver
     from ._isolation import Isolation
     from ._result import (

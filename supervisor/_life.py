@@ -208,6 +208,10 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
     with contextlib.ExitStack() as undo, contextlib.ExitStack() as child_ends:
         task.stdout = StreamCapture(spec.output_head, spec.output_tail)
         task.stderr = StreamCapture(spec.output_head, spec.output_tail)
+        for name in task.taps:  # asked for from the spawn on: not a byte is missed
+            capture = task.capture(name)
+            assert capture is not None
+            capture.open_tap()
         undo.callback(close_captures, task)
         leaf = rt.root.make_child(task.id)
         undo.callback(_remove_unused, leaf)
@@ -228,6 +232,9 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
     for thawed in rt.guard.take_thawed():
         task.notes = (*task.notes, thawed)
     register(io, rt.reactor, tty=spec.tty)
+    for stream in io.streams:
+        if stream.capture is not None and stream.capture.tap is not None:
+            rt.reactor.watch_tap(stream)
     task.io = io
     return leaf, spawned
 

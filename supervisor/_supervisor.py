@@ -183,6 +183,7 @@ class Supervisor:
         return await handle.wait()
 
     def start(self, argv: Sequence[str] | TaskSpec, *, task_id: str | None = None,
+              taps: Sequence[str] = (),
               task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
               **options: Any) -> Coroutine[Any, Any, TaskResult | None]:
         """Start ``argv`` in a nursery: ``task = await nursery.start(sup.start, argv)``.
@@ -191,12 +192,20 @@ class Supervisor:
         never will: then ``task.wait()`` returns the ``spawn_failed`` or ``cancelled`` result
         at once).  The task's life continues in the nursery; cancelling the nursery stops the
         task gracefully, as for :meth:`run`.  Bad options raise here, before anything starts.
+        ``taps``: streams to tap from the spawn on (``handle.tap(name)`` then returns that tap:
+        not a byte is missed).
 
         (A plain function returning the life's coroutine, so that a held task costs one
         coroutine frame less: a supervisor may hold thousands.)  The coroutine returns the
         record, or None for a task :meth:`hand_over` handed to another process.
         """
-        return live(self._new_task(TaskSpec.from_call(argv, options), task_id), task_status)
+        task = self._new_task(TaskSpec.from_call(argv, options), task_id)
+        for name in taps:
+            if name not in ("stdout", "stderr"):
+                raise SpecError("taps", f"taps are \"stdout\" and/or \"stderr\", got "
+                                        f"{name!r}")
+        task.taps = tuple(taps)
+        return live(task, task_status)
 
     def record_unstarted(self, argv: Sequence[str] | TaskSpec, *,
                          reason: StopReason | str = StopReason.CANCEL,

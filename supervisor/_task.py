@@ -12,9 +12,13 @@ an InternalError).
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -45,6 +49,7 @@ __all__ = ["HandedOver", "Incident", "Runtime", "Task", "TaskHandle", "finish_un
            "record", "request_stop"]
 
 EMPTY_OUTPUT = StreamOutput()
+_TIOCSIG = 0x40045436  # _IOW('T', 0x36, int): signal the terminal's foreground process group
 
 
 class HandedOver(SupervisorError):
@@ -83,7 +88,7 @@ class Task:
 
     __slots__ = ("began", "cgroup", "created_at", "done", "driver", "handed_over", "handle",
                  "id", "io", "notes", "pid", "result", "rt", "spec", "state", "stderr",
-                 "stdout", "stop", "time_limit")
+                 "stdout", "stop", "taps", "time_limit")
 
     def __init__(self, rt: Runtime, task_id: str, spec: TaskSpec, time_limit: float | None,
                  notes: tuple[str, ...]) -> None:
@@ -105,6 +110,7 @@ class Task:
         self.io: TaskIo | None = None
         self.driver: Driver | None = None
         self.began = False  # the life has run (start() hands out a coroutine that might not)
+        self.taps: tuple[str, ...] = ()  # streams tapped from the spawn on (start(taps=...))
         self.handle = TaskHandle(self)
 
     def capture(self, stream: str) -> StreamCapture | None:
@@ -234,7 +240,10 @@ class TaskHandle:
         cap = t.capture(stream)
         if cap is None:
             raise SpecError(stream, f"task {t.id} has not started: tap it once start() has "
-                                    f"handed it over")
+                                    f"handed it over, or ask start(taps=[...]) for it")
+        if stream in t.taps and cap.tap is not None:
+            t.taps = tuple(s for s in t.taps if s != stream)  # opened at the spawn: hand it
+            return cap.tap
         tap = cap.open_tap()
         for s in t.io.streams if t.io is not None else ():
             if s.capture is cap:
@@ -259,24 +268,56 @@ class TaskHandle:
 
     def close_stdin(self) -> None:
         """End of input: what is queued is written, then the pipe is closed.  A ``tty`` task
-        gets its terminal's end-of-file character instead, once, as if Ctrl-D were pressed
-        (which ends input at the start of a line).  Idempotent for a pipe."""
-        feed, stream = self._t.feed()
+        gets its terminal's end-of-file character instead (VEOF as its modes say: Ctrl-D
+        unless changed), as if it were pressed: that ends input at the start of a line, and
+        each call types it once more.  For a pipe, idempotent."""
+        t = self._t
+        feed, stream = t.feed()
         if feed.eof or feed.broken:
             return
-        if self._t.spec.tty:
-            feed.buffer += b"\x04"  # VEOF: the terminal ends the line discipline's input
+        if t.spec.tty:
+            feed.buffer += self._eof_character()
         else:
             feed.eof = True
-        self._t.rt.reactor.poke(stream)
+        t.rt.reactor.poke(stream)
+
+    def _eof_character(self) -> bytes:
+        modes = self.terminal_modes()
+        eof = modes[6][termios.VEOF] if modes is not None else b"\x04"
+        return eof if isinstance(eof, bytes) and eof else b"\x04"
+
+    def terminal_modes(self) -> list[Any] | None:
+        """A ``tty`` task's terminal modes now (``termios.tcgetattr``), None once it ended."""
+        master = self._master()
+        return None if master is None else termios.tcgetattr(master)
+
+    def terminal_foreground(self) -> int | None:
+        """The process group in the foreground of a ``tty`` task's terminal (who reads the
+        keys: the task, or a program its shell started), None once it ended."""
+        master = self._master()
+        return None if master is None else os.tcgetpgrp(master)
+
+    def terminal_signal(self, sig: int) -> bool:
+        """Send ``sig`` to the foreground process group of a ``tty`` task's terminal, as its
+        keys would (Ctrl-C's SIGINT), without waiting behind queued input (TIOCSIG); False
+        once it ended."""
+        master = self._master()
+        if master is None:
+            return False
+        fcntl.ioctl(master, _TIOCSIG, int(sig))
+        return True
+
+    def _master(self) -> int | None:
+        t = self._t
+        if not t.spec.tty:
+            raise SpecError("tty", f"task {t.id} has no terminal: this is for tty=True")
+        return None if t.io is None else t.io.master
 
     def resize(self, rows: int, columns: int) -> None:
         """Set the size of a ``tty`` task's terminal (the task gets SIGWINCH)."""
-        t = self._t
-        if not t.spec.tty:
-            raise SpecError("tty", f"task {t.id} has no terminal: resize() is for tty=True")
-        if t.io is not None and t.io.master is not None:
-            set_window_size(t.io.master, rows, columns)
+        master = self._master()
+        if master is not None:
+            set_window_size(master, rows, columns)
 
     def pause(self) -> bool:
         """Freeze the task where it stands (cgroup.freeze): its processes stop running until

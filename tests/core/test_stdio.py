@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import termios
 
 import pytest
 import trio
@@ -147,3 +148,58 @@ async def test_a_tty_task_starts_with_the_modes_it_is_given(sup: supervisor.Supe
     modes[3] &= ~termios.ECHO  # lflag: no echo
     r = await sup.run(["stty", "-a"], tty=True, tty_modes=modes)
     assert b"-echo " in r.stdout
+
+
+async def test_a_tap_asked_for_at_the_start_misses_not_a_byte(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as n:  # the task writes before start() has returned
+        task = await n.start(functools.partial(sup.start, ["echo", "first"], taps=["stdout"]))
+        tap = task.tap("stdout")
+        got = bytearray()
+        with trio.fail_after(HANG):
+            async for chunk in tap:
+                got += chunk
+            r = await task.wait()
+    assert bytes(got) == b"first\n" and r.stdout == b"first\n"
+    with pytest.raises(supervisor.SpecError, match="taps are"):
+        sup.start(["true"], taps=["stdin"])
+
+
+async def test_closing_stdin_types_the_end_of_file_character_the_terminal_has_now(
+        sup: supervisor.Supervisor) -> None:
+    script = "stty eof ^B; echo set; cat; echo after-cat; cat; echo done"
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", script], tty=True))
+        await wait_for(lambda: b"set" in task.output().head, what="the new VEOF")
+        modes = task.terminal_modes()
+        assert modes is not None and modes[6][termios.VEOF] == b"\x02"
+        task.close_stdin()  # ends the first cat
+        await wait_for(lambda: b"after-cat" in task.output().head, what="the first cat's end")
+        task.close_stdin()  # each call types it once more: ends the second
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "succeeded" and r.stdout.endswith(b"done\r\n")
+    assert task.terminal_modes() is None
+
+
+async def test_a_terminal_signal_reaches_the_foreground_program_not_the_shell(
+        sup: supervisor.Supervisor) -> None:
+    import signal
+
+    # an interactive shell runs sleep in a foreground group of its own; Ctrl-C's SIGINT goes
+    # to that group: sleep dies, the shell abandons its command line and prompts for the next
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-ic", "sleep 60"], tty=True,
+                                               env={"PS1": "prompt> "}))
+        await wait_for(lambda: task.terminal_foreground() not in (None, task.pid),
+                       what="sleep in the foreground")
+        assert task.terminal_signal(signal.SIGINT)
+        await wait_for(lambda: b"prompt> " in task.output().head, what="the shell's prompt")
+        await task.write_stdin(b"echo shell-lives $?; exit\n")
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "succeeded" and b"shell-lives 130" in r.stdout
+    assert not task.terminal_signal(signal.SIGINT)  # ended: nothing to signal
+    async with trio.open_nursery() as n:
+        plain = await n.start(sup.start, ["true"])
+        with pytest.raises(supervisor.SpecError, match="tty=True"):
+            plain.terminal_signal(signal.SIGINT)
