@@ -25,7 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import SpecError
-from ._isovalues import INFINITY, RLIMITS, capability_names, rlimit_label, show
+from ._isovalues import (
+    INFINITY,
+    MAX_ID,
+    RLIMITS,
+    capability_names,
+    is_number,
+    rlimit_label,
+    show,
+)
 from ._spawn import CAPABILITIES, unshare
 
 __all__ = [
@@ -219,10 +227,21 @@ class Credentials:
     user_name: str | None = None
 
 
+def _id_number(value: str | int, what: str) -> int | None:
+    """A uid or gid given as a number (None for a name); SpecError beyond what ids may be."""
+    if isinstance(value, str) and not is_number(value):
+        return None
+    number = int(value)
+    if not 0 <= number <= MAX_ID:
+        raise SpecError(what, f"{what} must be a name or an id from 0 to {MAX_ID} (ids are "
+                              f"32 bits, and {MAX_ID + 1} means none), got {show(value)}")
+    return number
+
+
 def _lookup_user(value: str | int, what: str) -> tuple[int, pwd.struct_passwd | None]:
     """A user's uid and database entry; a number without an entry is (number, None); a name
     without one is a SpecError."""
-    number = value if isinstance(value, int) else int(value) if value.isdigit() else None
+    number = _id_number(value, what)
     try:
         if number is not None:
             return number, pwd.getpwuid(number)
@@ -238,10 +257,11 @@ def _lookup_user(value: str | int, what: str) -> tuple[int, pwd.struct_passwd | 
 
 def _lookup_group(value: str | int, what: str) -> int:
     """A group's gid; a number is taken as it is (the kernel needs no entry for it)."""
-    if isinstance(value, int) or value.isdigit():
-        return int(value)
+    number = _id_number(value, what)
+    if number is not None:
+        return number
     try:
-        return grp.getgrnam(value).gr_gid
+        return grp.getgrnam(str(value)).gr_gid
     except KeyError:
         raise SpecError(what, f"{what} names a group that does not exist: {show(value)} is "
                               f"not in the group database (getent group {value}); create it "

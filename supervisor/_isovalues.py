@@ -42,6 +42,12 @@ __all__ = [
 ]
 
 INFINITY = 2**64 - 1  # RLIM_INFINITY as the kernel has it (Python's resource says -1)
+MAX_ID = 2**32 - 2  # uid_t/gid_t: (uid_t)-1 means "unchanged" to setresuid, never an id
+
+
+def is_number(text: str) -> bool:
+    """Only ASCII digits (str.isdigit() also takes "\u00b9", which int() refuses)."""
+    return text.isascii() and text.isdigit()
 _RLIMIT_LOCKS = 10  # Linux's number; Python's resource module has no name for it
 
 # Limit*= as systemd spells them, and how each value is read (rlimit-util.c).
@@ -166,6 +172,9 @@ def _rlimit_one(text: str, kind: str, what: str, value: object) -> int:
         found = _rlimit_plain(text, kind)
     if found is None:
         raise refuse(what, rule, value)
+    if not 0 <= found < INFINITY:  # the kernel's INFINITY is written "infinity"
+        raise refuse(what, rule, value, f"the kernel takes at most {INFINITY - 1}; for no "
+                                        f"limit write \"infinity\"")
     return found
 
 
@@ -174,7 +183,7 @@ def _rlimit_with_units(text: str, kind: str, what: str) -> int | None:
     if kind == "seconds":  # whole seconds, rounded up (rlimit_parse_sec)
         return math.ceil(parse_duration(text, what, allow_zero=True))
     if kind == "usec":  # a bare number is microseconds (rlimit_parse_usec)
-        return int(text) if text.isdigit() else round(
+        return int(text) if is_number(text) else round(
             parse_duration(text, what, allow_zero=True) * 1_000_000)
     size = parse_size(text, what, allow_max=False)
     assert isinstance(size, int)
@@ -183,10 +192,10 @@ def _rlimit_with_units(text: str, kind: str, what: str) -> int | None:
 
 def _rlimit_plain(text: str, kind: str) -> int | None:
     """A count, or a nice level ("-20".."+19" is 40..1 as RLIMIT_NICE; 0..40 raw)."""
-    if kind == "nice" and text[:1] in "+-" and text[1:].isdigit():
+    if kind == "nice" and text[:1] in "+-" and is_number(text[1:]):
         level = int(text) if text[0] == "-" else int(text[1:])
         return 20 - level if -20 <= level <= 19 else None
-    if text.isdigit() and (kind != "nice" or int(text) <= 40) and int(text) < INFINITY:
+    if is_number(text) and (kind != "nice" or int(text) <= 40) and int(text) < INFINITY:
         return int(text)
     return None
 
@@ -232,7 +241,7 @@ def _capability(word: str | int, what: str, value: object) -> int:
         return word
     if isinstance(word, str):
         text = word.strip().upper()
-        if text.isdigit() and int(text) <= cap_last_cap():
+        if is_number(text) and int(text) <= cap_last_cap():
             return int(text)
         if text in CAPABILITIES:
             return CAPABILITIES.index(text)

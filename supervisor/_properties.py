@@ -84,7 +84,13 @@ def _signal(name: str, value: str) -> tuple[str, Any]:
 
 def _environment(name: str, value: str) -> tuple[str, Any]:
     env = {}
-    for item in shlex.split(value):
+    try:
+        items = shlex.split(value)
+    except ValueError as e:  # an unbalanced quote, a backslash at the end
+        raise UnitsError(f'{name} must be space-separated NAME=VALUE assignments, quoted as a '
+                         f'shell would ("A=1 B=\'two words\'"): {e} in "{value}"; close the '
+                         f'quote or escape it with a backslash', what=name, value=value) from None
+    for item in items:
         key, eq, val = item.partition("=")
         if not eq or not key:
             raise UnitsError(f'{name} must be space-separated NAME=VALUE assignments like '

@@ -284,7 +284,7 @@ class TaskResult:
         return {
             "schema_version": SCHEMA_VERSION,
             "id": self.id,
-            "name": self.name,
+            "name": None if self.name is None else _text(self.name),
             "argv": [_text(a) for a in self.argv],
             "outcome": str(self.outcome),
             "started": self.started,
@@ -308,8 +308,11 @@ class TaskResult:
 
 def _text(value: str) -> str:
     """A str that JSON can carry: lone surrogates (undecodable bytes from os.fsdecode) become
-    U+FFFD."""
-    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    U+FFFD; any other lone surrogate does too."""
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # "\ud800": not one os.fsdecode makes
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _iso(ts: float | None) -> str | None:

@@ -171,6 +171,9 @@ class TaskSpec:
         object.__setattr__(self, "argv", tuple(argv))
 
     def _check_env(self) -> None:
+        if not isinstance(self.inherit_env, bool):  # "no" would be true
+            raise SpecError("inherit_env", f"inherit_env must be True or False, got "
+                                           f"{self.inherit_env!r}")
         if self.env is None:
             return
         if not isinstance(self.env, Mapping):

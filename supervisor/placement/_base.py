@@ -67,8 +67,16 @@ def _explicit(cgroup_root: str) -> Base:
         raise PlacementError(
             f"cgroup_root {cgroup_root!r} is not writable by uid {os.geteuid()}; run as root "
             f"or point at a cgroup delegated to this user (Delegate=yes)")
-    ours = _own_cgroup_or_none() == path
+    # Our own cgroup: we leave it for <path>/supervisor before enabling controllers (the
+    # no-internal-process rule), unless it is the real root, which that rule exempts (and
+    # whose processes are the whole machine's, never ours to move).
+    ours = _own_cgroup_or_none() == path and not _is_real_root(path)
     return Base("explicit --cgroup-root", path, move_self=ours, enable_here=True)
+
+
+def _is_real_root(path: str) -> bool:
+    """The hierarchy's real root has no cgroup.events (a namespace root does)."""
+    return not os.path.exists(os.path.join(path, "cgroup.events"))
 
 
 def choose(cgroup_root: str | None) -> Base:
@@ -89,7 +97,7 @@ def choose(cgroup_root: str | None) -> Base:
     if _is_delegated(own):
         return Base("delegated unit", own, move_self=True, enable_here=True)
     tried = [f"our cgroup {own} is not a delegated unit (no trusted.delegate xattr)"]
-    is_real_root = not os.path.exists(os.path.join(own, "cgroup.events"))
+    is_real_root = _is_real_root(own)
     ns_root = own == mount.mount_point
     if (is_real_root or ns_root) and os.access(os.path.join(own, "cgroup.procs"), os.W_OK):
         # The real root has no internal-process rule: we may enable its controllers.  A

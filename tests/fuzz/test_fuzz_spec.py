@@ -152,9 +152,6 @@ def test_accepted_options_run_and_round_trip_through_the_json_result(
     assert test_cgroup.children() == []
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError,
-                   reason="TaskResult.to_dict() passes name through as it is: a name with "
-                          "undecodable bytes (lone surrogates) is not valid UTF-8 JSON")
 def test_a_name_with_undecodable_bytes_is_valid_utf8_in_the_json_result(
         test_cgroup: cgroupfs.Cgroup) -> None:
     r = run_in_supervisor(test_cgroup.path, ["/bin/true"], {"name": os.fsdecode(b"job-\xff")})
@@ -162,8 +159,6 @@ def test_a_name_with_undecodable_bytes_is_valid_utf8_in_the_json_result(
     json.dumps(r.to_dict(), ensure_ascii=False).encode("utf-8")
 
 
-@pytest.mark.xfail(strict=True, reason="inherit_env is never checked: inherit_env=\"no\" is "
-                   "accepted, and (a non-empty string being true) inherits the environment")
 def test_inherit_env_must_be_a_bool() -> None:
     with pytest.raises(SpecError):
         TaskSpec(["true"], inherit_env="no")  # type: ignore[arg-type]
