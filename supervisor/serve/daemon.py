@@ -31,6 +31,7 @@ each task's life runs in the tasks nursery, each connection and helper in the se
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
 import signal
@@ -231,10 +232,12 @@ async def _await_unrecorded(d: Daemon) -> None:
     with trio.move_on_after(UNRECORDED_WAIT):
         while d.unrecorded:
             await trio.sleep(0.1)
+    d.retries.cancel()
     for task_id in sorted(d.unrecorded):
         t = d.tasks.get(task_id)
-        log.error("task %s: its end record could not be written before the daemon exited; "
-                  "its result: %s", task_id, None if t is None else t.result_json)
+        log.error("task %s: its end record could not be written before the daemon exited "
+                  "(the next start records it lost); its result: %s", task_id,
+                  None if t is None else json.dumps(t.result_json))
 
 
 def kill_all(d: Daemon) -> None:
@@ -269,6 +272,7 @@ async def hand_over(d: Daemon, accepting: trio.CancelScope, bound: Bound,
     handover = await d.sup.hand_over()
     d.handed_over = True
     await d.records.flush_lazy()
+    await _await_unrecorded(d)
     state = {"run": d.run, "socket": d.config.socket, "handover": handover.to_json()}
     try:
         await trio.to_thread.run_sync(fdstore.park, d.notifier, handover.fds(), state,

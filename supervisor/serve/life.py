@@ -224,7 +224,13 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
 
 
 async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any]) -> None:
-    """Retry an end row until it is written (doubling waits up to 30 s)."""
+    """Retry an end row until it is written (doubling waits up to 30 s), or the daemon gives
+    up on it at exit (``d.retries`` cancelled: then it logs the result)."""
+    with d.retries:
+        await _retry_end_loop(d, t, values)
+
+
+async def _retry_end_loop(d: Daemon, t: DaemonTask, values: dict[str, Any]) -> None:
     wait = RETRY
     while True:
         await trio.sleep(wait)

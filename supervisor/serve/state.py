@@ -84,6 +84,7 @@ class Daemon:
         self.all_ended = trio.Event()
         self.retention_due = trio.Event()  # a task finished: retention may have work
         self.unrecorded: set[str] = set()  # finished, end row still being retried
+        self.retries = trio.CancelScope()  # those retries: given up on at exit
         self.stdin_pipes = _stdin_pipe_supported()
         self.metrics = Metrics(self._gauges)  # last: it reads the gauges above at once
 

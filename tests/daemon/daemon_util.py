@@ -3,8 +3,9 @@ uniquely named module, since every test folder's conftest is a module named ``co
 
 - ``start_daemon(*args)``: a ``corral serve`` process on a fresh socket (in a 0755 directory,
   so other uids can reach it) and state directory, with the test's own ``corral-test-*``
-  cgroup as ``--cgroup-root``.  At teardown: SIGTERM, a clean exit is required, and the
-  cgroup must be empty and removable (tests/conftest.py checks that).
+  cgroup as ``--cgroup-root``; ``like=d`` starts one on ``d``'s socket and state (a
+  restart).  At teardown: SIGTERM, a clean exit is required (but of daemons the test
+  SIGKILLed), and the cgroup must be empty and removable (tests/conftest.py checks that).
 - ``users``: four throw-away users (``useradd``; unique names; removed at the session's end).
 - ``as_user(user, fn)``: ``fn()`` in a forked child that dropped to the user's uid, gid and
   groups, so that the daemon sees that uid through SO_PEERCRED; returns what ``fn`` returned
@@ -86,6 +87,13 @@ class RunningDaemon:
         self.state = state
         self.log = log
         self.cgroup = cgroup
+        self.killed = False  # SIGKILLed on purpose: its exit status is not checked
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (a crash), and reap it."""
+        self.killed = True
+        self.proc.kill()
+        self.proc.wait()
 
     def client(self, timeout: float | None = 60) -> Client:
         return Client(self.socket, timeout=timeout)
@@ -104,13 +112,8 @@ class RunningDaemon:
         return subprocess.run(["curl", "-sS", "--unix-socket", self.socket, *args],
                               capture_output=True, text=True, timeout=60, check=False)
 
-    def rows(self) -> list[dict[str, Any]]:
-        db = sqlite3.connect(f"file:{self.state}/state.db?mode=ro", uri=True)
-        try:
-            db.row_factory = sqlite3.Row
-            return [dict(r) for r in db.execute("SELECT * FROM tasks ORDER BY seq")]
-        finally:
-            db.close()
+    def rows(self, table: str = "tasks") -> list[dict[str, Any]]:
+        return read_rows(self.state, table)
 
     def stop(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
@@ -128,28 +131,60 @@ class RunningDaemon:
         return self.log.read_text(errors="replace")
 
 
+def read_rows(state: Path, table: str = "tasks") -> list[dict[str, Any]]:
+    """Every row of ``table`` in the records at ``state`` (read-only; the daemon may run)."""
+    db = sqlite3.connect(f"file:{state}/state.db?mode=ro", uri=True)
+    try:
+        db.row_factory = sqlite3.Row
+        order = "seq" if table in ("tasks", "expired") else "id"
+        return [dict(r) for r in db.execute(f"SELECT * FROM {table} ORDER BY {order}")]
+    finally:
+        db.close()
+
+
+def answering(sock: str) -> bool:
+    """Whether a daemon answers on ``sock`` (start-up recovery done: it answers only then)."""
+    try:
+        with Client(sock, timeout=5) as c:
+            c.limits()
+        return True
+    except (OSError, ApiError):
+        return False
+
+
 @pytest.fixture
 def start_daemon(test_cgroup: cgroupfs.Cgroup, tmp_path: Path,
                  ) -> Iterator[Callable[..., RunningDaemon]]:
+    """``start(*args, env=, wrap=, like=, expect_exit=)``: a daemon; ``like``: another
+    daemon's socket and state directory (a restart); ``wrap``: a command prefix (e.g. a
+    private mount namespace); ``expect_exit``: it is expected to fail at start (returned
+    with its exit status, not waited for)."""
     started: list[RunningDaemon] = []
     sockdirs: list[str] = []
 
-    def start(*extra: str, env: dict[str, str] | None = None) -> RunningDaemon:
-        sockdir = tempfile.mkdtemp(prefix="corral-test-sock-")
-        os.chmod(sockdir, 0o755)
-        sockdirs.append(sockdir)
-        sock = os.path.join(sockdir, "corral.sock")
-        state = tmp_path / f"state{len(started)}"
+    def start(*extra: str, env: dict[str, str] | None = None, wrap: list[str] | None = None,
+              like: RunningDaemon | None = None, expect_exit: bool = False) -> RunningDaemon:
+        if like is None:
+            sockdir = tempfile.mkdtemp(prefix="corral-test-sock-")
+            os.chmod(sockdir, 0o755)
+            sockdirs.append(sockdir)
+            sock, state = os.path.join(sockdir, "corral.sock"), tmp_path / f"state{len(started)}"
+        else:
+            sock, state = like.socket, like.state
         log = tmp_path / f"daemon{len(started)}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [*CORRAL, "serve", "--socket", sock, "--state-dir", str(state),
+                [*(wrap or []), *CORRAL, "serve", "--socket", sock, "--state-dir", str(state),
                  "--cgroup-root", test_cgroup.path, *extra],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=sockdir,
-                env=env)
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=os.path.dirname(sock), env=env)
         d = RunningDaemon(proc, sock, state, log, test_cgroup.path)
         started.append(d)
-        wait_for(lambda: proc.poll() is not None or connectable(sock), "the daemon's socket")
+        if expect_exit:
+            proc.wait(60)
+            d.killed = True  # (its status is the test's to check)
+            return d
+        wait_for(lambda: proc.poll() is not None or answering(sock), "the daemon to answer")
         assert proc.poll() is None, f"the daemon exited {proc.returncode}: {log.read_text()}"
         return d
 
@@ -159,6 +194,8 @@ def start_daemon(test_cgroup: cgroupfs.Cgroup, tmp_path: Path,
         problems = []
         for d in started:
             status = d.stop()
+            if d.killed:
+                continue
             if status != 0:
                 problems.append(f"the daemon exited {status}: {d.log_text()[-3000:]}")
             elif "Traceback" in d.log_text():

@@ -1,0 +1,129 @@
+"""Completion callbacks: ``--on-finish-exec`` (a program, run as a task of the daemon's own) and
+``--on-finish-url`` over ``--on-finish-socket`` (an HTTP POST on a Unix socket); at least once,
+across a crash of the daemon too."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_util import RunningDaemon, wait_for
+
+Start = Callable[..., RunningDaemon]
+
+
+class Receiver:
+    """A tiny HTTP server on a Unix socket: records each request; answers ``statuses`` in
+    turn (then 200)."""
+
+    def __init__(self, path: str, statuses: list[int] | None = None) -> None:
+        self.path = path
+        self.statuses = list(statuses or [])
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(16)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        while len(body) < length:
+            body += conn.recv(65536)
+        request_line = head.split(b"\r\n")[0].decode()
+        status = self.statuses.pop(0) if self.statuses else 200
+        self.requests.append((request_line, json.loads(body)))
+        conn.sendall(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n".encode())
+
+    def close(self) -> None:
+        self.sock.close()
+        os.unlink(self.path)
+
+
+@pytest.fixture
+def receiver_path(tmp_path: Path) -> Iterator[str]:
+    yield str(tmp_path / "hook.sock")
+
+
+def test_an_exec_hook_gets_each_finished_task(start_daemon: Start, tmp_path: Path) -> None:
+    out = tmp_path / "events"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\n{{ cat; echo; echo \"$CORRAL_TASK_ID $CORRAL_OUTCOME "
+                    f"$CORRAL_EXIT_STATUS $CORRAL_TASK_UID\"; }} >> {out}\n")
+    hook.chmod(0o755)
+    d = start_daemon("--on-finish-exec", str(hook))
+    with d.client() as c:
+        t = c.submit(["sh", "-c", "exit 7"], name="seven")
+        c.wait(t.id)
+    wait_for(lambda: out.exists() and len(out.read_text().splitlines()) == 2, "the hook")
+    event_line, env_line = out.read_text().splitlines()
+    event = json.loads(event_line)
+    assert event["id"] == t.id and event["outcome"] == "failed" and event["exit_status"] == 7
+    assert event["name"] == "seven" and event["state"] == "finished"
+    assert event["result"]["exit"]["code"] == 7
+    assert env_line == f"{t.id} failed 7 0"
+    wait_for(lambda: [r["notified"] for r in d.rows()] == [1], "the delivery to be marked")
+
+
+def test_a_url_on_a_unix_socket_is_posted_and_retried(start_daemon: Start,
+                                                      receiver_path: str) -> None:
+    receiver = Receiver(receiver_path, statuses=[500, 503])
+    try:
+        d = start_daemon("--on-finish-url", "http://agent-host/corral/done?x=1",
+                         "--on-finish-socket", receiver_path)
+        with d.client() as c:
+            t = c.submit(["echo", "hi"])
+            c.wait(t.id)
+        wait_for(lambda: len(receiver.requests) == 3, "two failures, then the delivery",
+                 timeout=30)
+        lines = {line for line, _ in receiver.requests}
+        assert lines == {"POST /corral/done?x=1 HTTP/1.1"}
+        assert all(e["id"] == t.id and e["outcome"] == "succeeded"
+                   for _, e in receiver.requests)
+        wait_for(lambda: [r["notified"] for r in d.rows()] == [1], "the delivery marked")
+    finally:
+        receiver.close()
+
+
+def test_a_callback_due_at_a_crash_is_delivered_by_the_next_start(
+        start_daemon: Start, receiver_path: str) -> None:
+    args = ("--on-finish-url", "http://localhost/done", "--on-finish-socket", receiver_path)
+    d = start_daemon(*args)  # nobody listens on the receiver's socket yet
+    with d.client() as c:
+        t = c.submit(["true"])
+        c.wait(t.id)
+    assert [r["notified"] for r in d.rows()] == [0]  # due
+    d.kill()
+    receiver = Receiver(receiver_path)
+    try:
+        d2 = start_daemon(*args, like=d)
+        wait_for(lambda: [e["id"] for _, e in receiver.requests] == [t.id], "the delivery")
+        wait_for(lambda: [r["notified"] for r in d2.rows()] == [1], "the delivery marked")
+    finally:
+        receiver.close()
+
+
+def test_on_finish_url_needs_its_socket(start_daemon: Start) -> None:
+    d = start_daemon("--on-finish-url", "http://x/y", expect_exit=True)
+    assert d.proc.returncode == 125
+    assert "--on-finish-url and --on-finish-socket go together" in d.log_text()

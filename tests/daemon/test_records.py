@@ -1,0 +1,192 @@
+"""The records: versioned and migrated, one daemon per state directory, retention by age,
+count and bytes while running (an expired task says so), results that outlive their client
+and the daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from daemon_util import CORRAL, RunningDaemon, wait_for
+
+from supervisor.client import ApiError, Client
+from supervisor.serve.schema import _V1, SCHEMA_VERSION
+
+Start = Callable[..., RunningDaemon]
+
+
+def _v1_database(state: Path) -> None:
+    """A state directory as corral serve with schema version 1 left it: one finished task
+    with its output file, one queued task."""
+    (state / "output").mkdir(parents=True)
+    db = sqlite3.connect(state / "state.db", isolation_level=None)
+    db.executescript(_V1)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA user_version=1")
+    result = {"schema_version": 1, "id": "x-1", "outcome": "succeeded", "exit": {"code": 0},
+              "output": {"stdout": {"total_bytes": 3}, "stderr": {"total_bytes": 0}}}
+    now = time.time()
+    db.execute("INSERT INTO tasks (uid, gid, peer_pid, spec, state, created_at, started_at, "
+               "ended_at, outcome, exit_status, result) VALUES (0, 0, 1, ?, 'finished', ?, ?, "
+               "?, 'succeeded', 0, ?)", (json.dumps({"argv": ["echo", "hi"]}), now - 5, now - 5,
+                                         now - 4, json.dumps(result)))
+    db.execute("INSERT INTO tasks (uid, gid, peer_pid, spec, state, created_at) VALUES (0, 0, 1, "
+               "?, 'queued', ?)", (json.dumps({"argv": ["sh", "-c", "echo queued-ran"]}), now))
+    db.close()
+    (state / "output" / "1").write_bytes(b"hi\n")
+
+
+def test_a_version_1_database_is_migrated_and_its_queued_task_runs(start_daemon: Start,
+                                                                    tmp_path: Path) -> None:
+    first = start_daemon()
+    first.stop()
+    state = tmp_path / "old-state"
+    _v1_database(state)
+    d = start_daemon("--state-dir", str(state), like=first)
+    with d.client() as c:
+        old = c.show("1")
+        assert old.outcome == "succeeded" and [f.data for f in c.output("1")
+                                                if f.kind == "data"] == [b"hi\n"]
+        queued = c.wait("2")
+        assert queued.outcome == "succeeded"
+        assert b"".join(f.data for f in c.output("2")) == b"queued-ran\n"
+        new = c.wait(c.submit(["true"]).id)
+        assert new.id == "3"
+    db = sqlite3.connect(f"file:{state}/state.db?mode=ro", uri=True)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert db.execute("SELECT bytes FROM tasks WHERE seq = 1").fetchone()[0] > 0
+    finally:
+        db.close()
+
+
+def _serve_fails(tmp_path: Path, state: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CORRAL, "serve", "--socket", str(tmp_path / "never.sock"),
+                           "--state-dir", str(state), *extra], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_a_newer_schema_is_refused_at_start_with_the_fix(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    db = sqlite3.connect(state / "state.db")
+    db.execute("PRAGMA user_version=99")
+    db.close()
+    r = _serve_fails(tmp_path, state)
+    assert r.returncode == 125, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert f"{state}/state.db has schema version 99" in line
+    assert f"up to {SCHEMA_VERSION}" in line and "run the newer corral" in line, line
+    assert not (tmp_path / "never.sock").exists()
+
+
+def test_a_database_that_is_not_corrals_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    db = sqlite3.connect(state / "state.db")
+    db.execute("CREATE TABLE other (x)")
+    db.commit()
+    db.close()
+    r = _serve_fails(tmp_path, state)
+    assert r.returncode == 125 and "not corral's" in r.stderr, r.stderr
+
+
+def test_one_daemon_per_state_directory(start_daemon: Start, tmp_path: Path) -> None:
+    d = start_daemon()
+    r = _serve_fails(tmp_path, d.state)
+    assert r.returncode == 125, r.stderr
+    assert f"another corral serve (pid {d.proc.pid}) uses the state directory " \
+           f"{d.state}" in r.stderr, r.stderr
+
+
+def test_retention_by_count_expires_the_oldest_and_says_so(start_daemon: Start) -> None:
+    d = start_daemon("--retain-count", "2", "--keep-finished", "1")
+    with d.client() as c:
+        ids = [c.wait(c.submit(["echo", str(i)], idempotency_key=f"k{i}").id).id
+               for i in range(4)]
+        wait_for(lambda: len(c.list()) == 2, "retention to expire two tasks")
+        assert [t.id for t in c.list()] == ids[:1:-1]
+        with pytest.raises(ApiError) as caught:
+            c.show(ids[0])
+        e = caught.value
+        assert e.status == 410 and e.code == "expired" and e.field == "id"
+        assert f"task {ids[0]} expired" in e.message and "--retain-count" in e.message
+        for call in (lambda: c.wait(ids[1]), lambda: list(c.output(ids[1])),
+                     lambda: c.stop(ids[1])):
+            with pytest.raises(ApiError) as caught:
+                call()
+            assert caught.value.code == "expired"
+        with pytest.raises(ApiError) as caught:
+            c.submit(["echo", "0"], idempotency_key="k0")
+        assert caught.value.status == 410 and "use a new key" in caught.value.message
+    shown = d.corral("show", ids[0])
+    assert shown.returncode == 125
+    assert f"corral: task {ids[0]} expired" in shown.stderr.decode()
+    assert {n.split(".")[0] for n in os.listdir(d.state / "output")} == set(ids[2:])
+    assert [r["seq"] for r in d.rows("expired")] == [int(i) for i in ids[:2]]
+
+
+def test_retention_by_age_works_while_running(start_daemon: Start) -> None:
+    d = start_daemon("--retain-age", "2s")
+    with d.client() as c:
+        t = c.wait(c.submit(["echo", "old"]).id)
+        assert c.show(t.id).outcome == "succeeded"
+        running = c.submit(["sleep", "600"])
+        wait_for(lambda: not c.list(state="finished"), "the finished task to expire",
+                 timeout=15)
+        with pytest.raises(ApiError) as caught:
+            c.show(t.id)
+        assert "--retain-age" in caught.value.message
+        assert c.show(running.id).state == "running"  # running tasks never expire
+        c.stop(running.id, force=True)
+
+
+def test_retention_by_bytes_counts_output_files(start_daemon: Start) -> None:
+    limit = 100_000
+    d = start_daemon("--retain-bytes", str(limit))
+    with d.client() as c:
+        ids = [c.wait(c.submit(["sh", "-c", "yes | head -c 20000"]).id).id for _ in range(6)]
+        wait_for(lambda: len(c.list()) < 6, "retention by bytes")
+        time.sleep(1.5)  # (one pass a second at most: let the last one run)
+        kept = [t.id for t in c.list()]
+    rows = {str(r["seq"]): r for r in d.rows()}
+    assert kept == ids[::-1][:len(kept)], kept  # the newest are kept
+    assert sum(rows[i]["bytes"] for i in kept) <= limit
+    assert all(rows[i]["bytes"] > 20000 for i in kept)  # the output file counts
+    assert {r["why"] for r in d.rows("expired")} == {"bytes"}
+    assert not any((d.state / "output" / i).exists() for i in ids if i not in kept)
+
+
+def test_results_outlive_the_client_and_the_daemon(start_daemon: Start) -> None:
+    d = start_daemon()
+    code = ("import sys; from supervisor.client import Client\n"
+            f"c = Client({d.socket!r}); print(c.submit(['sh', '-c', 'echo kept; exit 4']).id)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    task_id = out.stdout.strip()  # the submitting client is gone
+    with d.client() as c:
+        assert c.wait(task_id).exit_status == 4
+    d.stop()
+    d2 = start_daemon(like=d)
+    with Client(d2.socket) as c:
+        t = c.show(task_id)
+        assert t.outcome == "failed" and t.exit_status == 4
+        assert b"".join(f.data for f in c.output(task_id)) == b"kept\n"
+
+
+def test_output_files_without_a_record_are_removed_at_start(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        kept = c.wait(c.submit(["echo", "x"]).id).id
+    d.stop()
+    for name in ("77", "77.stderr", "77.tail"):
+        (d.state / "output" / name).write_bytes(b"left by an interrupted retention pass")
+    start_daemon(like=d)
+    assert {n.split(".")[0] for n in os.listdir(d.state / "output")} == {kept}
