@@ -264,9 +264,8 @@ class Cgroup:
         """Pids in this cgroup and in every sub-cgroup, by relative path (``"."`` first, each
         parent before its children).  Sub-cgroups removed meanwhile are left out."""
         out: dict[str, list[int]] = {}
-        for rel in [".", *self.descendants()]:
-            name = "cgroup.procs" if rel == "." else f"{rel}/cgroup.procs"
-            text = self._read_optional(name)
+        for rel, fd in _fileio.walk(self.fd):
+            text = _fileio.read_file_optional(fd, _fileio.join(self._path, rel), "cgroup.procs")
             if text is not None:
                 out[rel] = [int(pid) for pid in text.split()]
         return out
@@ -276,11 +275,11 @@ class Cgroup:
         to freeze; returns the relative paths thawed.  (A cgroup frozen only because an
         ancestor is says ``frozen 1`` in cgroup.events but 0 in its own cgroup.freeze.)"""
         thawed = []
-        for rel in [".", *self.descendants()]:
-            name = "cgroup.freeze" if rel == "." else f"{rel}/cgroup.freeze"
-            if (self._read_optional(name) or "0").strip() == "1":
+        for rel, fd in _fileio.walk(self.fd):
+            path = _fileio.join(self._path, rel)
+            if (_fileio.read_file_optional(fd, path, "cgroup.freeze") or "0").strip() == "1":
                 try:
-                    self._write(name, "0")
+                    _fileio.write_file(fd, path, "cgroup.freeze", "0")
                 except CgroupNotFound:
                     continue
                 thawed.append(rel)
@@ -332,9 +331,10 @@ class Cgroup:
             try:
                 _fileio.rmdir_retrying(self._path, 0, missing_ok=missing_ok)
             except CgroupBusy:
-                for rel in reversed(self.descendants()):
-                    _fileio.rmdir_retrying(os.path.join(self._path, rel), busy_timeout,
-                                           missing_ok=True)
+                # sub-cgroups, by fd (a task may nest them deeper than PATH_MAX); EBUSY
+                # retried while their processes are on their way out
+                _fileio.poll_until(self._try_remove_subtree, busy_timeout)
+                _fileio.remove_subtree(self.fd, self._path)
             else:
                 logger.debug("removed cgroup %s", self._path)
                 self.close()
@@ -342,6 +342,13 @@ class Cgroup:
         _fileio.rmdir_retrying(self._path, busy_timeout, missing_ok=missing_ok)
         logger.debug("removed cgroup %s", self._path)
         self.close()
+
+    def _try_remove_subtree(self) -> bool:
+        try:
+            _fileio.remove_subtree(self.fd, self._path)
+        except CgroupBusy:
+            return False
+        return True
 
     # -- processes ------------------------------------------------------------
 

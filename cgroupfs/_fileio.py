@@ -16,18 +16,21 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ._errors import CgroupOSError, os_error
 
 __all__ = [
     "descendants",
     "exists",
+    "join",
     "list_children",
     "poll_until",
     "read_file",
     "read_file_optional",
+    "remove_subtree",
     "rmdir_retrying",
+    "walk",
     "write_file",
 ]
 
@@ -35,13 +38,13 @@ _CHUNK = 65536
 _O_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def _join(dir_path: str, name: str) -> str:
+def join(dir_path: str, name: str) -> str:
     return os.path.join(dir_path, name) if name != "." else dir_path
 
 
 def read_file(dir_fd: int, dir_path: str, name: str) -> str:
     """Read interface file ``name`` of the cgroup open at ``dir_fd``."""
-    path = _join(dir_path, name)
+    path = join(dir_path, name)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
@@ -90,7 +93,7 @@ def write_file(
     hint: str | None = None,
 ) -> None:
     """Write ``text`` to interface file ``name`` in a single ``write(2)``."""
-    path = _join(dir_path, name)
+    path = join(dir_path, name)
     action = f"writing {text!r} to"
     data = os.fsencode(text)
     try:
@@ -137,20 +140,79 @@ def list_children(dir_fd: int, rel: str = ".") -> list[str] | None:
         os.close(fd)
 
 
-def descendants(dir_fd: int) -> list[str]:
-    """Relative paths of all sub-cgroups, each parent before its children.
+def walk(dir_fd: int) -> Iterator[tuple[str, int]]:
+    """``(relative path, directory fd)`` of this cgroup (``"."``, ``dir_fd`` itself) and of
+    every sub-cgroup, each parent before its children.
 
-    Sub-cgroups removed while we walk are skipped, not reported.
+    Each sub-cgroup is opened relative to its parent's fd, one name at a time: a tree deeper
+    than PATH_MAX (which a task may build below its leaf) is walked like any other.  A fd is
+    valid only until the walk goes on; the walk closes what it opened, also when abandoned.
+    Sub-cgroups removed meanwhile are skipped, not reported.
     """
-    result: list[str] = []
-    stack = ["."]
-    while stack:
-        rel = stack.pop()
-        if rel != ".":
-            result.append(rel)
-        names = list_children(dir_fd, rel) or []
-        stack.extend(reversed([n if rel == "." else f"{rel}/{n}" for n in names]))
-    return result
+    yield ".", dir_fd
+    stack: list[tuple[str, int, Iterator[str]]] = [(".", dir_fd,
+                                                    iter(list_children(dir_fd) or []))]
+    try:
+        while stack:
+            rel, fd, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                stack.pop()
+                if fd != dir_fd:
+                    os.close(fd)
+                continue
+            try:
+                child = os.open(name, _O_DIRECTORY, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed meanwhile
+            path = name if rel == "." else f"{rel}/{name}"
+            stack.append((path, child, iter(list_children(child) or [])))
+            yield path, child
+    finally:
+        for _, fd, _ in stack:
+            if fd != dir_fd:
+                os.close(fd)
+
+
+def descendants(dir_fd: int) -> list[str]:
+    """Relative paths of all sub-cgroups, each parent before its children (for showing: a
+    path may be longer than PATH_MAX; :func:`walk` gives fds to act on)."""
+    return [rel for rel, _ in walk(dir_fd)][1:]
+
+
+def remove_subtree(dir_fd: int, path: str) -> None:
+    """rmdir every sub-cgroup of the cgroup open at ``dir_fd``, children first, each by name
+    relative to its parent's fd (no path handed to the kernel is longer than one name, and
+    no recursion: any depth).  EBUSY (processes still there) raises at once; a sub-cgroup
+    already gone is fine."""
+    # (name, fd, its children's names, path for errors); the bottom entry is the caller's
+    stack: list[tuple[str, int, Iterator[str], str]] = [
+        (".", dir_fd, iter(list_children(dir_fd) or []), path)]
+    try:
+        while stack:
+            _, fd, names, at = stack[-1]
+            name = next(names, None)
+            if name is not None:
+                try:
+                    child = os.open(name, _O_DIRECTORY, dir_fd=fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                stack.append((name, child, iter(list_children(child) or []),
+                              f"{at}/{name}"))
+                continue
+            done, _, _, done_path = stack.pop()
+            if not stack:
+                return
+            os.close(fd)
+            try:
+                os.rmdir(done, dir_fd=stack[-1][1])
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise os_error(exc, action="removing directory", path=done_path) from exc
+    finally:
+        for _, fd, _, _ in stack[1:]:
+            os.close(fd)
 
 
 def poll_until(condition: Callable[[], bool], timeout: float) -> bool:

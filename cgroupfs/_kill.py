@@ -23,7 +23,15 @@ import os
 import signal
 
 from ._errors import CgroupError, CgroupNotFound, CgroupOSError
-from ._fileio import descendants, exists, poll_until, read_file, read_file_optional, write_file
+from ._fileio import (
+    exists,
+    join,
+    poll_until,
+    read_file,
+    read_file_optional,
+    walk,
+    write_file,
+)
 from ._stats import parse_events
 
 __all__ = ["KILL_METHODS", "kill_subtree"]
@@ -93,9 +101,9 @@ def _thaw(dir_fd: int, path: str) -> None:
 def _sweep(dir_fd: int, path: str) -> int:
     """SIGKILL each pid listed in the subtree once; return how many were listed."""
     listed = 0
-    for rel in [".", *descendants(dir_fd)]:
+    for rel, fd in walk(dir_fd):
         procs_name = "cgroup.procs" if rel == "." else f"{rel}/cgroup.procs"
-        text = read_file_optional(dir_fd, path, procs_name)
+        text = read_file_optional(fd, join(path, rel), "cgroup.procs")
         if text is None:
             continue  # a sub-cgroup removed while we walked
         for pid in (int(p) for p in text.split()):

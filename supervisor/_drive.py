@@ -47,7 +47,7 @@ from ._result import KillSnapshot, StopReason
 from ._sample import Sampled, Series, sample
 from ._snapshot import take_snapshot
 from ._stop import StopState, signal_tree
-from ._tracking import Tracker
+from ._tracking import Tracker, leave_leaf
 from ._watch import CgroupWatcher
 
 __all__ = ["DONE", "KILL", "RUNNING", "TERM", "Driver", "Terms", "terms"]
@@ -147,7 +147,6 @@ class Driver(Sampled):
         finally:
             if not self.detaching:
                 self.stop.finish()
-            self.tracker.close()
 
     def _step(self, now: float) -> None:
         """What happened since the last wait, then the current state's rule."""
@@ -226,14 +225,18 @@ class Driver(Sampled):
         main_alive = self._main_alive()
         self._leave_running(now)
         self._thaw()
+        stuck = self._evict_self()
         if self.exited:
             self.tracker.record_leftovers()  # what appeared since, named as it is now
-        self.snapshot = self.snapshot or take_snapshot(self.leaf, now - self.t0)
-        try:
-            self.leaf.kill()
-            self.leaf.thaw_tree()  # the snapshot's freeze: let the dying exit
-        except CgroupNotFound:
-            pass  # the leaf itself was removed: nothing in it to kill
+        if stuck:  # (no freeze, no cgroup.kill: both would reach us)
+            signal_tree(self.leaf, (signal.SIGKILL,))
+        else:
+            self.snapshot = self.snapshot or take_snapshot(self.leaf, now - self.t0)
+            try:
+                self.leaf.kill()
+                self.leaf.thaw_tree()  # the snapshot's freeze: let the dying exit
+            except CgroupNotFound:
+                pass  # the leaf itself was removed: nothing in it to kill
         if main_alive and self.main.pid in self.tracker.escaped:
             self.main.signal(signal.SIGKILL)
         if self.stop.reason is not None:
@@ -256,6 +259,7 @@ class Driver(Sampled):
         wherever it is; after the main's exit, what is found is recorded as leftovers (named
         as now)."""
         self._thaw()
+        self._evict_self()
         try:
             found = signal_tree(self.leaf, signals, self.main.pid, self.tracker.keep(), skip)
         except CgroupNotFound:
@@ -267,6 +271,14 @@ class Driver(Sampled):
         if self.exited:
             for p in found.processes:
                 self.tracker.leftovers[p.pid] = p
+
+    def _evict_self(self) -> bool:
+        """If a task moved corral's own process into the leaf, move it back (and say so);
+        True if it is still inside."""
+        note, stuck = leave_leaf(self.leaf, self.tracker.leaf_view)
+        if note is not None and note not in self.notes:
+            self.notes += (note,)
+        return stuck
 
     def _thaw(self) -> None:
         """A task may freeze its own leaf (or a sub-cgroup): thaw it so signals land."""
@@ -288,9 +300,10 @@ class Driver(Sampled):
         killed = (self.exit is not None and self.exit.signal == signal.SIGKILL
                   and self.killed_tree)
         self.tracker.main_ended(killed)
-        if self.phase != KILL and self._populated():
+        if self.phase != KILL and self._populated() and (
+                self._evict_self() or self._populated()):
             # (after a kill, what is still listed is dying with the main process, not left
-            # behind by it)
+            # behind by it; corral itself, moved in by the task, is no leftover)
             if self.phase == TERM:
                 # a process forked after the stop signal went out has not had it yet
                 self._send((self.stop.signal, signal.SIGCONT), skip=frozenset(self.tracker.seen))
@@ -302,6 +315,8 @@ class Driver(Sampled):
         """Freeze the task (cgroup.freeze); False unless it is running and not paused."""
         if self.phase != RUNNING or self.exited or self.paused_at is not None:
             return False
+        if self._evict_self():
+            return False  # corral itself is stuck in the leaf: freezing it would freeze us
         self.leaf.freeze()
         self.paused_at = trio.current_time()
         self._wake()

@@ -33,7 +33,7 @@ from typing import Any
 
 import trio
 
-from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats
+from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats, Destroyed
 
 from ._capture import StreamCapture
 from ._drive import Driver, terms
@@ -98,7 +98,24 @@ async def live(task: Task,
             return await drive(task, *launched)
         return launched
     finally:
+        if task.result is None and not task.handed_over:
+            _last_resort(task)
         task.rt.on_end(task)
+
+
+def _last_resort(task: Task) -> None:
+    """The life is ending without a record (it raised past ``_lost``): record ``lost`` now,
+    so that every waiter wakes to the one final record; if even that fails, wake them anyway
+    (``wait()`` then raises InternalError)."""
+    try:
+        record(task, Outcome.LOST, started=task.pid is not None, step="supervise",
+               error=InternalError("the task's supervision ended without a record"),
+               cleanup=Cleanup("incomplete", detail="corral could not tell what happened to "
+                                                    "the task's processes"),
+               notes=["corral hit an internal error while supervising this task"])
+    except Exception:
+        log.exception("task %s: recording it lost failed", task.id)
+        task.done.set()
 
 
 async def _queue(task: Task, slot: QueueSlot,
@@ -189,7 +206,10 @@ async def drive(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
         # A bug or an OS failure nobody planned for: the task still ends with its one
         # record, and nothing it started is left running.
         log.exception("task %s: supervising failed", task.id)
-        _lost(task, leaf, exc, started)
+        try:
+            _lost(task, leaf, exc, started)
+        except Exception:  # live() records it lost all the same (_last_resort)
+            log.exception("task %s: clearing up after that failed too", task.id)
         raise InternalError(f"task {task.id}: supervising failed: {exc!r}") from exc
     finally:
         rt.sampler.remove(driver)
@@ -286,7 +306,10 @@ async def _remove_leaf(leaf: Cgroup) -> str | None:
 def _lost(task: Task, leaf: Cgroup, exc: BaseException, started: Started) -> None:
     """After a bug of ours: kill and remove the leaf (blocking: this is not the normal path),
     close the streams, and record ``lost`` unless a record exists already."""
-    done = leaf.destroy(timeout=5.0)
+    try:
+        done = leaf.destroy(timeout=5.0)
+    except Exception as e:  # (destroy reports what it finds; this would be a second bug)
+        done = Destroyed(False, f"destroying it raised {e!r}")
     if task.io is not None:
         for stream in task.io.streams:
             task.rt.reactor.remove(stream)

@@ -14,6 +14,7 @@ place that signals a subtree (``signal_tree``: pidfds only).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ import trio
 
 from cgroupfs import Cgroup
 
-from ._procfs import read_comm
+from ._procfs import read_comm, read_start
 from ._result import ProcessInfo, StopReason, StopRecord
 
 __all__ = ["Signalled", "StopState", "signal_tree"]
@@ -125,6 +126,7 @@ class Signalled:
 
 
 _CHUNK = 128  # pidfds held at once: far below RLIMIT_NOFILE's usual 1024
+_HEADROOM = 8  # fds given back when the process runs out, for what a pass reads meanwhile
 
 
 def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = None,
@@ -136,39 +138,72 @@ def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = Non
     listed again, and only pidfds whose pid is still listed get the signals.  A pidfd holds the
     process it was opened on: if that process died and its pid went to someone else in the
     meantime, the send reaches the dead one (a no-op), never the newcomer.  Anything that
-    arrives meanwhile is caught by the next pass or by cgroup.kill.  ``keep`` (pid -> pidfd),
-    if given, receives the pidfds of processes not in it yet instead of their being closed (the
-    caller checks later whether they left the tree).  Pids in ``skip`` (signalled already)
-    are left out.
+    arrives meanwhile is caught by the next pass or by cgroup.kill.  ``keep`` (pid -> start
+    time), if given, remembers each process signalled (the caller checks later whether it
+    left the tree).  Pids in ``skip`` (signalled already) are left out, and so is our own
+    process (a task that can write the tree may move it in).
+
+    Out of fds (EMFILE: a supervisor holding many tasks, a task with thousands of processes),
+    fewer pidfds are held at once; with none to be had, a process is signalled by pid right
+    after its start time is read again (the same pid and start time are the same process).
     """
-    listed = [pid for pids in cg.procs_tree().values() for pid in pids if pid not in skip]
+    ours = os.getpid()
+    listed = [pid for pids in cg.procs_tree().values() for pid in pids
+              if pid not in skip and pid != ours]
     found = Signalled([], main_pid is not None and main_pid in listed)
-    for start in range(0, len(listed), _CHUNK):
-        fds = _open_pidfds(listed[start:start + _CHUNK])
+    while listed:
+        fds, listed = _open_pidfds(listed)
         try:
             still = {pid for pids in cg.procs_tree().values() for pid in pids}
-            for pid, pidfd in list(fds.items()):
-                if pid not in still:
-                    continue
-                found.processes.append(ProcessInfo(pid, read_comm(pid)))
-                for sig in signals:
-                    try:
-                        signal.pidfd_send_signal(pidfd, sig)
-                    except ProcessLookupError:
-                        break
-                if keep is not None and pid not in keep:
-                    keep[pid] = fds.pop(pid)
+            for pid, pidfd in fds.items():
+                if pid in still:
+                    _signal_one(pid, pidfd, signals, found, keep)
         finally:
             for pidfd in fds.values():
-                os.close(pidfd)
+                if pidfd >= 0:
+                    os.close(pidfd)
     return found
 
 
-def _open_pidfds(pids: list[int]) -> dict[int, int]:
+def _signal_one(pid: int, pidfd: int, signals: tuple[int, ...], found: Signalled,
+                keep: dict[int, int] | None) -> None:
+    start = None
+    if pidfd < 0 or (keep is not None and pid not in keep):
+        start = read_start(pid)
+        if start is None:
+            return  # gone
+        if keep is not None and pid not in keep:
+            keep[pid] = start
+    found.processes.append(ProcessInfo(pid, read_comm(pid)))
+    for sig in signals:
+        try:
+            if pidfd >= 0:
+                signal.pidfd_send_signal(pidfd, sig)
+            elif read_start(pid) == start:  # no pidfd to be had: by pid, checked again
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            break
+
+
+def _open_pidfds(pids: list[int]) -> tuple[dict[int, int], list[int]]:
+    """Pidfds of up to ``_CHUNK`` of ``pids`` (those gone are left out), and the pids not
+    tried yet.  Out of fds, the chunk ends where the fds did; if not even one could be
+    opened, the first pid comes as -1: signal it by pid."""
     fds: dict[int, int] = {}
-    for pid in pids:
+    for i, pid in enumerate(pids[:_CHUNK]):
         try:
             fds[pid] = os.pidfd_open(pid)
         except ProcessLookupError:
             continue
-    return fds
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                raise
+            if not fds:
+                fds[pid] = -1
+                return fds, pids[i + 1:]
+            # leave a few fds for the /proc reads and the cgroup files of this pass
+            opened = list(fds)
+            for back in opened[-_HEADROOM:] if len(opened) > _HEADROOM else []:
+                os.close(fds.pop(back))
+            return fds, [p for p in pids[:i] if p not in fds] + pids[i:]
+    return fds, pids[_CHUNK:]

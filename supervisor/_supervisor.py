@@ -41,6 +41,7 @@ from ._result import StopReason, TaskResult
 from ._sample import Sampler
 from ._spec import DEFAULT_GRACE, TaskSpec
 from ._task import Incident, Runtime, Task, TaskHandle, finish_unstarted, request_stop
+from ._tracking import remember_home
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
 from .placement import Placement, adopt_root, check_limits, place_async
@@ -395,6 +396,10 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
     default = _config_duration("default_time_limit", default_time_limit)
     ceiling = _config_duration("max_time_limit", max_time_limit)
     interval = _config_duration("sample_interval", sample_interval)
+    if isinstance(retain_results, bool) or not isinstance(retain_results, int) \
+            or retain_results < 0:
+        raise ConfigError(f"retain_results must be a whole number of records to keep, 0 or "
+                          f"more, got {retain_results!r}")
     if interval is not None and interval < 0.1:
         raise ConfigError(f"sample_interval must be at least 0.1s (or None for no sampling), "
                           f"got {sample_interval!r}")
@@ -405,6 +410,7 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
             f"ceiling or lower the default")
     placement = (adopt_root(adopt.root_path, adopt.root_fd) if adopt is not None
                  else await place_async(cgroup_root))
+    remember_home()  # where to go back to, should a task move us into its leaf
     guard = SpawnGuard(placement.root)
     keeper: Keeper | None = None
     handed_over = False

@@ -193,6 +193,9 @@ class TaskHandle:
         """Wait for the final record (returns at once once there is one).  HandedOver if the
         task went to another supervisor process (``hand_over()``)."""
         await self._t.done.wait()
+        if self._t.result is None and not self._t.handed_over:
+            raise InternalError(f"task {self._t.id} ended without a record (a bug in corral: "
+                                f"its log says more)")
         if self._t.result is None:
             raise HandedOver(f"task {self._t.id} was handed over to another supervisor "
                              f"process; its record will be written there")

@@ -6,10 +6,11 @@ A task's processes live in its leaf.  Two things need more than the leaf's ``cgr
   they were stopped, including any that appeared while they were being stopped;
 - **escapes**: a process of the task found outside its leaf.  A zombie keeps the cgroup it
   died in, so the main process's ``/proc/PID/cgroup`` at its exit says where it died.  Every
-  other process seen in the leaf is remembered: as a pidfd when a stop or leftover pass sees
-  it (up to ``TRACKED``), as its (pid, start time) when the sampler does (which holds no fd:
-  a thousand held tasks must not hold a thousand more fds); once the leaf is empty, one still
-  alive outside it has left.
+  other process seen in the leaf (by a stop or leftover pass, or by the sampler) is
+  remembered by its (pid, start time), up to ``TRACKED`` of each: that names one process for
+  good and holds no fd (a thousand held tasks, or one stopping with thousands of processes,
+  must not run the supervisor out of fds); once the leaf is empty, one still alive outside it
+  has left.  It is opened as a pidfd only to be checked once more and killed.
 
 Only a task that can write to the cgroup tree can leave its leaf (root with cgroupfs
 writable); ``ProtectControlGroups=`` and ``User=`` prevent it.  A process that leaves before
@@ -21,14 +22,14 @@ from __future__ import annotations
 import os
 import signal
 
-from cgroupfs import Cgroup, CgroupError
+from cgroupfs import Cgroup, CgroupError, NoCgroup2Error, own_cgroup
 
 from ._procfs import read_cgroup, read_comm, read_start, read_state
 from ._result import EscapedProcess, ProcessInfo
 
-__all__ = ["TRACKED", "Tracker", "pidfd_signal"]
+__all__ = ["TRACKED", "Tracker", "leave_leaf", "pidfd_signal", "remember_home"]
 
-TRACKED = 256  # processes kept as pidfds per task, to check escapes
+TRACKED = 256  # processes remembered per task and per way of seeing them, to check escapes
 
 
 def pidfd_signal(pidfd: int, sig: int) -> bool:
@@ -46,7 +47,7 @@ def inside(where: str, leaf_view: str) -> bool:
 
 
 class Tracker:
-    """One task's leftovers, escapes and the pidfds of the processes seen in its leaf.
+    """One task's leftovers, escapes and the processes seen in its leaf.
     ``leaf_view`` is the leaf as /proc/PID/cgroup names it (None: unknown here)."""
 
     __slots__ = ("escaped", "leaf", "leaf_view", "leftovers", "main_pid", "sampled", "seen")
@@ -57,32 +58,33 @@ class Tracker:
         self.leaf_view = leaf_view
         self.leftovers: dict[int, ProcessInfo] = {}
         self.escaped: dict[int, EscapedProcess] = {}
-        self.seen: dict[int, int] = {}  # pid -> pidfd
+        self.seen: dict[int, int] = {}  # pid -> start time: signalled, or listed at a stop
         self.sampled: dict[int, int] | None = None  # pid -> start time (made when needed)
 
     def keep(self) -> dict[int, int] | None:
-        """Where ``signal_tree`` may put the pidfds it opened (None once full)."""
+        """Where ``signal_tree`` notes the processes it signalled (None once full)."""
         return self.seen if len(self.seen) < TRACKED else None
 
     def note(self, pids: list[int]) -> None:
         """The sampler saw ``pids`` in the leaf: remember each by its start time."""
-        sampled = self.sampled
+        sampled, ours = self.sampled, os.getpid()
         for pid in pids:
             if sampled is None:
                 sampled = self.sampled = {}
-            if pid not in sampled and pid != self.main_pid and len(sampled) < TRACKED:
+            if pid not in sampled and pid != self.main_pid and len(sampled) < TRACKED \
+                    and pid != ours:
                 start = read_start(pid)
                 if start is not None:
                     sampled[pid] = start
 
     def track(self, pids: list[int]) -> None:
-        """Keep a pidfd of each of ``pids`` not kept yet (they are in the leaf now)."""
+        """Remember each of ``pids`` not remembered yet (they are in the leaf now)."""
+        seen, ours = self.seen, os.getpid()
         for pid in pids:
-            if pid not in self.seen and len(self.seen) < TRACKED:
-                try:
-                    self.seen[pid] = os.pidfd_open(pid)
-                except ProcessLookupError:
-                    pass
+            if pid not in seen and len(seen) < TRACKED and pid != ours:
+                start = read_start(pid)
+                if start is not None:
+                    seen[pid] = start
 
     def record_leftovers(self) -> None:
         """Everything in the subtree now is a leftover, named as it is now."""
@@ -90,7 +92,8 @@ class Tracker:
             tree = self.leaf.procs_tree()
         except CgroupError:
             return
-        pids = [pid for listed in tree.values() for pid in listed]
+        ours = os.getpid()
+        pids = [pid for listed in tree.values() for pid in listed if pid != ours]
         for pid in pids:
             self.leftovers[pid] = ProcessInfo(pid, read_comm(pid))
         self.track(pids)
@@ -116,29 +119,24 @@ class Tracker:
 
     def check_seen(self) -> None:
         """The leaf is empty: a process seen in it that still lives outside it has left it.
-        It was the task's: kill it through its pidfd, and say so.  (A zombie waiting for its
-        new parent to reap it still answers signal 0, but it died inside: not an escape.)"""
-        for pid, pidfd in self.seen.items():
-            if pid not in self.escaped and pidfd_signal(pidfd, 0):
-                self._escape(pid, pidfd)
-        self.check_sampled()
-
-    def check_sampled(self) -> None:
-        """Like :meth:`check_seen`, for the processes the sampler saw: the same pid with the
-        same start time is the same process; it is opened as a pidfd (and checked again) only
-        to kill it."""
-        for pid, start in (self.sampled or {}).items():
-            if pid in self.escaped or pid in self.seen or read_start(pid) != start:
-                continue
-            try:
-                pidfd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                continue
-            try:
-                if read_start(pid) == start:  # the pidfd holds this very process
-                    self._escape(pid, pidfd)
-            finally:
-                os.close(pidfd)
+        It was the task's: kill it, and say so.  The same pid with the same start time is the
+        same process; it is opened as a pidfd (and checked again) only to kill it.  (A zombie
+        waiting for its new parent to reap it has a start time too, but it died inside: not
+        an escape.)"""
+        for remembered in (self.seen, self.sampled or {}):
+            for pid, start in remembered.items():
+                if pid in self.escaped or read_start(pid) != start:
+                    continue
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except OSError:  # gone (ESRCH); or out of fds: then by pid, checked again
+                    pidfd = -1
+                try:
+                    if read_start(pid) == start:  # (a pidfd holds this very process)
+                        self._escape(pid, pidfd)
+                finally:
+                    if pidfd >= 0:
+                        os.close(pidfd)
 
     def _escape(self, pid: int, pidfd: int) -> None:
         where = read_cgroup(pid)
@@ -146,10 +144,57 @@ class Tracker:
                 self.leaf_view is not None and inside(where, self.leaf_view)):
             return
         comm = read_comm(pid)
-        killed = pidfd_signal(pidfd, signal.SIGKILL)
+        killed = pidfd_signal(pidfd, signal.SIGKILL) if pidfd >= 0 else _kill(pid)
         self.escaped[pid] = EscapedProcess(pid, comm, where, "killed" if killed else "exited")
 
-    def close(self) -> None:
-        for pidfd in self.seen.values():
-            os.close(pidfd)
-        self.seen.clear()
+
+# ---- our own process, moved into a leaf -------------------------------------------------
+
+_HOME: list[str] = []  # the cgroup our process lives in (filesystem path), once known
+
+
+def remember_home() -> None:
+    """Note the cgroup our process lives in now (at a supervisor's start, after placement)."""
+    try:
+        _HOME[:] = [own_cgroup()]
+    except (NoCgroup2Error, OSError):
+        _HOME.clear()
+
+
+def leave_leaf(leaf: Cgroup, leaf_view: str | None) -> tuple[str | None, bool]:
+    """A task that can write the cgroup tree (root, without isolation) may move corral's own
+    process into its leaf, where the leaf's freeze, kill or sweep would reach corral itself.
+    Called before any of those: if we are in the leaf (or below), move back home.  Returns
+    the note for the record (None: we were not there) and whether we are still inside (the
+    move failed: the caller must then spare us, e.g. signal by pid instead of cgroup.kill)."""
+    ours = os.getpid()
+    if leaf_view is not None:
+        where = read_cgroup(ours)
+        if where is None or not inside(where, leaf_view):
+            return None, False
+    else:
+        try:
+            if not any(ours in listed for listed in leaf.procs_tree().values()):
+                return None, False
+        except CgroupError:
+            return None, False
+    what = f"a process of the task moved corral's own process (pid {ours}) into {leaf.path}"
+    if not _HOME:
+        return f"{what}; corral found no cgroup of its own to go back to", True
+    try:
+        fd = os.open(os.path.join(_HOME[0], "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(ours).encode())
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return f"{what}; corral could not move back to {_HOME[0]}: {e.strerror}", True
+    return f"{what}; corral moved itself back to {_HOME[0]}", False
+
+
+def _kill(pid: int) -> bool:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True

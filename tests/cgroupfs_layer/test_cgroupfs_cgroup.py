@@ -129,6 +129,26 @@ def test_remove_recursive_removes_descendants_deepest_first(test_cgroup: Cgroup)
     assert not os.path.exists(path)
 
 
+def test_a_tree_deeper_than_path_max_is_walked_thawed_and_removed(test_cgroup: Cgroup) -> None:
+    # 18 levels of 250-byte names: the deepest path is over 4500 bytes (PATH_MAX is 4096), as
+    # a task below its leaf may make them; every walk goes by fd, one name at a time
+    name = "x" * 250
+    opened = [test_cgroup.make_child(name)]
+    for _ in range(17):
+        opened.append(opened[-1].make_child(name))
+    opened[-1].write_file("cgroup.freeze", "1")
+    for cg in opened:
+        cg.close()
+    rels = test_cgroup.descendants()
+    assert len(rels) == 18 and len(rels[-1]) > 4096
+    assert test_cgroup.procs_tree() == {rel: [] for rel in [".", *rels]}
+    assert test_cgroup.thaw_tree() == [rels[-1]]
+    path = test_cgroup.path
+    with Cgroup.open(path) as cg:
+        done = cg.destroy()
+    assert done.error is None and not os.path.exists(path)
+
+
 def test_remove_with_a_child_cgroup_is_busy_at_once_and_says_why(test_cgroup: Cgroup) -> None:
     test_cgroup.make_child("kid").close()
     with pytest.raises(CgroupBusy) as info:

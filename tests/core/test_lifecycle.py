@@ -321,6 +321,58 @@ async def test_an_internal_failure_still_gives_one_record_and_kills_the_leaf(
     assert r.containment.cgroup is None or not os.path.exists(r.containment.cgroup)
 
 
+async def test_when_even_the_recovery_fails_run_returns_with_one_lost_record(
+        sup: supervisor.Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cgroupfs
+    from supervisor._main import MainProcess
+
+    def broken(self: MainProcess) -> bool:
+        raise RuntimeError("simulated bug in the supervisor")
+
+    real_destroy = cgroupfs.Cgroup.destroy
+    destroyed: list[str] = []
+
+    def destroy_broken(self: cgroupfs.Cgroup, **kw: float) -> cgroupfs.Destroyed:
+        destroyed.append(self.path)
+        done = real_destroy(self, **kw)  # (the leaf goes: the test leaves nothing behind)
+        if len(destroyed) == 1:  # the task's leaf; not the supervisor's root at the end
+            raise RuntimeError("simulated bug in the recovery")
+        return done
+
+    monkeypatch.setattr(MainProcess, "has_exited", broken)
+    monkeypatch.setattr(cgroupfs.Cgroup, "destroy", destroy_broken)
+    with trio.fail_after(HANG):  # (it used to wait forever, shielded, for a record)
+        with pytest.raises(supervisor.InternalError, match="simulated bug"):
+            await sup.run(["sleep", "60"], time_limit="0.2s")
+    r = next(reversed(sup.results.values()))
+    assert r.outcome == "lost" and destroyed
+    assert "destroying it raised" in (r.cleanup.detail or "")
+
+
+async def test_a_life_that_raises_past_its_recovery_still_ends_in_one_record(
+        sup: supervisor.Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor import _life
+    from supervisor._main import MainProcess
+
+    def broken(self: MainProcess) -> bool:
+        raise RuntimeError("simulated bug in the supervisor")
+
+    real_lost = _life._lost
+
+    def lost_broken(task: object, leaf: object, exc: BaseException, started: object) -> None:
+        leaf.destroy()  # type: ignore[attr-defined]
+        raise RuntimeError("simulated bug in the recovery")
+
+    monkeypatch.setattr(MainProcess, "has_exited", broken)
+    monkeypatch.setattr(_life, "_lost", lost_broken)
+    with trio.fail_after(HANG):
+        with pytest.raises(supervisor.InternalError, match="simulated bug in the supervisor"):
+            await sup.run(["sleep", "60"], time_limit="0.2s")
+    r = next(reversed(sup.results.values()))
+    assert r.outcome == "lost" and r.cleanup == "incomplete" and r.started
+    assert "could not tell" in (r.cleanup.detail or "") and real_lost is not lost_broken
+
+
 async def test_subscribing_to_a_task_that_failed_to_spawn_ends_at_once(
         sup: supervisor.Supervisor) -> None:
     async with trio.open_nursery() as n:

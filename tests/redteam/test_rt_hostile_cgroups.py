@@ -44,9 +44,6 @@ def find_sleepers(name: str) -> list[int]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="a sub-cgroup path longer than PATH_MAX below the leaf "
-                   "makes cgroupfs raise a bare OSError (ENAMETOOLONG): no record, the "
-                   "supervisor crashes, the task's processes survive it")
 async def test_a_deep_subcgroup_tree_still_gets_a_record_and_is_cleared(scratch: str) -> None:
     sleeper = "sleep 61.5"
     raised: BaseException | None = None
@@ -67,9 +64,6 @@ async def test_a_deep_subcgroup_tree_still_gets_a_record_and_is_cleared(scratch:
     assert survivors == []
 
 
-@pytest.mark.xfail(strict=True, reason="a stale root holding a sub-cgroup path longer than "
-                   "PATH_MAX makes every later open_supervisor on that --cgroup-root fail "
-                   "with a bare OSError (reap_stale -> destroy -> descendants)")
 async def test_the_next_corral_starts_beside_a_deep_stale_root(scratch: str) -> None:
     # what a crashed corral leaves after a task like the one above: an unlocked root
     fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
@@ -101,8 +95,6 @@ trio.run(main, sys.argv[1], sys.argv[2])
 """
 
 
-@pytest.mark.xfail(strict=True, reason="run() waits forever (shielded) for a record that the "
-                   "task's life will never write once supervising it raised (_lost failing)")
 def test_run_returns_when_supervising_a_task_fails(scratch: str) -> None:
     ran = run_program(RUN_AFTER_DEEP, scratch, deep_task("sleep 62.5"), timeout=12)
     for pid in find_sleepers("sleep 62.5"):
@@ -152,9 +144,6 @@ trio.run(main, sys.argv[1], sys.argv[2])
 """
 
 
-@pytest.mark.xfail(strict=True, reason="a task that moves the supervisor's own process into its "
-                   "leaf makes the leftover cleanup send SIGTERM to the supervisor itself: it "
-                   "dies, no record")
 def test_a_supervisor_moved_into_a_leaf_does_not_stop_itself(scratch: str) -> None:
     ran = run_program(MOVE_SUPERVISOR_IN, scratch, leaf_path_script(), timeout=30)
     assert ran.rc == 0 and "closed" in ran.stdout, (

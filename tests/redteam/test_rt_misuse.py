@@ -12,9 +12,6 @@ from conftest import run_program
 import supervisor
 
 
-@pytest.mark.xfail(strict=True, reason="open_supervisor(retain_results=-1) is accepted; the "
-                   "first record then raises KeyError inside the task's life (lost, "
-                   "InternalError)")
 async def test_a_negative_retain_results_is_refused_before_anything_runs(scratch: str) -> None:
     with pytest.raises(ValueError, match="retain_results"):
         async with supervisor.open_supervisor(cgroup_root=scratch, retain_results=-1) as sup:
