@@ -9,8 +9,10 @@ copied out of the reactor's shared buffer here, before the next read.
 from __future__ import annotations
 
 import base64
+import errno
 import logging
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,26 @@ log = logging.getLogger(__name__)
 
 SUBSCRIBER_BUFFER = 64  # chunks a subscriber may lag behind before it misses some
 TAP_BUFFER = 1 << 18  # bytes a tap may hold unread before the stream waits for it
+
+
+def open_log(path: str, *, append: bool = False) -> int:
+    """A log file's fd (created, or truncated unless ``append``).  A regular file only: a
+    FIFO or a device may block the event loop in open() or in each write; OSError then,
+    naming the file, the rule and the fix."""
+    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    flags |= os.O_APPEND if append else os.O_CREAT | os.O_TRUNC
+    refusal = (f"log_file {path} is not a regular file (a FIFO or a device could block "
+               f"corral's writes); give the path of a plain file")
+    try:
+        fd = os.open(path, flags, 0o640)  # (O_NONBLOCK: a FIFO without a reader says ENXIO)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise OSError(errno.EINVAL, refusal) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, refusal)
+    return fd
 
 
 @dataclass(eq=False, slots=True)
@@ -220,7 +242,7 @@ class StreamCapture:
                   log_written=state["log_written"], log_truncated=state["log_truncated"],
                   mode=state["mode"])
         if cap.log_path is not None and not state["closed"]:
-            cap.log_fd = os.open(cap.log_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            cap.log_fd = open_log(cap.log_path, append=True)
         if state["closed"]:
             cap.close()
         return cap

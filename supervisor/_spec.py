@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import signal
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -198,6 +199,15 @@ class TaskSpec:
                 raise SpecError(name, f"{name} must be {what}, got {value!r}")
             object.__setattr__(self, name, os.path.abspath(os.fspath(value)))
             _no_nul(name, getattr(self, name))
+        if self.log_file is not None:
+            try:
+                mode = os.stat(self.log_file).st_mode
+            except OSError:
+                mode = None  # not there yet (made at the spawn), or not ours to see
+            if mode is not None and not stat.S_ISREG(mode):
+                raise SpecError("log_file", f"log_file must be a plain file (a FIFO or a device "
+                                            f"could block corral's writes), got "
+                                            f"{self.log_file!r}; give the path of a file")
 
     def _check_stdio(self) -> None:
         stdin: Any = self.stdin

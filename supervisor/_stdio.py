@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import trio
 
-from ._capture import StreamCapture
+from ._capture import StreamCapture, open_log
 from ._output import IoReactor, StdinFeed, Stream, enlarge_pipe
 from ._spec import TaskSpec
 
@@ -123,8 +123,7 @@ def _capture(cap: StreamCapture, spec: TaskSpec, name: str, undo: contextlib.Exi
     cap.mode = mode
     if spec.log_file is not None:
         cap.log_path = spec.log_file if name == "stdout" else f"{spec.log_file}.stderr"
-        cap.log_fd = os.open(cap.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                             0o640)
+        cap.log_fd = open_log(cap.log_path)
         cap.log_limit = spec.log_max_bytes
 
 

@@ -199,6 +199,19 @@ async def test_stdin_env_and_cwd(sup: supervisor.Supervisor, tmp_path: pathlib.P
     assert r.stdout == b"ONLY=1\n"
 
 
+async def test_a_log_file_that_could_block_is_refused_never_opened_blocking(
+        sup: supervisor.Supervisor, tmp_path: pathlib.Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(supervisor.SpecError, match="log_file must be a plain file"):
+        supervisor.TaskSpec(["true"], log_file=str(fifo))
+    spec = supervisor.TaskSpec(["true"], log_file=str(tmp_path / "later"))
+    os.mkfifo(tmp_path / "later")  # made after the check: the spawn must not block on it
+    with trio.fail_after(HANG):
+        r = await sup.run(spec)
+    assert r.outcome == "spawn_failed" and "not a regular file" in (r.error or "")
+
+
 async def test_log_file_keeps_full_output_up_to_its_cap(sup: supervisor.Supervisor,
                                                         tmp_path: pathlib.Path) -> None:
     log = tmp_path / "task.log"

@@ -45,9 +45,6 @@ trio.run(main, sys.argv[1], sys.argv[2])
 """
 
 
-@pytest.mark.xfail(strict=True, reason="log_file naming a FIFO (or any file whose open or write "
-                   "blocks) blocks the supervisor's event loop in os.open: nothing runs, "
-                   "nothing can be cancelled")
 def test_a_log_file_that_blocks_does_not_block_the_supervisor(scratch: str,
                                                                tmp_path: object) -> None:
     fifo = os.path.join(str(tmp_path), "fifo")
