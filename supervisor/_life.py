@@ -24,6 +24,7 @@ shielded, and the ``Cancelled`` goes on its way once the record exists.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -42,7 +43,7 @@ from ._main import MainProcess
 from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
 from ._result import Cleanup, Containment, Outcome, StopReason, TaskResult
 from ._sample import read_pressure
-from ._spawn import Spawned, spawn
+from ._spawn import Spawned, SpawnError, spawn
 from ._stdio import end, plumb, register
 from ._task import Task, TaskHandle, close_captures, finish_unstarted, record, request_stop
 
@@ -247,16 +248,28 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
                                 controlling_tty=spec.tty,
                                 ignored_signals=spec.ignored_signal_numbers, **options)
         finally:
-            rt.guard.end()
+            gave_up = rt.guard.end()
+            for thawed in rt.guard.take_thawed():
+                task.notes = (*task.notes, thawed)
+        if gave_up:  # frozen from above: the guard killed the child before it could run
+            _reap(spawned)
+            raise SpawnError(errno.EBUSY, "frozen", leaf.path)
         undo.pop_all()
-    for thawed in rt.guard.take_thawed():
-        task.notes = (*task.notes, thawed)
     register(io, rt.reactor, tty=spec.tty)
     for stream in io.streams:
         if stream.capture is not None and stream.capture.tap is not None:
             rt.reactor.watch_tap(stream)
     task.io = io
     return leaf, spawned
+
+
+def _reap(spawned: Spawned) -> None:
+    try:
+        os.waitid(os.P_PIDFD, spawned.pidfd, os.WEXITED)
+    except ChildProcessError:
+        pass
+    finally:
+        os.close(spawned.pidfd)
 
 
 def _remove_unused(leaf: Cgroup) -> None:

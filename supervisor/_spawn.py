@@ -88,6 +88,8 @@ _WHAT = {
     "caps": "cannot prepare the ambient capabilities (inheritable set, keep-caps)",
     "ambient": "cannot raise the ambient capability",
     "no_new_privs": "cannot set no_new_privs",
+    "frozen": "the new process was frozen before it could run (an ancestor of the cgroup "
+              "given to corral is frozen); corral killed it in",
 }
 
 

@@ -411,7 +411,7 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
     placement = (adopt_root(adopt.root_path, adopt.root_fd) if adopt is not None
                  else await place_async(cgroup_root))
     remember_home()  # where to go back to, should a task move us into its leaf
-    guard = SpawnGuard(placement.root)
+    guard = SpawnGuard(placement.root, placement.base)
     keeper: Keeper | None = None
     handed_over = False
     try:

@@ -338,6 +338,41 @@ def test_a_task_freezing_the_root_blocks_no_other_task(test_cgroup: cgroupfs.Cgr
     assert test_cgroup.children() == [] and not test_cgroup.is_populated()
 
 
+ABOVE = """
+import json, sys, time, trio, supervisor
+
+async def main(base, above):
+    async with supervisor.open_supervisor(cgroup_root=base) as sup:
+        with open(above + "/cgroup.freeze", "w") as f:  # an ancestor of the base: not ours
+            f.write("1")
+        t = time.monotonic()
+        r = await sup.run(["echo", "ran"], time_limit="30s")
+        with open(above + "/cgroup.freeze", "w") as f:
+            f.write("0")
+        after = await sup.run(["echo", "ran"])
+    print(json.dumps({"outcome": r.outcome, "error": r.error, "notes": r.notes,
+                      "took": time.monotonic() - t, "after": after.outcome}))
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+def test_a_freeze_from_above_the_base_fails_the_spawn_instead_of_blocking(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    with test_cgroup.make_child("base") as base:
+        p = subprocess.run([sys.executable, "-c", ABOVE, base.path, test_cgroup.path],
+                           capture_output=True, text=True, timeout=HANG * 2)
+        test_cgroup.write_file("cgroup.freeze", "0")
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        assert out["outcome"] == "spawn_failed" and out["took"] < 10, out
+        assert "frozen before it could run" in out["error"], out
+        assert any("frozen from above" in n and "killed" in n for n in out["notes"]), out
+        assert out["after"] == "succeeded"
+        assert base.children() == []
+        base.remove()
+
+
 async def test_a_task_that_freezes_its_own_leaf_is_thawed_to_be_stopped(
         sup: supervisor.Supervisor) -> None:
     script = LEAF + 'echo 1 > "$LEAF/cgroup.freeze"; sleep 600'

@@ -119,9 +119,6 @@ trio.run(main, sys.argv[1])
 """
 
 
-@pytest.mark.xfail(strict=True, reason="a task that freezes the --cgroup-root (an ancestor of "
-                   "corral's root) blocks the event loop for good at the next spawn: the guard "
-                   "thaws only corral's root and the new leaf")
 def test_a_frozen_base_does_not_block_the_supervisor(scratch: str) -> None:
     ran = run_program(FREEZE_BASE, scratch, timeout=15)
     with open(os.path.join(scratch, "cgroup.freeze"), "w") as f:
