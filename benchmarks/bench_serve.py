@@ -1,16 +1,25 @@
 """``corral serve`` against the library in-process, ratios in one run.
 
-    python benchmarks/bench_serve.py [--rounds N] [--held N] [--clients N]
+    python benchmarks/bench_serve.py [--rounds N] [--held N] [--clients N] [--venv DIR]
 
 1. submit-to-result of /bin/true over the socket (submit + wait, the Python client) against
-   ``sup.run(["/bin/true"])`` in-process; target <= 1.5x + 1 ms.
+   ``sup.run(["/bin/true"])`` in-process; target <= 1.5x + 1 ms.  Also against
+   ``sup.run`` with a log file per stream (what the daemon asks of the core for every task,
+   to keep output for reattach): the share of the gap that is the daemon's own.
 2. tasks/s with 16 concurrent clients (processes, one connection each) against 16
    concurrent ``sup.run`` in one trio program.
-3. the daemon's RSS holding 1000 running tasks (``sleep``); target <= 64 MiB.
-4. ``corral ps`` start-up against ``python -c pass`` plus one request; target <= 1.3x.
+3. the records alone (in-process ``Records``, a task's accept, running and end rows): per
+   task at concurrency 1 and 16, ``synchronous=FULL`` (the daemon's) against ``NORMAL`` (no
+   fsync per commit): what durability costs, and what group commit wins back.
+4. the daemon's RSS holding 1000 running tasks (``sleep``); target <= 64 MiB.
+5. ``corral ps`` start-up against ``python -c pass`` plus one request; target <= 1.3x.
+   ``--venv DIR``: also for a normal (not editable) install in DIR (an editable checkout pays
+   for setuptools' import hook at every start, which an install does not).
 
-Each daemon gets a scratch cgroup and a temporary socket and state directory; everything is
-stopped and removed at the end, Ctrl-C included.
+Each daemon gets a scratch cgroup and a temporary socket and state directory (in /var/lib,
+where the daemon's records live: on this machine a file created in /var/tmp costs ~1 ms, in
+/var/lib ~0.02 ms, and the daemon creates two output files per task); everything is stopped and
+removed at the end, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -34,13 +43,13 @@ from supervisor.client import Client
 
 CORRAL = [sys.executable, "-c", "import sys; from supervisor.cli import main; sys.exit(main())"]
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "corral")
+STATE_PARENT = "/var/lib"  # where the daemon's records live by default (/var/lib/corral)
 
 
 @contextmanager
 def daemon(*extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     with scratch_cgroup("serve") as cg:
-        # (not /tmp: a crowded /tmp makes each file creation cost ~0.5 ms here)
-        tmp = tempfile.mkdtemp(prefix="corral-bench-serve-", dir="/var/tmp")
+        tmp = tempfile.mkdtemp(prefix="corral-bench-serve-", dir=STATE_PARENT)
         sock = os.path.join(tmp, "sock")
         proc = subprocess.Popen([*CORRAL, "serve", "--socket", sock, "--state-dir",
                                  os.path.join(tmp, "state"), "--cgroup-root", cg.path,
@@ -72,15 +81,17 @@ def _connectable(path: str) -> bool:
             return False
 
 
-def paired_latency(sock: str, n: int) -> tuple[list[float], list[float]]:
-    """Rounds of one ``sup.run(/bin/true)`` in-process and one submit+wait over the socket,
-    taken moments apart (a slow spell on this shared box hits both)."""
+def paired_latency(sock: str, n: int) -> tuple[list[float], list[float], list[float]]:
+    """Rounds of one ``sup.run(/bin/true)`` in-process, the same with a log file per stream,
+    and one submit+wait over the socket, taken moments apart (a slow spell on this shared box
+    hits all three)."""
     import trio
 
     import supervisor
 
-    async def main(path: str) -> tuple[list[float], list[float]]:
+    async def main(path: str, logs: str) -> tuple[list[float], list[float], list[float]]:
         base: list[float] = []
+        logged: list[float] = []
         ours: list[float] = []
         with Client(sock) as c:
 
@@ -94,14 +105,64 @@ def paired_latency(sock: str, n: int) -> tuple[list[float], list[float]]:
                     t0 = time.perf_counter()
                     await sup.run(["/bin/true"])
                     local = time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    await sup.run(["/bin/true"], log_file=os.path.join(logs, str(i)))
+                    with_log = time.perf_counter() - t0
                     far = await trio.to_thread.run_sync(remote)
                     if i >= 10:  # warm-up rounds dropped
                         base.append(local)
+                        logged.append(with_log)
                         ours.append(far)
-        return base, ours
+        return base, logged, ours
 
-    with scratch_cgroup("serve-base") as cg:
-        return trio.run(main, cg.path)
+    logs = tempfile.mkdtemp(prefix="corral-bench-logs-", dir=STATE_PARENT)
+    try:
+        with scratch_cgroup("serve-base") as cg:
+            return trio.run(main, cg.path, logs)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def records_cost(tasks: int) -> dict[tuple[str, int], float]:
+    """Seconds per task of the records alone (accept, running, end rows) by (synchronous,
+    concurrency), in-process."""
+    import trio
+
+    from supervisor.serve.records import Records
+
+    async def one(records: Records, i: int) -> None:
+        task_id = await records.accept({"uid": 0, "gid": 0, "peer_pid": 1, "spec": {
+            "argv": ["/bin/true"]}, "state": "starting", "created_at": time.time()})
+        records.started(task_id, time.time(), 4242, task_id)
+        await records.ended(task_id, {"outcome": "succeeded", "exit_status": 0,
+                                      "started_at": time.time(), "ended_at": time.time(),
+                                      "pid": 4242, "result": "{}" * 2000, "bytes": 4000,
+                                      "notified": None})
+
+    async def run(sync: str, concurrency: int) -> float:
+        state = tempfile.mkdtemp(prefix="corral-bench-records-", dir=STATE_PARENT)
+        try:
+            records = await Records.open(state, synchronous=sync)
+            t0 = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for w in range(concurrency):
+                    async def worker(w: int = w) -> None:
+                        for i in range(tasks // concurrency):
+                            await one(records, w * tasks + i)
+                    nursery.start_soon(worker)
+            took = (time.perf_counter() - t0) / (tasks // concurrency * concurrency)
+            await records.close()
+            return took
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
+
+    out: dict[tuple[str, int], float] = {}
+    for _ in range(2):  # alternate: a slow spell hits both
+        for sync in ("FULL", "NORMAL"):
+            for concurrency in (1, 16):
+                took = trio.run(run, sync, concurrency)
+                out[(sync, concurrency)] = min(took, out.get((sync, concurrency), took))
+    return out
 
 
 def in_process_rate(concurrency: int, total: int) -> float:
@@ -181,8 +242,9 @@ def held_rss(held: int) -> tuple[int, int]:
         return idle, full
 
 
-def startup(sock: str, n: int) -> tuple[float, float, float]:
-    """Medians: ``corral ps``, ``python -c pass``, one list request in-process (seconds).
+def startup(sock: str, n: int, venv: str | None = None) -> tuple[float, float, float]:
+    """Medians: ``corral ps``, ``python -c pass``, one list request in-process (seconds);
+    with ``venv``, that installation's ``corral`` and ``python``.
 
     Bytecode is compiled first, as an installed package has it: with
     PYTHONDONTWRITEBYTECODE=1 in the environment every start would compile the client."""
@@ -191,8 +253,14 @@ def startup(sock: str, n: int) -> tuple[float, float, float]:
     import supervisor
 
     compileall.compile_dir(os.path.dirname(supervisor.__file__), quiet=1)
-    ps = [SCRIPT, "ps"] if os.access(SCRIPT, os.X_OK) else [*CORRAL, "ps"]
+    if venv is not None:
+        ps, python = [os.path.join(venv, "bin", "corral"), "ps"], os.path.join(venv, "bin",
+                                                                                "python")
+    else:
+        ps = [SCRIPT, "ps"] if os.access(SCRIPT, os.X_OK) else [*CORRAL, "ps"]
+        python = sys.executable
     env = dict(os.environ, CORRAL_SOCKET=sock)
+    env.pop("PYTHONPATH", None)
 
     def timed(argv: list[str]) -> float:
         t0 = time.perf_counter()
@@ -202,7 +270,7 @@ def startup(sock: str, n: int) -> tuple[float, float, float]:
     ours, base = [], []
     for _ in range(n):
         ours.append(timed(ps))
-        base.append(timed([sys.executable, "-c", "pass"]))
+        base.append(timed([python, "-c", "pass"]))
     with Client(sock) as c:
         req = []
         for _ in range(n):
@@ -217,28 +285,53 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--held", type=int, default=1000)
     p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--venv", metavar="DIR", help="also time `corral ps` of the corral "
+                   "installed (pip install, not -e) in this virtual environment")
     args = p.parse_args()
     print(raise_nofile(args.held * 8 + 1000))
     per_client = max(20, args.rounds * 2 // args.clients)
     with daemon("--max-running", str(args.clients)) as (sock, _):
-        base_lat, sock_lat = paired_latency(sock, args.rounds)
+        base_lat, logged_lat, sock_lat = paired_latency(sock, args.rounds)
         rate = throughput(sock, args.clients, per_client)
         base_rate = in_process_rate(args.clients, per_client * args.clients)
-        ps, py, req = startup(sock, 30)
-    b, o = median(base_lat), median(sock_lat)
-    print(f"submit-to-result /bin/true, {args.rounds} paired rounds: socket {o * 1e3:.2f} ms, "
-          f"in-process sup.run {b * 1e3:.2f} ms: {fmt_ratio(o, b)} (paired "
-          f"{paired_ratio(sock_lat, base_lat):.2f}x); target 1.5x + 1 ms = "
-          f"{(1.5 * b + 1e-3) * 1e3:.2f} ms: {'met' if o <= 1.5 * b + 1e-3 else 'NOT met'}")
+        starts = {"checkout": startup(sock, 30)}
+        if args.venv:
+            starts["installed"] = startup(sock, 30, args.venv)
+    report_latency(base_lat, logged_lat, sock_lat)
     print(f"tasks/s at {args.clients} concurrent: socket {rate:.0f}/s, in-process "
           f"{base_rate:.0f}/s: {fmt_ratio(rate, base_rate)}")
-    print(f"corral ps start-up {ps * 1e3:.1f} ms; python -c pass {py * 1e3:.1f} ms + request "
-          f"{req * 1e3:.2f} ms = {(py + req) * 1e3:.1f} ms: {fmt_ratio(ps, py + req)} "
-          f"(target 1.3x)")
+    report_records(records_cost(max(64, args.rounds)))
+    for where, (ps, py, req) in starts.items():
+        print(f"corral ps start-up ({where}) {ps * 1e3:.1f} ms; python -c pass {py * 1e3:.1f} "
+              f"ms + request {req * 1e3:.2f} ms = {(py + req) * 1e3:.1f} ms: "
+              f"{fmt_ratio(ps, py + req)} (target 1.3x)")
     idle, full = held_rss(args.held)
     print(f"daemon RSS: idle {idle / 1024:.1f} MiB, holding {args.held} running tasks "
           f"{full / 1024:.1f} MiB ({(full - idle) / args.held:.1f} KiB per task); target "
           f"64 MiB: {'met' if full <= 64 * 1024 else 'NOT met'}")
+
+
+def report_latency(base_lat: list[float], logged_lat: list[float],
+                   sock_lat: list[float]) -> None:
+    b, lg, o = median(base_lat), median(logged_lat), median(sock_lat)
+    print(f"submit-to-result /bin/true, {len(sock_lat)} paired rounds: socket {o * 1e3:.2f} "
+          f"ms, in-process sup.run {b * 1e3:.2f} ms: {fmt_ratio(o, b)} (paired "
+          f"{paired_ratio(sock_lat, base_lat):.2f}x); target 1.5x + 1 ms = "
+          f"{(1.5 * b + 1e-3) * 1e3:.2f} ms: {'met' if o <= 1.5 * b + 1e-3 else 'NOT met'}")
+    print(f"  in-process sup.run with a log file per stream (as every daemon task) "
+          f"{lg * 1e3:.2f} ms: the socket costs {fmt_ratio(o, lg)} of that (paired "
+          f"{paired_ratio(sock_lat, logged_lat):.2f}x)")
+
+
+def report_records(cost: dict[tuple[str, int], float]) -> None:
+    full1, norm1 = cost[("FULL", 1)], cost[("NORMAL", 1)]
+    full16, norm16 = cost[("FULL", 16)], cost[("NORMAL", 16)]
+    print(f"records per task (accept + running + end rows): synchronous=FULL "
+          f"{full1 * 1e3:.2f} ms one at a time, {full16 * 1e3:.2f} ms at 16 concurrent "
+          f"(group commit: {fmt_ratio(full1, full16)} fewer per task); NORMAL "
+          f"{norm1 * 1e3:.2f} / {norm16 * 1e3:.2f} ms: durability costs "
+          f"{(full1 - norm1) * 1e3:.2f} ms per task alone, {(full16 - norm16) * 1e3:.2f} ms "
+          f"at 16")
 
 
 if __name__ == "__main__":

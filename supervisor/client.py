@@ -25,10 +25,6 @@ import json
 import os
 import socket
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import trio
 
 from .serve.protocol import (
     DEFAULT_SOCKET,
@@ -39,6 +35,12 @@ from .serve.protocol import (
     TaskInfo,
     parse_frame,
 )
+
+TYPE_CHECKING = False  # not typing's: importing typing costs every client's start-up
+if TYPE_CHECKING:
+    from typing import Any
+
+    import trio
 
 __all__ = ["ApiError", "AsyncClient", "Client", "DaemonUnavailable", "Frame", "TaskInfo",
            "default_socket"]
@@ -502,6 +504,9 @@ class AsyncClient:
                     if line.strip():
                         yield line
             done = True
+        except _Stale:
+            raise DaemonUnavailable(f"the corral daemon at {self.socket_path} closed the "
+                                    f"connection in the middle of its answer") from None
         finally:
             if self._streaming is token:  # (else a later request already dropped it)
                 if not done:
@@ -543,6 +548,35 @@ class AsyncClient:
                            "follow": "true" if follow else "false"})
         async for line in self._lines(f"/v1/tasks/{quote(task_id)}/output?{query}"):
             yield parse_frame(line)
+
+    async def follow(self, task_id: str, stream: str = "stdout", offset: int = 0, *,
+                     reconnect: float = RECONNECT) -> AsyncIterator[Frame]:
+        """:meth:`Client.follow` for trio: ``output(follow=True)`` across restarts of the
+        daemon (reconnecting for up to ``reconnect`` seconds, from the next byte)."""
+        import trio
+
+        pos = offset
+        give_up = trio.current_time() + reconnect
+        reached = False  # a daemon never reached is an error at once
+        while True:
+            try:
+                async for frame in self.output(task_id, stream, pos, follow=True):
+                    reached = True
+                    give_up = trio.current_time() + reconnect
+                    pos = frame.end if frame.kind == "gap" else \
+                        frame.offset + len(frame.data) if frame.kind == "data" else pos
+                    yield frame
+                    if frame.kind == "end":
+                        return
+            except DaemonUnavailable:
+                if not reached:
+                    raise
+            self._drop()
+            if trio.current_time() > give_up:
+                raise DaemonUnavailable(f"the corral daemon at {self.socket_path} went away "
+                                        f"while following task {task_id}, and did not come "
+                                        f"back within {reconnect:g}s")
+            await trio.sleep(0.1)
 
     async def stop(self, task_id: str, force: bool = False) -> bool:
         _, obj = await self._call("POST", f"/v1/tasks/{quote(task_id)}/stop",

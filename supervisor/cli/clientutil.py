@@ -8,10 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from ..client import ApiError, Client, DaemonUnavailable
 from . import EXIT_FAILURE
+
+TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["add_socket", "run_client"]
 

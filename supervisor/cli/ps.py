@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
 
 from .clientutil import add_socket, run_client
+from .printable import printable
+
+TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["add_parser", "main"]
 
@@ -43,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
             return 0
         print(f"{'ID':>8}  {'STATE':<9} {'UID':>6}  {'AGE':>6}  {'ENDED':<18} COMMAND")
         for t in tasks:
-            command = " ".join(t.argv)
+            command = printable(" ".join(t.argv))
             print(f"{t.id:>8}  {t.state:<9} {t.uid:>6}  {_age(t.created_at):>6}  "
                   f"{_how(t):<18} {command[:60]}")
         return 0

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from .clientutil import add_socket, run_client
+from .printable import printable
+
+TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["add_parser", "main"]
 
@@ -27,9 +31,9 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps(t._asdict(), indent=2, sort_keys=True))
             return 0
         print(f"Task {t.id}: {t.state}  (uid {t.uid}, gid {t.gid})")
-        print(f"Command: {' '.join(t.argv)}")
+        print(f"Command: {printable(' '.join(t.argv))}")
         if t.name:
-            print(f"Name: {t.name}")
+            print(f"Name: {printable(t.name)}")
         if t.pid is not None:
             print(f"Main PID: {t.pid}")
         if t.queue_position is not None:
@@ -41,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"Wall: {usage.get('wall_s')}s  CPU: {usage.get('cpu_total_s')}s")
             print(f"Cleanup: {r['cleanup']['state']}")
             for note in r.get("notes") or ():
-                print(f"Note: {note}")
+                print(f"Note: {printable(note)}")
         return 0
 
     return run_client(args, body)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from .clientutil import add_socket, run_client
+
+TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["add_parser", "main"]
 

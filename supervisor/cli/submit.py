@@ -11,11 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
 from . import die
 from .clientutil import add_socket, run_client, write_frames
 from .wait import report
+
+TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["add_parser", "main"]
 

@@ -36,7 +36,9 @@ import logging
 import os
 import signal
 import time
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -52,9 +54,13 @@ from .sdnotify import Notifier, listen_fds
 from .server import Bound, accept_loop, bind_listeners
 from .state import Config, Daemon
 
+if TYPE_CHECKING:
+    from .. import Supervisor
+
 __all__ = ["Config", "Daemon", "serve"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HANDOVER_START_WAIT = 30.0  # seconds tasks being started may take before a hand-over
 UNRECORDED_WAIT = 10.0  # seconds a drain retries end records that failed
@@ -74,21 +80,14 @@ async def serve(config: Config, *,
     hand-over."""
     notifier = Notifier()
     passed = fdstore.take(listen_fds())
-    records = await Records.open(config.state_dir)
+    records = await _unless_abandoned(notifier, passed, Records.open(config.state_dir))
     run: int | None = None
     ended = "stopped"
     try:
-        run = await records.begin_run(os.getpid(), time.time())
+        run = await _unless_abandoned(notifier, passed,
+                                      records.begin_run(os.getpid(), time.time()))
         runs = await records.runs()
-        handover = fdstore.adopt_from(passed, supports_adoption())
-        if handover is None:
-            # before the placement: the old root's lock must be free for it to be cleared
-            await trio.to_thread.run_sync(fdstore.release, notifier, passed)
-        adopt: dict[str, Any] = {} if handover is None else {"adopt": handover}
-        async with open_supervisor(config.cgroup_root, config.default_time_limit,
-                                   config.max_time_limit, **adopt) as sup:
-            if handover is not None:
-                await trio.to_thread.run_sync(fdstore.release, notifier, passed)
+        async with _supervisor(config, notifier, passed) as sup:
             await records.set_run_root(run, sup.cgroup_root)
             adopted = {h.id: h for h in sup.tasks}  # (nothing else has started yet)
             hooks = Hooks(records, program=config.on_finish_exec, url=config.on_finish_url,
@@ -105,6 +104,40 @@ async def serve(config: Config, *,
     finally:
         with trio.CancelScope(shield=True):
             await _close_records(records, run, ended)
+
+
+async def _unless_abandoned(notifier: Notifier, passed: fdstore.Passed,
+                            step: Awaitable[T]) -> T:
+    """``await step``; if it fails, a parked hand-over is abandoned (its tasks killed)."""
+    try:
+        return await step
+    except BaseException:
+        await trio.to_thread.run_sync(fdstore.abandon, notifier, passed)
+        raise
+
+
+@asynccontextmanager
+async def _supervisor(config: Config, notifier: Notifier,
+                      passed: fdstore.Passed) -> AsyncIterator[Supervisor]:
+    """``open_supervisor``, adopting a parked hand-over if there is a usable one; the fd
+    store emptied (before the placement when nothing is adopted: the old root's lock must be
+    free for it to be cleared; after it otherwise)."""
+    handover = fdstore.adopt_from(passed, supports_adoption())
+    if handover is None:
+        await trio.to_thread.run_sync(fdstore.release, notifier, passed)
+    adopt: dict[str, Any] = {} if handover is None else {"adopt": handover}
+    opened = False
+    try:
+        async with open_supervisor(config.cgroup_root, config.default_time_limit,
+                                   config.max_time_limit, **adopt) as sup:
+            opened = True
+            if handover is not None:
+                await trio.to_thread.run_sync(fdstore.release, notifier, passed)
+            yield sup
+    except BaseException:
+        if not opened and handover is not None:
+            await trio.to_thread.run_sync(fdstore.abandon, notifier, passed)
+        raise
 
 
 async def _close_records(records: Records, run: int | None, ended: str) -> None:
@@ -273,7 +306,8 @@ async def hand_over(d: Daemon, accepting: trio.CancelScope, bound: Bound,
     d.handed_over = True
     await d.records.flush_lazy()
     await _await_unrecorded(d)
-    state = {"run": d.run, "socket": d.config.socket, "handover": handover.to_json()}
+    state = {"run": d.run, "socket": d.config.socket, "root": handover.root_path,
+             "handover": handover.to_json()}
     try:
         await trio.to_thread.run_sync(fdstore.park, d.notifier, handover.fds(), state,
                                       bound.own)

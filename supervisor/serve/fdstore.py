@@ -10,8 +10,8 @@ stopped, the keeper lets go) and parks what the next daemon needs in the unit's 
                         locked while PID 1 holds it, so no reaper touches the tasks
     corral-listen       the socket the daemon bound itself (not socket-activated), so that
                         clients connecting during the restart wait in its backlog
-    corral-state        last: a memfd with ``{"format", "run", "socket", "handover"}``; a store
-                        without it is an interrupted hand-over
+    corral-state        last: a memfd with ``{"format", "run", "socket", "root", "handover"}``;
+                        a store without it is an interrupted hand-over
 
 then waits for PID 1 to have taken them all (``BARRIER=1``) and exits 0.  systemd keeps a
 unit's fd store while a job is queued for it and passes it back at the next start
@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 
 from .sdnotify import Notifier
 
-__all__ = ["LISTENER", "PREFIX", "STATE", "Passed", "adopt_from", "park", "release", "take"]
+__all__ = ["LISTENER", "PREFIX", "STATE", "Passed", "abandon", "adopt_from", "park", "release",
+           "take"]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,31 @@ def release(notifier: Notifier, passed: Passed) -> None:
     if passed.stored and not notifier.barrier():
         log.warning("systemd did not confirm dropping the fd store's copies (no BARRIER=1 "
                     "support?)")
+
+
+def abandon(notifier: Notifier, passed: Passed) -> None:
+    """This start fails before its supervisor took a parked hand-over (a full disk, a bad
+    --cgroup-root): kill what the hand-over's root holds, so that nothing runs unsupervised
+    meanwhile (the next start records those tasks lost), then close the fds and empty the
+    store.  Blocking (up to a few seconds): run it in a thread."""
+    root = (passed.state or {}).get("root")
+    if passed.fds and isinstance(root, str):
+        from cgroupfs import Cgroup, CgroupError
+
+        try:
+            with Cgroup.open(root) as cg:
+                done = cg.destroy()
+            log.error("could not take the %d parked task(s) over: killed them with %s%s",
+                      len(passed.fds), root, "" if done.error is None else f" ({done.error})")
+        except CgroupError as e:
+            log.error("could not take the parked tasks over, nor kill them: %s", e)
+    for fd in passed.fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    passed.fds.clear()
+    release(notifier, passed)
 
 
 def park(notifier: Notifier, fds: dict[str, int], state: dict[str, Any],

@@ -216,10 +216,10 @@ async def write_end(d: Daemon, t: DaemonTask) -> None:
 def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
     """The end row's columns for a finished task."""
     assert t.result_json is not None
-    result = json.dumps(t.result_json)
+    result = json.dumps(t.result_json)  # (once: the row stores this text)
     size = output_bytes(t.output) + len(result) + len(json.dumps(t.request.to_json()))
     return {"outcome": t.outcome, "exit_status": t.exit_status, "started_at": t.started_at,
-            "ended_at": t.ended_at, "pid": t.pid, "result": t.result_json, "bytes": size,
+            "ended_at": t.ended_at, "pid": t.pid, "result": result, "bytes": size,
             "notified": 0 if notify else None}
 
 

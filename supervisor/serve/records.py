@@ -94,13 +94,15 @@ class Records:
         self.failures = 0  # writes that failed (metrics)
 
     @classmethod
-    async def open(cls, state_dir: str) -> Records:
+    async def open(cls, state_dir: str, *, synchronous: str = "FULL") -> Records:
         """Lock the state directory and open (make, migrate) ``state.db``; RecordsError with
-        the fix when it cannot be used (read-only, full, locked, damaged, newer)."""
+        the fix when it cannot be used (read-only, full, locked, damaged, newer).
+        ``synchronous`` is SQLite's setting: the daemon's is FULL (anything less breaks the
+        promise in docs/durability.md; benchmarks compare)."""
         path = os.path.join(state_dir, "state.db")
         lock_fd = await trio.to_thread.run_sync(lock_state_dir, state_dir)
         try:
-            db = await trio.to_thread.run_sync(_connect, path, state_dir)
+            db = await trio.to_thread.run_sync(_connect, path, state_dir, synchronous)
         except BaseException:
             os.close(lock_fd)
             raise
@@ -189,10 +191,10 @@ class Records:
 
     async def ended(self, task_id: str, values: dict[str, Any]) -> None:
         """The end row (``values``: outcome, exit_status, started_at, ended_at, pid, leaf,
-        bytes, notified, and ``result``, the result JSON exactly as the core made it)."""
+        bytes, notified, and ``result``: the result JSON exactly as the core made it, as
+        text)."""
         seq = int(task_id)
-        values = {**self._lazy.pop(seq, {}), **values, "state": "finished",
-                  "result": json.dumps(values["result"])}
+        values = {**self._lazy.pop(seq, {}), **values, "state": "finished"}
         await self._write(_update, seq, values)
 
     async def notified(self, task_id: str) -> None:
@@ -326,7 +328,7 @@ def lock_state_dir(state_dir: str) -> int:
     return fd
 
 
-def _connect(path: str, state_dir: str) -> sqlite3.Connection:
+def _connect(path: str, state_dir: str, synchronous: str) -> sqlite3.Connection:
     db: sqlite3.Connection | None = None
     try:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -335,7 +337,10 @@ def _connect(path: str, state_dir: str) -> sqlite3.Connection:
         if str(mode).lower() != "wal":
             raise sqlite3.OperationalError(f"cannot switch to WAL (journal mode stays {mode}): "
                                            f"read-only")
-        db.execute("PRAGMA synchronous=FULL")
+        if synchronous not in ("FULL", "NORMAL", "OFF", "EXTRA"):
+            raise ValueError(f"synchronous must be FULL, NORMAL, OFF or EXTRA, got "
+                             f"{synchronous!r}")
+        db.execute(f"PRAGMA synchronous={synchronous}")
         check = db.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             raise sqlite3.DatabaseError(f"database disk image is malformed ({check})")

@@ -9,6 +9,7 @@ One trio thread: nothing here locks.
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -142,13 +143,12 @@ class Daemon:
 
     def evict(self) -> None:
         """Drop the oldest finished tasks past ``keep_finished`` from memory (the records
-        answer for them)."""
-        for old in list(self._finished):
-            if len(self._finished) <= self.config.keep_finished:
-                return
-            if old in self.unrecorded:
-                continue
-            del self._finished[old]
+        answer for them).  One whose end row is still being retried stays."""
+        over = len(self._finished) - self.config.keep_finished
+        if over <= 0:
+            return
+        for old in [i for i in itertools.islice(self._finished, over + len(self.unrecorded))
+                    if i not in self.unrecorded][:over]:
             self.forget(old)
 
     def forget(self, task_id: str) -> None:

@@ -74,21 +74,28 @@ class Round:
         self.stop = threading.Event()
 
     def submit_loop(self) -> None:
+        """Bursts of 1 to 3 submissions, short and longer tasks, until the daemon is gone."""
         try:
             with Client(self.d.socket, timeout=10) as c:
                 while not self.stop.is_set():
-                    self.n += 1
-                    secs = self.rng.choice([0.0, 0.05, 0.2, 0.5, 1.5])
-                    argv = self.argv[self.n] = _task_argv(self.ran, self.tag, self.n, secs)
-                    try:
-                        t = c.submit(argv, idempotency_key=f"k{self.n}")
-                    except (DaemonUnavailable, ApiError, OSError):
-                        self.unanswered.append(self.n)
-                        return
-                    self.accepted[self.n] = t.id
-                    time.sleep(self.rng.uniform(0, 0.1))
+                    for _ in range(self.rng.randint(1, 3)):
+                        if not self._submit(c):
+                            return
+                    time.sleep(self.rng.uniform(0, 0.3))
         except OSError:
             return
+
+    def _submit(self, c: Client) -> bool:
+        self.n += 1
+        secs = self.rng.choice([0.0, 0.05, 0.2, 0.5, 1.0])
+        argv = self.argv[self.n] = _task_argv(self.ran, self.tag, self.n, secs)
+        try:
+            t = c.submit(argv, idempotency_key=f"k{self.n}")
+        except (DaemonUnavailable, ApiError, OSError):
+            self.unanswered.append(self.n)
+            return False
+        self.accepted[self.n] = t.id
+        return True
 
 
 def _recover_keys(d: RunningDaemon, rnd: Round, accepted: dict[int, str]) -> None:
@@ -148,7 +155,7 @@ def _crash_rounds(start_daemon: Start, test_cgroup: Any, tmp_path: Path, rounds:
     accepted: dict[int, str] = {}
     once: set[str] = set()  # ids seen queued right after a crash
     tags: list[str] = []
-    states_at_kill: Counter[str] = Counter()
+    kills_with: Counter[str] = Counter()  # kills that found tasks queued, starting...
     d = start_daemon("--max-running", "2", "--log-level", "warning")
     n = 0
     started = time.monotonic()
@@ -164,7 +171,8 @@ def _crash_rounds(start_daemon: Start, test_cgroup: Any, tmp_path: Path, rounds:
         n = rnd.n
         accepted.update(rnd.accepted)
         rows = read_rows(d.state)
-        states_at_kill.update(r["state"] for r in rows if r["seq"] > len(rows) - 40)
+        kills_with.update({r["state"] for r in rows if r["state"] != "finished"})
+        kills_with["mid-submission"] += bool(rnd.unanswered)
         once |= {str(r["seq"]) for r in rows if r["state"] == "queued"}
         d = start_daemon("--max-running", "2", "--log-level", "warning", like=d)
         _recover_keys(d, rnd, accepted)
@@ -172,7 +180,7 @@ def _crash_rounds(start_daemon: Start, test_cgroup: Any, tmp_path: Path, rounds:
     outcomes = _check_final(d, accepted, once, ran)
     print(f"\ncrash figures: {rounds} SIGKILLs in {time.monotonic() - started:.0f}s, "
           f"{len(accepted)} tasks accepted, {len(accepted)} final records (one each), "
-          f"0 survivors; states at the kills (newest rows): {dict(states_at_kill)}; "
+          f"0 survivors; kills that found tasks {dict(kills_with)}; "
           f"outcomes {dict(outcomes)}; {len(once)} queued at a crash, each ran once")
 
 
@@ -243,3 +251,47 @@ def test_a_task_caught_starting_is_never_started_again(start_daemon: Start,
         assert again.id == t.id and again.state == "finished"
     time.sleep(0.5)
     assert not (tmp_path / "ran").exists()
+
+
+def test_followers_reconnect_across_a_crash_and_get_the_final_record(
+        start_daemon: Start) -> None:
+    """``Client.follow``, ``AsyncClient.follow`` and ``corral logs -f`` keep every byte they
+    read before the crash, reconnect to the next daemon, and end with the lost record."""
+    import trio
+
+    from supervisor.client import AsyncClient
+
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["sh", "-c", "echo first; sleep 600"])
+        wait_for(lambda: c.show(t.id).state == "running", "the task to run")
+    got: dict[str, Any] = {}
+
+    def sync_follow() -> None:
+        with Client(d.socket, timeout=60) as c:
+            got["sync"] = list(c.follow(t.id))
+
+    async def async_follow() -> None:
+        async with AsyncClient(d.socket) as c:
+            got["async"] = [f async for f in c.follow(t.id)]
+
+    logs = d.corral  # (run below, in a thread: it blocks until the end frame)
+    threads = [threading.Thread(target=sync_follow),
+               threading.Thread(target=lambda: trio.run(async_follow)),
+               threading.Thread(target=lambda: got.__setitem__("cli", logs("logs", "-f",
+                                                                           t.id)))]
+    for th in threads:
+        th.start()
+    wait_for(lambda: d.rows()[0]["state"] == "running", "the running row")
+    time.sleep(0.5)  # the followers have read "first"
+    d.kill()
+    time.sleep(0.5)
+    start_daemon(like=d)
+    for th in threads:
+        th.join(60)
+    for kind in ("sync", "async"):
+        frames = got[kind]
+        assert [f.data for f in frames if f.kind == "data"] == [b"first\n"], frames
+        assert frames[-1].kind == "end" and frames[-1].result["outcome"] == "lost"
+    cli = got["cli"]
+    assert cli.stdout == b"first\n" and cli.returncode == 125, cli
