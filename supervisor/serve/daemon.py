@@ -202,7 +202,7 @@ async def _stop(d: Daemon, signum: int, server: trio.CancelScope,
             supports_adoption():
         restart = await trio.to_thread.run_sync(restart_queued)
         log.info("SIGTERM: %s", restart.why)
-        if restart.queued and await hand_over(d, accepting, bound, restart.store_max):
+        if restart.queued and await _hand_over_or_not(d, accepting, bound, restart.store_max):
             server.cancel()
             return
     log.info("signal %s: draining", signum)
@@ -281,6 +281,20 @@ def _shutdown_reason() -> Any:
     import supervisor
 
     return supervisor.StopReason.SHUTDOWN
+
+
+async def _hand_over_or_not(d: Daemon, accepting: trio.CancelScope, bound: Bound,
+                            store_max: int | None) -> bool:
+    """:func:`hand_over`; False (drain instead) if it did not happen.  A failure before the
+    core let go of the tasks leaves them ours: they are drained as for a stop."""
+    try:
+        return await hand_over(d, accepting, bound, store_max)
+    except Exception:
+        if d.handed_over:
+            raise  # (the tasks are gone from us: nothing to drain)
+        log.exception("handing the tasks over failed: stopping them instead")
+        d.handing_over = False
+        return False
 
 
 async def hand_over(d: Daemon, accepting: trio.CancelScope, bound: Bound,

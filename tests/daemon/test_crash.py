@@ -181,7 +181,8 @@ def _crash_rounds(start_daemon: Start, test_cgroup: Any, tmp_path: Path, rounds:
     print(f"\ncrash figures: {rounds} SIGKILLs in {time.monotonic() - started:.0f}s, "
           f"{len(accepted)} tasks accepted, {len(accepted)} final records (one each), "
           f"0 survivors; kills that found tasks {dict(kills_with)}; "
-          f"outcomes {dict(outcomes)}; {len(once)} queued at a crash, each ran once")
+          f"outcomes {dict(outcomes)}; none ran twice ({len(once)} were queued at a crash "
+          f"and started after it)")
 
 
 def test_sigkill_at_random_moments(start_daemon: Start, test_cgroup: Any,

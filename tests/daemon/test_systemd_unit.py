@@ -51,9 +51,12 @@ def sandbox() -> Iterator[SystemdSandbox]:
     assert not os.path.exists(sb.cgroup)
 
 
-def _install_units(sb: SystemdSandbox, *extra: str) -> Path:
+def _install_units(sb: SystemdSandbox, *extra: str, store_max: int | None = None) -> Path:
     inside_root = Path(f"/proc/{sb.pid}/root")
     service = (REPO / "systemd" / "corral.service").read_text()
+    if store_max is not None:
+        service = re.sub(r"^FileDescriptorStoreMax=.*$", f"FileDescriptorStoreMax={store_max}",
+                         service, flags=re.M)
     service = re.sub(r"^ExecStart=.*$", f"ExecStart={CORRAL} serve --state-dir {STATE} "
                      f"--log-level debug {' '.join(extra)}", service, count=1, flags=re.M)
     # StateDirectory= would make /var/lib/corral on the host's disk, which the sandbox shares
@@ -168,26 +171,28 @@ class _Follower(threading.Thread):
 def test_restart_keeps_running_tasks_and_their_output(
         sandbox: SystemdSandbox, tmp_path: Path, activation: str) -> None:
     sb = sandbox
-    inside_root = _install_units(sb, "--max-running", "4")
+    inside_root = _install_units(sb, "--max-running", "5")
     sb.run(["rm", "-rf", STATE])
     try:
         sb.run(["systemctl", "start", f"corral.{activation}"], timeout=30)
         sock = f"{inside_root}/run/corral/corral.sock"
         with Client(sock, timeout=30) as c:
-            streams = [c.submit(["sh", "-c", f"{_lines(400, f't{k}')}; exit {k + 3}"])
+            streams = [c.submit(["sh", "-c", f"{_lines(800, f't{k}')}; exit {k + 3}"])
                        for k in range(2)]
             both = c.submit(["sh", "-c", f"{_lines(300, 'out')} & {_lines(300, 'err')} >&2; "
                                          f"wait"])
             limited = c.submit(["sleep", "600"], time_limit="4s", grace="1s")
-            queued = c.submit(["sh", "-c", "echo queued ran"])
             to_stop = c.submit(["sh", "-c", "trap 'echo got TERM; exit 9' TERM; "
                                             "sleep 600 & wait"])
+            queued = c.submit(["sh", "-c", "echo queued ran"])  # (--max-running 5: it waits)
             followers = [_Follower(sock, t.id) for t in (*streams, both)] + \
                 [_Follower(sock, both.id, "stderr")]
             for f in followers:
                 f.start()
-            wait_for(lambda: all(c.show(t.id).state == "running"
-                                 for t in (*streams, both, limited)), "the tasks to run")
+            running = (*streams, both, limited, to_stop)
+            wait_for(lambda: all(c.show(t.id).state == "running" for t in running),
+                     "the tasks to run")
+            assert c.show(queued.id).state == "queued"
             before = sb.show("corral.service", "MainPID")["MainPID"]
         started = time.monotonic()
         sb.run(["systemctl", "restart", "corral.service"], timeout=60)
@@ -205,7 +210,7 @@ def test_restart_keeps_running_tasks_and_their_output(
             assert f.error is None and f.end is not None and f.offsets_ok, f.error
         for k, t in enumerate(streams):
             assert results[t.id].exit_status == k + 3  # the real exit status, after adoption
-            expected = "".join(f"t{k} line {i} of 400\n" for i in range(400)).encode()
+            expected = "".join(f"t{k} line {i} of 800\n" for i in range(800)).encode()
             assert followers[k].data == expected  # complete and in order: 0 bytes lost
         out = followers[2].data.decode().splitlines()
         err = followers[3].data.decode().splitlines()
@@ -219,8 +224,9 @@ def test_restart_keeps_running_tasks_and_their_output(
         rows = _read_db(inside_root, tmp_path)
         assert [r["state"] for r in rows] == ["finished"] * 6  # one final record each
         total = sum(len(f.data) for f in followers)
-        print(f"\nadoption ({activation}): 6 tasks, 4 running and streaming across "
-              f"`systemctl restart` ({took:.2f}s), all kept; {total} bytes followed, 0 lost")
+        print(f"\nadoption ({activation}): {len(running)} tasks running (3 of them writing "
+              f"4 followed streams) and 1 queued across `systemctl restart` ({took:.2f}s): "
+              f"all kept; {total} bytes followed, 0 lost")
     finally:
         sb.run(["systemctl", "stop", "corral.service", "corral.socket"], check=False)
     cgroup = sb.host_path("/system.slice/corral.service")
@@ -251,5 +257,25 @@ def test_a_sigkilled_daemon_under_systemd_is_restarted_and_records_its_tasks_los
                 t = c.show(i)
                 assert t.outcome == "lost" and t.result is not None
                 assert t.result["cleanup"]["state"] == "clean", t.result["cleanup"]
+    finally:
+        sb.run(["systemctl", "stop", "corral.service"], check=False)
+
+
+def test_restart_stops_tasks_that_would_not_fit_the_fd_store(sandbox: SystemdSandbox) -> None:
+    sb = sandbox
+    inside_root = _install_units(sb, store_max=3)
+    sb.run(["rm", "-rf", STATE])
+    try:
+        sb.run(["systemctl", "start", "corral.service"], timeout=30)
+        sock = f"{inside_root}/run/corral/corral.sock"
+        with Client(sock, timeout=30) as c:
+            t = c.submit(["sleep", "600"], grace="1s")
+            wait_for(lambda: c.show(t.id).state == "running", "the task to run")
+        sb.run(["systemctl", "restart", "corral.service"], timeout=60)
+        wait_for(lambda: answering(sock), "the restarted daemon")
+        with Client(sock, timeout=30) as c:
+            done = c.wait(t.id)
+        assert done.outcome == "cancelled" and done.result is not None
+        assert done.result["stop"]["reason"] == "shutdown"  # drained, as for a stop
     finally:
         sb.run(["systemctl", "stop", "corral.service"], check=False)
