@@ -29,9 +29,12 @@
 #include <grp.h>
 #include <limits.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/inotify.h>
@@ -288,6 +291,30 @@ static void child_ambient_raise(const struct child_ctx *c, const struct corral_s
                 child_fail_at(c, CORRAL_STEP_AMBIENT, errno, cap);
 }
 
+/* clone3(CLONE_INTO_CGROUP) starts a child in any cgroup whose directory the caller can open
+ * (even read-only: the kernel checks the target's cgroup.procs with inode_permission(), which
+ * a read-only *mount* does not change), so a read-only cgroupfs alone does not keep a root task
+ * in its leaf.  This filter makes clone3 answer ENOSYS: libc falls back to clone(), which has
+ * no way to name a cgroup (Docker's default profile does the same).  Syscall 435 is clone3 on
+ * every architecture (the numbers were unified before it came); on x32 it has bit 30 set.
+ * Installed while the child still has CAP_SYS_ADMIN (before the uid change), so it needs no
+ * no_new_privs. */
+static void child_no_clone3(const struct child_ctx *c, const struct corral_spawn_args *a)
+{
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 435, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 435 | 0x40000000, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { (unsigned short)(sizeof code / sizeof code[0]), code };
+    if (!(a->flags & CORRAL_SPAWN_NO_CLONE3))
+        return;
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
+        child_fail(c, CORRAL_STEP_SECCOMP, errno);
+}
+
 /* Raw syscalls: glibc's setuid family signals every thread of the process (setxid
  * broadcast), which is neither needed nor safe here.  Groups first: changing them needs the
  * CAP_SETGID that the uid change takes away. */
@@ -362,6 +389,8 @@ static int child_main(void *arg)
 
     if ((a->flags & CORRAL_SPAWN_SETSID) && setsid() < 0)
         child_fail(c, CORRAL_STEP_SETSID, errno);
+    else if ((a->flags & CORRAL_SPAWN_SETPGID) && setpgid(0, 0) < 0)
+        child_fail(c, CORRAL_STEP_SETPGID, errno);
     child_network(c, a);
     child_mounts(c, a);
 
@@ -381,6 +410,7 @@ static int child_main(void *arg)
     if ((a->flags & CORRAL_SPAWN_SETCTTY) && ioctl(0, TIOCSCTTY, 0) < 0)
         child_fail(c, CORRAL_STEP_CTTY, errno);
     child_default_signals(a->ignored_signals);
+    child_no_clone3(c, a);
     child_credentials(c, a);
 
     /* After dropping privileges, so the cwd is checked as the user who will run in it. */

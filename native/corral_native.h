@@ -21,6 +21,8 @@
 #define CORRAL_SPAWN_NO_NEW_PRIVS    512  /* PR_SET_NO_NEW_PRIVS just before exec */
 #define CORRAL_SPAWN_CAPBSET         1024 /* drop cap_bset_drop's bits from the bounding set */
 #define CORRAL_SPAWN_AMBIENT         2048 /* raise cap_ambient's bits as ambient capabilities */
+#define CORRAL_SPAWN_SETPGID         4096 /* a process group of its own (setpgid(0, 0)) */
+#define CORRAL_SPAWN_NO_CLONE3       8192 /* seccomp: clone3 answers ENOSYS (no CLONE_INTO_CGROUP) */
 
 /* how the child was created (corral_spawn_result.method) */
 #define CORRAL_METHOD_CLONE3_VFORK   1  /* clone3(CLONE_INTO_CGROUP|CLONE_PIDFD|CLONE_VM|CLONE_VFORK) */
@@ -52,6 +54,8 @@
 #define CORRAL_STEP_CAPS       21  /* inheritable set and keep-caps, before the uid change */
 #define CORRAL_STEP_AMBIENT    22  /* PR_CAP_AMBIENT_RAISE of capability index */
 #define CORRAL_STEP_NO_NEW_PRIVS 23
+#define CORRAL_STEP_SETPGID    24
+#define CORRAL_STEP_SECCOMP    25  /* installing the NO_CLONE3 filter */
 
 struct corral_rlimit {
     int resource;

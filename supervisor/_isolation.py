@@ -19,7 +19,9 @@ in snake_case; ``Isolation.from_properties`` takes the ``-p NAME=VALUE`` spellin
     private_network                        a new network namespace: "lo" up, nothing else
     private_tmp                            a fresh tmpfs on /tmp and /var/tmp (what systemd
                                            256 calls PrivateTmp=disconnected)
-    protect_control_groups                 every cgroup mount read-only for the task
+    protect_control_groups                 every cgroup mount read-only for the task, and
+                                           clone3 refused (seccomp: ENOSYS), which could
+                                           start a child in another cgroup all the same
     capability_bounding_set                "~CAP_SYS_ADMIN CAP_SYS_PTRACE" or names kept
     ambient_capabilities                   names kept across the change to ``user``
 
@@ -287,6 +289,9 @@ class Isolation:
             options["new_netns"] = True
         if self.private_tmp or self.protect_control_groups:
             options["mount_namespace"] = True
+        if self.protect_control_groups:
+            # a read-only cgroupfs does not stop clone3(CLONE_INTO_CGROUP) (see _spawn)
+            options["no_clone3"] = True
         if r.bounding is not None:
             options["drop_bounding_caps"] = every_capability() & ~r.bounding
         if r.ambient:
@@ -362,6 +367,7 @@ def _describe(iso: Isolation) -> dict[str, Any]:
             iso.private_tmp or iso.protect_control_groups),
         "private_network": iso.private_network, "private_tmp": iso.private_tmp,
         "cgroupfs_read_only": bool(read_only), "read_only_paths": read_only,
+        "syscalls_refused": ["clone3"] if iso.protect_control_groups else [],
         "capability_bounding_set": list(capability_names(bounding)),
         "ambient_capabilities": list(capability_names(r.ambient & bounding)),
         "capabilities": list(capability_names(held)),

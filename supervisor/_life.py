@@ -211,6 +211,9 @@ async def drive(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
             _lost(task, leaf, exc, started)
         except Exception:  # live() records it lost all the same (_last_resort)
             log.exception("task %s: clearing up after that failed too", task.id)
+        if not driver.exited:
+            with contextlib.suppress(OSError):
+                main.reap()  # killed with its leaf: no zombie of ours stays behind
         raise InternalError(f"task {task.id}: supervising failed: {exc!r}") from exc
     finally:
         rt.sampler.remove(driver)
@@ -246,6 +249,7 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
                                 stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
                                 cwd=spec.cwd, new_session=spec.tty,
                                 controlling_tty=spec.tty,
+                                new_process_group=not spec.tty and spec.own_process_group(),
                                 ignored_signals=spec.ignored_signal_numbers, **options)
         finally:
             gave_up = rt.guard.end()

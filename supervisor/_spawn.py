@@ -67,6 +67,8 @@ _STEPS = {
     lib.CORRAL_STEP_CAPS: "caps",
     lib.CORRAL_STEP_AMBIENT: "ambient",
     lib.CORRAL_STEP_NO_NEW_PRIVS: "no_new_privs",
+    lib.CORRAL_STEP_SETPGID: "setpgid",
+    lib.CORRAL_STEP_SECCOMP: "seccomp",
 }
 
 # What each step did, for SpawnError's message ("cannot <what> <target>: [Errno ...]").
@@ -88,6 +90,8 @@ _WHAT = {
     "caps": "cannot prepare the ambient capabilities (inheritable set, keep-caps)",
     "ambient": "cannot raise the ambient capability",
     "no_new_privs": "cannot set no_new_privs",
+    "setpgid": "cannot make a process group of its own",
+    "seccomp": "cannot install the seccomp filter that refuses clone3",
     "frozen": "the new process was frozen before it could run (an ancestor of the cgroup "
               "given to corral is frozen); corral killed it in",
 }
@@ -239,21 +243,22 @@ def _rlimit_name(resource_number: int) -> str:
 def spawn(
     argv: Sequence[str | bytes], *, env: Mapping[str, str] | None = None, cgroup_fd: int = -1,
     stdin: int, stdout: int, stderr: int, cwd: str | None = None, umask: int | None = None,
-    new_session: bool = False, controlling_tty: bool = False, pass_fds: Sequence[int] = (),
-    force_fallback: bool = False,
+    new_session: bool = False, controlling_tty: bool = False, new_process_group: bool = False,
+    pass_fds: Sequence[int] = (), force_fallback: bool = False,
     new_netns: bool = False, netns_fd: int | None = None, mount_namespace: bool = False,
     tmpfs: Sequence[str] = (), read_only: Sequence[tuple[str, int]] = (),
     rlimits: Sequence[tuple[int, int, int]] = (),
     uid: int | None = None, gid: int | None = None, groups: Sequence[int] | None = None,
     drop_bounding_caps: int = 0, ambient_caps: int = 0, no_new_privs: bool = False,
-    ignored_signals: Sequence[int] = (),
+    no_clone3: bool = False, ignored_signals: Sequence[int] = (),
 ) -> Spawned:
     """Start ``argv`` with fds ``stdin``/``stdout``/``stderr`` as 0/1/2, in cgroup ``cgroup_fd``.
 
     ``cgroup_fd`` is an ``O_DIRECTORY`` fd of the leaf (-1: our own cgroup).  Every other fd is
     closed at exec except ``pass_fds``.  Signal dispositions are reset (``ignored_signals``
     start ignored instead, as a shell's background job or nohup gets them) and the mask
-    emptied.
+    emptied.  ``new_session``: a session of its own (``controlling_tty``: fd 0, a terminal,
+    becomes its controlling terminal); ``new_process_group``: a process group of its own.
     ``env`` is the complete environment (None: ours).  ``force_fallback`` takes the vfork +
     cgroup.procs path even where clone3 works, so that tests can prove it.
 
@@ -263,7 +268,8 @@ def spawn(
     (mount points given a fresh tmpfs) and ``read_only`` (``(mount point, MS_* flags to
     keep)`` remounted read-only); ``rlimits`` (``(resource, soft, hard)`` triples); ``uid``,
     ``gid``, ``groups``; ``drop_bounding_caps`` and ``ambient_caps`` (bit N is capability N);
-    ``no_new_privs``.
+    ``no_new_privs``; ``no_clone3`` (a seccomp filter: clone3 answers ENOSYS, so that no
+    child can be born in another cgroup with CLONE_INTO_CGROUP).
 
     Returns once the child has exec'd: a :class:`SpawnError` says the exec did not happen and
     no child remains.
@@ -272,12 +278,13 @@ def spawn(
         raise ValueError("argv must name a command, got an empty list")
     iso = _IsolationArgs(new_netns, netns_fd, mount_namespace, tuple(tmpfs), tuple(read_only),
                          tuple(rlimits), uid, gid, None if groups is None else tuple(groups),
-                         drop_bounding_caps, ambient_caps, no_new_privs)
+                         drop_bounding_caps, ambient_caps, no_new_privs, no_clone3)
     bargv = [os.fsencode(a) for a in argv]
     keep: list[Any] = []  # every C object the argument block points to, alive until the call
     a = _process_args(bargv, env, cgroup_fd, (stdin, stdout, stderr), pass_fds, cwd, umask,
                       ignored_signals, keep)
-    a.flags = iso.fill(a, keep) | _process_flags(new_session, controlling_tty, force_fallback)
+    a.flags = iso.fill(a, keep) | _process_flags(new_session, controlling_tty,
+                                                 new_process_group, force_fallback)
     r = ffi.new("struct corral_spawn_result *")
     rc = lib.corral_spawn(a, r)
     if rc < 0:
@@ -312,10 +319,12 @@ def _process_args(bargv: list[bytes], env: Mapping[str, str] | None, cgroup_fd: 
     return a
 
 
-def _process_flags(new_session: bool, controlling_tty: bool, force_fallback: bool) -> int:
+def _process_flags(new_session: bool, controlling_tty: bool, new_process_group: bool,
+                   force_fallback: bool) -> int:
     """The CORRAL_SPAWN_* flags of :func:`spawn`'s process keywords."""
     return ((lib.CORRAL_SPAWN_SETSID if new_session else 0)
             | (lib.CORRAL_SPAWN_SETCTTY if controlling_tty else 0)
+            | (lib.CORRAL_SPAWN_SETPGID if new_process_group else 0)
             | (lib.CORRAL_SPAWN_FORCE_FALLBACK if force_fallback else 0))
 
 
@@ -349,6 +358,7 @@ class _IsolationArgs:
     drop_bounding_caps: int = 0
     ambient_caps: int = 0
     no_new_privs: bool = False
+    no_clone3: bool = False
 
     def __post_init__(self) -> None:
         if (self.tmpfs or self.read_only) and not self.mount_namespace:
@@ -398,6 +408,8 @@ class _IsolationArgs:
         if self.ambient_caps:
             a.cap_ambient = self.ambient_caps
             flags |= lib.CORRAL_SPAWN_AMBIENT
+        if self.no_clone3:
+            flags |= lib.CORRAL_SPAWN_NO_CLONE3
         if self.no_new_privs:
             flags |= lib.CORRAL_SPAWN_NO_NEW_PRIVS
         return flags

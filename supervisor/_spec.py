@@ -101,6 +101,12 @@ class TaskSpec:
     (``timed_out``, stop reason ``idle``: an agent's shell stuck at a prompt).
     ``ignored_signals``: signals the task starts with ignored (every other disposition starts
     at its default), as nohup or a shell's background job would give them.
+    ``process_group``: ``"own"`` (a process group of its own: what the task signals to its
+    group, ``kill 0``, reaches it alone) or ``"shared"`` (the supervisor's: it may read a
+    terminal the supervisor holds in the foreground, and that terminal's Ctrl-C reaches both;
+    its ``kill 0`` reaches the supervisor too).  ``None``: ``"shared"`` when the task inherits
+    a stream that is a terminal with our process group in its foreground (an interactive
+    command), else ``"own"``.  A ``tty`` task has a session of its own anyway.
     ``output_head``/``output_tail``: bytes kept of each stream.  ``log_file``:
     write the full output there too, up to ``log_max_bytes``.  ``limits``: cgroup limits.
     ``isolation``: user, namespaces, capabilities (systemd.exec's names).
@@ -122,6 +128,7 @@ class TaskSpec:
     stop_signal_repeat: float | str | None = None
     idle_timeout: float | str | None = None
     ignored_signals: tuple[int | str, ...] = ()
+    process_group: Literal["own", "shared"] | None = None
     output_head: int = DEFAULT_HEAD
     output_tail: int = DEFAULT_TAIL
     log_file: str | None = None
@@ -265,6 +272,14 @@ class TaskSpec:
     def _check_tty(self) -> None:
         if not isinstance(self.tty, bool):
             raise SpecError("tty", f"tty must be True or False, got {self.tty!r}")
+        if self.process_group not in (None, "own", "shared"):
+            raise SpecError("process_group", f"process_group must be \"own\", \"shared\" or "
+                                             f"None (chosen by the stdio), got "
+                                             f"{self.process_group!r}")
+        if self.tty and self.process_group == "shared":
+            raise SpecError("process_group", "a task with tty=True has a session of its own, "
+                                             "so it cannot share our process group: leave "
+                                             "process_group unset")
         for name in ("tty_size", "tty_modes"):
             if getattr(self, name) is not None and not self.tty:
                 raise SpecError(name, f"{name} is for a task with tty=True; set tty=True or "
@@ -297,6 +312,20 @@ class TaskSpec:
         base = dict(os.environ) if self.inherit_env else {}
         base.update(self.env or {})
         return base
+
+    def own_process_group(self) -> bool:
+        """Whether the task gets a process group of its own (see ``process_group``); a
+        ``tty`` task gets a session, which makes one too."""
+        if self.tty or self.process_group is not None:
+            return self.process_group != "shared"
+        for fd, how in ((0, self.stdin), (1, self.stdout), (2, self.stderr)):
+            if how == "inherit":
+                try:
+                    if os.tcgetpgrp(fd) == os.getpgrp():
+                        return False  # an interactive command: our terminal is its too
+                except OSError:
+                    continue  # not a terminal (ENOTTY), or not ours
+        return True
 
     def environment_or_none(self) -> dict[str, str] | None:
         """The task's environment, or None when it is the supervisor's own, unchanged (the

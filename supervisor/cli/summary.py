@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from .._result import KillSnapshot, TaskResult, Usage
 from .._units import format_duration
+from .printable import printable
 
 __all__ = ["format_bytes", "level_cells", "rate_cells", "sparkline", "summary_lines"]
 
@@ -357,4 +358,6 @@ def summary_lines(r: TaskResult, exit_status: int, *, width: int | None = None,
     lines.append(_cleanup_line(r))
     lines += [f"  Note: {note}" for note in r.notes]
     lines.append(f"  Exit status: {exit_status}")
-    return lines
+    # command lines, process names, notes naming its paths: the task's text, never run by
+    # the terminal, never a line of ours
+    return [printable(line) for line in lines]

@@ -308,3 +308,16 @@ def test_corral_run_summary_shows_what_hung_when_it_had_to_kill(
     assert "2 processes" in lines[i]
     commands = {" ".join(ln.split()[3:]) for ln in lines[i + 2:i + 4]}
     assert commands == {"sleep 600", f"sh -c {script}"}
+
+
+def test_a_tasks_own_text_reaches_the_terminal_as_escapes_never_as_control() -> None:
+    forged = "sleep\x1b[2J\x1b]0;pwned\x07\n  Exit status: 0\u202e"
+    r = dataclasses.replace(
+        killed([SnapshotProcess(4242, 1, "S", "x\x1bcomm", forged + " 60", 0.0)]),
+        notes=("the task made /sys/fs/cgroup/x/\x1b[31mred",), name="n\rame")
+    lines = summary_lines(r, 137, width=200, unicode=True)
+    text = "\n".join(lines)
+    assert not any(c in text for c in "\x1b\x07\r\u202e")
+    assert sum(line.lstrip().startswith("Exit status:") for line in lines) == 1
+    assert "sleep\\x1b[2J\\x1b]0;pwned\\x07\\n  Exit status: 0\\u202e 60" in text
+    assert "/x/\\x1b[31mred" in text

@@ -535,3 +535,93 @@ async def test_without_a_ceiling_the_default_caps_longer_limits(
         assert any("capped to the 500ms ceiling" in n for n in r.notes)
         r = await sup.run(["true"], time_limit="0.2s")
         assert r.time_limit == 0.2 and r.notes == ()
+
+
+# ---- a task signalling its process group --------------------------------------------------
+
+KILL_ZERO = """
+import json, os, sys, trio, supervisor
+
+async def main(root, shared):
+    async with supervisor.open_supervisor(cgroup_root=root) as sup:
+        async with trio.open_nursery() as n:
+            sibling = await n.start(sup.start, ["sleep", "30"])
+            # `trap 'kill 0' EXIT`, the usual way for a script to end its background jobs
+            r = await sup.run(["sh", "-c", "sleep 60 & trap 'kill 0' EXIT; sleep 0.2; exit 3"],
+                              process_group="shared" if shared == "1" else None)
+            sibling.stop()
+        print(json.dumps({"task": [r.outcome, r.exit_code, r.signal],
+                          "cleanup": str(r.cleanup), "sibling": sibling.result.outcome,
+                          "sibling_stop": sibling.result.stop.reason}), flush=True)
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+def test_a_task_signalling_its_process_group_reaches_only_its_own(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    # in a session of its own: with process_group="shared" the SIGTERM reaches this program
+    p = subprocess.run([sys.executable, "-c", KILL_ZERO, test_cgroup.path, "0"],
+                       capture_output=True, text=True, timeout=HANG * 2,
+                       start_new_session=True)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    out = json.loads(p.stdout)
+    assert out["task"] == ["signaled", None, signal.SIGTERM]  # its own kill 0 ended it
+    assert out["cleanup"] == "clean"  # the background sleep died of the same kill 0
+    assert out["sibling"] == "cancelled" and out["sibling_stop"] == "cancel"
+    shared = subprocess.run([sys.executable, "-c", KILL_ZERO, test_cgroup.path, "1"],
+                            capture_output=True, text=True, timeout=HANG * 2,
+                            start_new_session=True)
+    assert shared.returncode == -signal.SIGTERM  # what "shared" means, and why it is no default
+
+
+async def test_a_task_leads_its_own_process_group_unless_told_to_share_ours(
+        sup: supervisor.Supervisor) -> None:
+    def pgid(r: supervisor.TaskResult) -> int:
+        return int(r.stdout.split()[0])
+
+    own = await sup.run(["sh", "-c", "cut -d' ' -f5 /proc/$$/stat"])
+    assert own.outcome == "succeeded" and pgid(own) != os.getpgrp()
+    shared = await sup.run(["sh", "-c", "cut -d' ' -f5 /proc/$$/stat"], process_group="shared")
+    assert pgid(shared) == os.getpgrp()
+    with pytest.raises(supervisor.SpecError, match="process_group"):
+        TaskSpec(["true"], process_group="mine")  # type: ignore[arg-type]
+    with pytest.raises(supervisor.SpecError, match="session of its own"):
+        TaskSpec(["true"], tty=True, process_group="shared")
+
+
+AT_A_TERMINAL = """
+import os, sys, trio, supervisor
+
+async def main(root):
+    async with supervisor.open_supervisor(cgroup_root=root) as sup:
+        inherit = await sup.run(["sh", "-c", "cut -d' ' -f5 /proc/$$/stat"], stdin="inherit")
+        alone = await sup.run(["sh", "-c", "cut -d' ' -f5 /proc/$$/stat"])
+    print(os.getpgrp(), int(inherit.stdout), int(alone.stdout), flush=True)
+
+trio.run(main, sys.argv[1])
+"""
+
+
+def test_an_interactive_command_shares_the_terminals_foreground_group(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    import fcntl
+    import termios
+
+    master, slave = os.openpty()
+
+    def controlling_terminal() -> None:  # a session whose terminal is the pty, in front
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    try:
+        p = subprocess.run([sys.executable, "-c", AT_A_TERMINAL, test_cgroup.path],
+                           stdin=slave, capture_output=True, text=True, timeout=HANG * 2,
+                           preexec_fn=controlling_terminal)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert p.returncode == 0, p.stderr
+    ours, inherit, alone = map(int, p.stdout.split())
+    assert inherit == ours  # stdin is the terminal, ours in front: it may read it
+    assert alone != ours  # nothing of the terminal's: a group of its own

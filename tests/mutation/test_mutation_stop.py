@@ -258,9 +258,8 @@ def test_signal_tree_works_through_more_processes_than_it_holds_pidfds_at_once(
         found = signal_tree(leaf, (signal.SIGKILL,), p.pid, keep)
         assert sorted(x.pid for x in found.processes) == sorted(pids)
         assert found.main_listed
-        assert sorted(keep) == sorted(pids)  # a pidfd of each, handed over
-        for fd in keep.values():
-            os.close(fd)
+        assert sorted(keep) == sorted(pids)  # each remembered by its start time, no fd
+        assert all(isinstance(start, int) and start > 0 for start in keep.values())
         assert len(os.listdir("/proc/self/fd")) == fds
         assert leaf.wait_unpopulated(30)
     finally:

@@ -24,9 +24,6 @@ async def test_protected_cgroupfs_refuses_a_write_to_cgroup_procs(scratch: str) 
     assert procs(scratch) == []
 
 
-@pytest.mark.xfail(strict=True, reason="ProtectControlGroups=yes does not stop "
-                   "clone3(CLONE_INTO_CGROUP): a root task's child is born outside its leaf, "
-                   "survives, and the record says clean, not broken")
 async def test_protected_cgroupfs_stops_clone_into_cgroup(scratch: str, intocg: str) -> None:
     """The kernel checks CLONE_INTO_CGROUP with inode_permission() on the target's
     cgroup.procs, which ignores a read-only *mount* (only a read-only superblock counts): an
