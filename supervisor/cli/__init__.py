@@ -97,7 +97,21 @@ def _find_verb(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _std_fds_open() -> None:
+    """Started with fd 0, 1 or 2 closed, the next file we open would take that number (and a
+    task inheriting our stdio would get it: corral run's signalfd as its stdin).  Each closed
+    one is opened on /dev/null first, as daemons and shells do."""
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _std_fds_open()
     args_list = list(sys.argv[1:] if argv is None else argv)
     verb = _find_verb(args_list)
     if verb is not None:
