@@ -3,9 +3,13 @@ the supervisor's file descriptors, the operator's terminal."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import select
 import subprocess
+import termios
+import time
 
 import pytest
 from conftest import CORRAL, run_program
@@ -38,21 +42,49 @@ def test_a_task_signalling_its_process_group_reaches_nobody_else(scratch: str) -
     assert "sibling cancelled 15 cancel" in ran.stdout  # stopped by its caller, not the task
 
 
+def at_a_terminal(argv: list[str], timeout: float) -> int | None:
+    """Run ``argv`` as the session leader of a new pseudo-terminal, in its foreground process
+    group (as a command typed at a shell without job control); its output is drained and
+    dropped.  SIGKILLed (by pid) after ``timeout``; returns its status (None: killed)."""
+    master, slave = os.openpty()
+
+    def controlling_tty() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    p = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                         preexec_fn=controlling_tty)
+    os.close(slave)
+    deadline = time.monotonic() + timeout
+    try:
+        while p.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.05)[0]:
+                try:
+                    os.read(master, 65536)
+                except OSError:
+                    pass
+        if p.poll() is None:
+            os.kill(p.pid, 9)
+            p.wait()
+            return None
+        return p.returncode
+    finally:
+        os.close(master)
+
+
 def _phantom_stop_run(root: str, json_path: str) -> dict:
-    # The task's own short-lived process signals the process group it shares with corral and
-    # is gone (reaped) by the time corral reads the signal's sender from /proc.
+    # The task's own short-lived process signals the process group it shares with corral (at a
+    # terminal the task stays in corral's foreground group) and is gone (reaped) by the time
+    # corral reads the signal's sender from /proc.
     script = ("trap '' TERM; for i in $(seq 30); do sh -c 'trap - TERM; kill 0'; "
               "sleep 0.02; done; exit 3")
-    subprocess.run([CORRAL, "run", "--cgroup-root", root, "--json-file", json_path,
-                    "--grace", "0.3s", "-q", "--", "sh", "-c", script],
-                   stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
-                   start_new_session=True)
+    at_a_terminal([CORRAL, "run", "--cgroup-root", root, "--json-file", json_path,
+                   "--grace", "0.3s", "-q", "--", "sh", "-c", script], timeout=60)
     with open(json_path) as f:
         return json.load(f)
 
 
-@pytest.mark.xfail(strict=True, reason="corral run takes a `kill 0` from one of the task's own "
-                   "processes for an outside stop request when that process has exited before "
+@pytest.mark.xfail(strict=True, reason="corral run at a terminal takes a `kill 0` from one of the "
+                   "task's own processes for an outside stop request when that process has exited before "
                    "corral reads /proc/PID/cgroup: the task is stopped, recorded as cancelled")
 def test_corral_run_ignores_the_tasks_own_kill_0_even_from_a_short_lived_process(
         scratch: str, tmp_path: object) -> None:
@@ -67,10 +99,8 @@ def test_corral_run_ignores_the_tasks_own_kill_0_from_a_live_process(scratch: st
                                                                       tmp_path: object) -> None:
     """Held (the documented case): the sender is still alive when corral looks."""
     path = os.path.join(str(tmp_path), "r.json")
-    subprocess.run([CORRAL, "run", "--cgroup-root", scratch, "--json-file", path, "-q", "--",
-                    "sh", "-c", "trap 'exit 7' TERM; kill 0; sleep 1; exit 3"],
-                   stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
-                   start_new_session=True)
+    at_a_terminal([CORRAL, "run", "--cgroup-root", scratch, "--json-file", path, "-q", "--",
+                   "sh", "-c", "trap 'exit 7' TERM; kill 0; sleep 1; exit 3"], timeout=60)
     with open(path) as f:
         data = json.load(f)
     assert data["stop"] is None and data["exit_status"] == 7
@@ -113,13 +143,55 @@ trio.run(main, sys.argv[1])
 """
 
 
-@pytest.mark.xfail(strict=True, reason="stopping a task with many processes opens a pidfd per "
-                   "process (up to 256 kept per task): EMFILE is not handled, the task is "
-                   "recorded lost and InternalError takes the supervisor down")
 def test_a_task_with_many_processes_does_not_exhaust_the_supervisors_fds(scratch: str) -> None:
+    """Held since c88d71e (was: a pidfd kept per process seen, EMFILE unhandled, the task
+    recorded lost and InternalError taking the supervisor down)."""
     # 64 fds stand in for a supervisor holding many tasks under the usual soft limit of 1024
     # (3 fds per held task: ~320 held tasks leave 64 free; or 4 tasks stopping at once, each
     # keeping 256 pidfds, use the whole 1024 on their own)
     ran = run_program(FD_HUNGRY, scratch, timeout=60, rlimit_nofile=64)
     assert "record cancelled" in ran.stdout, (ran.stdout, ran.stderr[-400:])
     assert ran.rc == 0, ran.stderr[-400:]
+
+
+def _corral_with_closed_stdin(root: str, *args: str, timeout: float) -> tuple[int | None, str]:
+    """corral run started as `corral run ... <&-` (a closed stdin, as some service managers and
+    scripts leave it); SIGKILLed (by pid) if it has not ended after ``timeout``."""
+    p = subprocess.Popen([CORRAL, "run", "--cgroup-root", root, *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=lambda: os.close(0))
+    try:
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out
+    except subprocess.TimeoutExpired:
+        os.kill(p.pid, 9)
+        out, _ = p.communicate()
+        return None, out
+
+
+@pytest.mark.xfail(strict=True, reason="corral run started with a closed stdin opens its "
+                   "signalfd as fd 0 and passes it to the task as its stdin")
+def test_corral_run_with_a_closed_stdin_keeps_its_own_fds(scratch: str) -> None:
+    rc, out = _corral_with_closed_stdin(scratch, "--", "readlink", "/proc/self/fd/0",
+                                        timeout=30)
+    assert "signalfd" not in out and "eventpoll" not in out, (
+        f"the task's stdin is corral's own {out.strip()}")
+
+
+BLOCK_CORRAL = """
+import fcntl, os, signal, time
+fcntl.fcntl(0, fcntl.F_SETFL, os.O_RDWR)  # the shared open file description: blocking now
+os.kill(os.getppid(), signal.SIGWINCH)    # one harmless signal for corral to read
+time.sleep(20)
+print("still running: the time limit never fired", flush=True)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="a task handed corral run's signalfd (closed stdin) "
+                   "clears its O_NONBLOCK: corral's next signal read blocks its event loop for "
+                   "good, and the time limit never fires")
+def test_a_task_cannot_block_corral_run_through_an_inherited_fd(scratch: str) -> None:
+    rc, out = _corral_with_closed_stdin(scratch, "--time-limit", "1s", "--grace", "0.3s",
+                                        "--", "python3", "-c", BLOCK_CORRAL, timeout=12)
+    assert rc == 124, f"corral run did not stop the task at its 1 s time limit (status {rc}, " \
+                      f"task said {out!r})"
