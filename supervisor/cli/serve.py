@@ -50,6 +50,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--keep-finished", type=int, default=256, metavar="N",
                    help="finished tasks answered from memory (default 256); older ones are "
                         "answered from the records")
+    _add_durability(p)
+    p.add_argument("--header-timeout", default="10s", metavar="DURATION")
+    p.add_argument("--idle-timeout", default="5min", metavar="DURATION")
+    p.add_argument("--send-timeout", default="30s", metavar="DURATION",
+                   help="a client that reads nothing for this long is disconnected")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"])
+
+
+def _add_durability(p: Any) -> None:
+    """Retention, completion callbacks and the hand-over (docs/durability.md)."""
     p.add_argument("--retain-age", default="7d", metavar="DURATION",
                    help="finished tasks' records and output are kept this long (default 7d; "
                         "'infinity': no limit)")
@@ -68,12 +79,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-hand-over", dest="hand_over", action="store_false",
                    help="stop tasks on `systemctl restart` too, instead of handing them to the "
                         "restarted daemon")
-    p.add_argument("--header-timeout", default="10s", metavar="DURATION")
-    p.add_argument("--idle-timeout", default="5min", metavar="DURATION")
-    p.add_argument("--send-timeout", default="30s", metavar="DURATION",
-                   help="a client that reads nothing for this long is disconnected")
-    p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"])
 
 
 def _config(args: argparse.Namespace) -> Any:

@@ -22,7 +22,7 @@ Modules (imports point down this list's dependencies only: no cycles)::
     specs.py        a submission's TaskSpec, as its submitter
     queue.py        the scheduler: global and per-uid limits, round-robin between uids
     records.py      SQLite task records (WAL, synchronous=FULL, group commit), off the trio
-                    thread; schema.py: the schema and its migrations
+                    thread; rows.py: their SQL; schema.py: the schema and its migrations
     peers.py        who is calling (SO_PEERCRED, SO_PEERGROUPS) and as whom tasks run
     events.py       state changes for /v1/events subscribers
     metrics.py      Prometheus metrics (prometheus_client)

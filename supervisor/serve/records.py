@@ -22,37 +22,27 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import sqlite3
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import trio
 
+from . import rows
+from .rows import Retention
 from .schema import SCHEMA_VERSION, SchemaError, migrate
 
 __all__ = ["LAZY_DELAY", "SCHEMA_VERSION", "Records", "RecordsError", "Retention"]
 
 T = TypeVar("T")
 LAZY_DELAY = 0.25  # seconds a "running" update may wait for company
-MAX_TOMBSTONES = 100_000  # expired ids remembered (~50 bytes each); the oldest go first
 
-COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key", "spec",
-           "state", "created_at", "started_at", "ended_at", "pid", "leaf", "run", "outcome",
-           "exit_status", "bytes", "notified", "result")
 
 
 class RecordsError(Exception):
     """The records cannot be read or written: names the file, the reason and the fix."""
 
-
-class Retention(NamedTuple):
-    """How long finished tasks are kept (records and output files); None: no limit."""
-
-    max_age: float | None = 7 * 86400.0
-    max_count: int | None = 10_000
-    max_bytes: int | None = 2 << 30
 
 
 def explain(e: BaseException, path: str, doing: str) -> RecordsError:
@@ -140,7 +130,7 @@ class Records:
         while self._batch:
             batch, self._batch = self._batch, []
             lazy, self._lazy = list(self._lazy.items()), {}
-            writes = [_Write(_update, (seq, values)) for seq, values in lazy] + batch
+            writes = [_Write(rows.update, (seq, values)) for seq, values in lazy] + batch
             await trio.to_thread.run_sync(_commit, self._db, writes, self.path,
                                           limiter=self._limiter, abandon_on_cancel=False)
             for w in batch:
@@ -149,30 +139,30 @@ class Records:
     # ---- runs -------------------------------------------------------------------------------
 
     async def begin_run(self, pid: int, now: float) -> int:
-        run: int = await self._write(_insert_run, pid, now)
+        run: int = await self._write(rows.insert_run, pid, now)
         return run
 
     async def set_run_root(self, run: int, root: str) -> None:
-        await self._write(_exec, "UPDATE runs SET root = ? WHERE id = ?", (root, run))
+        await self._write(rows.execute, "UPDATE runs SET root = ? WHERE id = ?", (root, run))
 
     async def end_run(self, run: int, now: float, how: str) -> None:
-        await self._write(_exec, "UPDATE runs SET ended_at = ?, ended = ? WHERE id = ?",
+        await self._write(rows.execute, "UPDATE runs SET ended_at = ?, ended = ? WHERE id = ?",
                           (now, how, run))
 
     async def runs(self) -> dict[int, dict[str, Any]]:
-        return await self._call(_runs, self._db)
+        return await self._call(rows.runs, self._db)
 
     # ---- a task's transitions -----------------------------------------------------------------
 
     async def accept(self, row: dict[str, Any]) -> str:
         """Write a new task's row (``row["state"]``: queued, or starting when it is started at
         once); returns its id."""
-        task_id: str = await self._write(_insert, row)
+        task_id: str = await self._write(rows.insert, row)
         return task_id
 
     async def starting(self, task_id: str, run: int) -> None:
         """Durable before the spawn: after a crash this task is never started again."""
-        await self._write(_update, int(task_id), {"state": "starting", "run": run})
+        await self._write(rows.update, int(task_id), {"state": "starting", "run": run})
 
     def started(self, task_id: str, started_at: float, pid: int | None,
                 leaf: str | None) -> None:
@@ -195,48 +185,48 @@ class Records:
         text)."""
         seq = int(task_id)
         values = {**self._lazy.pop(seq, {}), **values, "state": "finished"}
-        await self._write(_update, seq, values)
+        await self._write(rows.update, seq, values)
 
     async def notified(self, task_id: str) -> None:
-        await self._write(_exec, "UPDATE tasks SET notified = 1 WHERE seq = ?",
+        await self._write(rows.execute, "UPDATE tasks SET notified = 1 WHERE seq = ?",
                           (int(task_id),))
 
     # ---- reading ----------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> dict[str, Any] | None:
-        return await self._call(_get, self._db, task_id)
+        return await self._call(rows.get, self._db, task_id)
 
     async def list_rows(self, uid: int | None, state: str | None,
                         limit: int) -> list[dict[str, Any]]:
         """Newest first; ``uid`` None means every uid."""
-        return await self._call(_list, self._db, uid, state, limit)
+        return await self._call(rows.list_rows, self._db, uid, state, limit)
 
     async def find_key(self, uid: int, key: str) -> dict[str, Any] | None:
         """The row with this idempotency key, or ``{"id", "state": "expired", ...}`` when
         retention removed it, or None."""
-        return await self._call(_find_key, self._db, uid, key)
+        return await self._call(rows.find_key, self._db, uid, key)
 
     async def unfinished(self) -> list[dict[str, Any]]:
         """Rows without an end, oldest first (an earlier run's, at start-up)."""
-        return await self._call(_select, self._db,
+        return await self._call(rows.select, self._db,
                                 "SELECT * FROM tasks WHERE state != 'finished' ORDER BY seq", ())
 
     async def ids(self) -> set[str]:
         """Every task id that has a row."""
-        rows = await self._call(_select, self._db, "SELECT seq FROM tasks", ())
-        return {r["id"] for r in rows}
+        found = await self._call(rows.select, self._db, "SELECT seq FROM tasks", ())
+        return {r["id"] for r in found}
 
     async def pending_notifications(self) -> list[dict[str, Any]]:
-        return await self._call(_select, self._db, "SELECT * FROM tasks WHERE notified = 0 "
+        return await self._call(rows.select, self._db, "SELECT * FROM tasks WHERE notified = 0 "
                                 "ORDER BY seq", ())
 
     async def expired(self, task_id: str) -> dict[str, Any] | None:
         """What retention left of a task: uid, ended_at, expired_at, why; or None."""
         if not task_id.isdigit():
             return None
-        rows = await self._call(_select, self._db, "SELECT * FROM expired WHERE seq = ?",
-                                (int(task_id),))
-        return rows[0] if rows else None
+        found = await self._call(rows.select, self._db, "SELECT * FROM expired WHERE seq = ?",
+                                 (int(task_id),))
+        return found[0] if found else None
 
     # ---- retention --------------------------------------------------------------------------
 
@@ -244,7 +234,7 @@ class Records:
         """Remove finished rows past ``policy`` (oldest first), leaving a tombstone each;
         returns them (id, uid, idempotency_key, why) so that their files and memory can go.
         Committed before any file is removed."""
-        gone: list[dict[str, Any]] = await self._write(_expire, policy, now)
+        gone: list[dict[str, Any]] = await self._write(rows.expire, policy, now)
         return gone
 
     async def close(self) -> None:
@@ -358,109 +348,3 @@ def _connect(path: str, state_dir: str, synchronous: str) -> sqlite3.Connection:
 def _close(db: sqlite3.Connection | None) -> None:
     if db is not None:
         db.close()
-
-
-def _row(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> dict[str, Any]:
-    row = {d[0]: v for d, v in zip(cursor.description, values, strict=True)}
-    if "seq" in row:
-        row["id"] = str(row.pop("seq"))
-    for key in ("spec", "result", "groups"):
-        if row.get(key) is not None:
-            row[key] = json.loads(row[key])
-    return row
-
-
-def _select(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
-    cur = db.execute(sql, args)
-    return [_row(cur, v) for v in cur.fetchall()]
-
-
-def _exec(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
-    db.execute(sql, args)
-
-
-def _insert(db: sqlite3.Connection, row: dict[str, Any]) -> str:
-    row = dict(row, spec=json.dumps(row["spec"]), groups=json.dumps(row.get("groups") or []))
-    names = ", ".join(row)
-    marks = ", ".join("?" * len(row))
-    cur = db.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", tuple(row.values()))
-    return str(cur.lastrowid)
-
-
-def _insert_run(db: sqlite3.Connection, pid: int, now: float) -> int:
-    cur = db.execute("INSERT INTO runs (pid, started_at) VALUES (?, ?)", (pid, now))
-    assert cur.lastrowid is not None
-    return cur.lastrowid
-
-
-def _runs(db: sqlite3.Connection) -> dict[int, dict[str, Any]]:
-    cur = db.execute("SELECT * FROM runs")
-    return {r["id"]: r for r in (_row(cur, v) for v in cur.fetchall())}
-
-
-def _update(db: sqlite3.Connection, seq: int, values: dict[str, Any]) -> None:
-    sets = ", ".join(f"{k} = ?" for k in values)
-    db.execute(f"UPDATE tasks SET {sets} WHERE seq = ?", (*values.values(), seq))
-
-
-def _get(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
-    if not task_id.isdigit():
-        return None
-    rows = _select(db, "SELECT * FROM tasks WHERE seq = ?", (int(task_id),))
-    return rows[0] if rows else None
-
-
-def _list(db: sqlite3.Connection, uid: int | None, state: str | None,
-          limit: int) -> list[dict[str, Any]]:
-    where: list[str] = []
-    args: list[Any] = []
-    if uid is not None:
-        where.append("uid = ?")
-        args.append(uid)
-    if state is not None:
-        where.append("state = ?")
-        args.append(state)
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    columns = ", ".join(c for c in COLUMNS if c != "result")
-    return _select(db, f"SELECT {columns} FROM tasks {clause} ORDER BY seq DESC LIMIT ?",
-                   (*args, limit))
-
-
-def _find_key(db: sqlite3.Connection, uid: int, key: str) -> dict[str, Any] | None:
-    rows = _select(db, "SELECT * FROM tasks WHERE uid = ? AND idempotency_key = ?", (uid, key))
-    if rows:
-        return rows[0]
-    gone = _select(db, "SELECT seq, expired_at FROM expired WHERE uid = ? AND "
-                   "idempotency_key = ?", (uid, key))
-    return {**gone[0], "state": "expired"} if gone else None
-
-
-_EXPIRED = """
-WITH f AS (
-    SELECT seq, uid, idempotency_key, ended_at,
-           row_number() OVER w AS n, sum(coalesce(bytes, 0)) OVER w AS total
-    FROM tasks WHERE state = 'finished'
-    WINDOW w AS (ORDER BY ended_at DESC, seq DESC)
-)
-SELECT seq, uid, idempotency_key, ended_at,
-       CASE WHEN ended_at < ? THEN 'age' WHEN n > ? THEN 'count' ELSE 'bytes' END AS why
-FROM f WHERE ended_at < ? OR n > ? OR total > ?
-"""
-
-
-def _expire(db: sqlite3.Connection, policy: Retention, now: float) -> list[dict[str, Any]]:
-    inf = float("inf")
-    oldest = -inf if policy.max_age is None else now - policy.max_age
-    count = 1 << 62 if policy.max_count is None else policy.max_count
-    size = 1 << 62 if policy.max_bytes is None else policy.max_bytes
-    gone = _select(db, _EXPIRED, (oldest, count, oldest, count, size))
-    for g in gone:
-        db.execute("INSERT OR REPLACE INTO expired (seq, uid, idempotency_key, ended_at, "
-                   "expired_at, why) VALUES (?, ?, ?, ?, ?, ?)",
-                   (int(g["id"]), g["uid"], g["idempotency_key"], g["ended_at"], now,
-                    g["why"]))
-        db.execute("DELETE FROM tasks WHERE seq = ?", (int(g["id"]),))
-    if gone:
-        db.execute("DELETE FROM expired WHERE seq IN (SELECT seq FROM expired ORDER BY seq "
-                   "DESC LIMIT -1 OFFSET ?)", (MAX_TOMBSTONES,))
-    return gone

@@ -167,6 +167,22 @@ class _Follower(threading.Thread):
             self.error = e
 
 
+def _check_outputs(followers: list[_Follower], results: dict[str, Any],
+                   streams: list[Any]) -> None:
+    """Every byte followed across the restart, in order, and the tasks' real exits."""
+    for f in followers:
+        f.join(60)
+        assert f.error is None and f.end is not None and f.offsets_ok, f.error
+    for k, t in enumerate(streams):
+        assert results[t.id].exit_status == k + 3  # the real exit status, after adoption
+        expected = "".join(f"t{k} line {i} of 800\n" for i in range(800)).encode()
+        assert followers[k].data == expected  # complete and in order: 0 bytes lost
+    out = followers[2].data.decode().splitlines()
+    err = followers[3].data.decode().splitlines()
+    assert out == [f"out line {i} of 300" for i in range(300)]
+    assert err == [f"err line {i} of 300" for i in range(300)]
+
+
 @pytest.mark.parametrize("activation", ["socket", "service"])
 def test_restart_keeps_running_tasks_and_their_output(
         sandbox: SystemdSandbox, tmp_path: Path, activation: str) -> None:
@@ -197,38 +213,29 @@ def test_restart_keeps_running_tasks_and_their_output(
         started = time.monotonic()
         sb.run(["systemctl", "restart", "corral.service"], timeout=60)
         took = time.monotonic() - started
-        props = sb.show("corral.service", "MainPID", "ActiveState", "NRestarts")
+        props = sb.show("corral.service", "MainPID", "ActiveState", "NFileDescriptorStore")
         assert props["MainPID"] != before and props["ActiveState"] == "active", props
-        assert sb.show("corral.service", "NFileDescriptorStore").get(
-            "NFileDescriptorStore", "0") == "0"  # taken back out of the store
+        assert props.get("NFileDescriptorStore", "0") == "0"  # taken back out of the store
         with Client(sock, timeout=60) as c:
             assert c.show(to_stop.id).state == "running"  # adopted
             assert c.stop(to_stop.id)  # stops reach adopted tasks
-            results = {t.id: c.wait(t.id) for t in (*streams, both, limited, queued, to_stop)}
-        for f in followers:
-            f.join(60)
-            assert f.error is None and f.end is not None and f.offsets_ok, f.error
-        for k, t in enumerate(streams):
-            assert results[t.id].exit_status == k + 3  # the real exit status, after adoption
-            expected = "".join(f"t{k} line {i} of 800\n" for i in range(800)).encode()
-            assert followers[k].data == expected  # complete and in order: 0 bytes lost
-        out = followers[2].data.decode().splitlines()
-        err = followers[3].data.decode().splitlines()
-        assert out == [f"out line {i} of 300" for i in range(300)]
-        assert err == [f"err line {i} of 300" for i in range(300)]
+            results = {t.id: c.wait(t.id) for t in (*running, queued)}
+        _check_outputs(followers, results, streams)
         assert results[both.id].outcome == "succeeded"
         assert results[limited.id].outcome == "timed_out"  # its limit held across the restart
         assert results[queued.id].outcome == "succeeded"
-        stopped = results[to_stop.id]
-        assert stopped.outcome == "cancelled" and stopped.exit_status == 130
-        rows = _read_db(inside_root, tmp_path)
-        assert [r["state"] for r in rows] == ["finished"] * 6  # one final record each
-        total = sum(len(f.data) for f in followers)
+        assert (results[to_stop.id].outcome, results[to_stop.id].exit_status) == \
+            ("cancelled", 130)
+        assert [r["state"] for r in _read_db(inside_root, tmp_path)] == ["finished"] * 6
         print(f"\nadoption ({activation}): {len(running)} tasks running (3 of them writing "
               f"4 followed streams) and 1 queued across `systemctl restart` ({took:.2f}s): "
-              f"all kept; {total} bytes followed, 0 lost")
+              f"all kept; {sum(len(f.data) for f in followers)} bytes followed, 0 lost")
     finally:
         sb.run(["systemctl", "stop", "corral.service", "corral.socket"], check=False)
+    _assert_nothing_left(sb)
+
+
+def _assert_nothing_left(sb: SystemdSandbox) -> None:
     cgroup = sb.host_path("/system.slice/corral.service")
     assert not os.path.exists(cgroup) or not any(
         Path(dp, "cgroup.procs").read_text().split() for dp, _, fs in os.walk(cgroup)
