@@ -76,3 +76,15 @@ async def test_stop_pause_resume_stdin_tap_at_every_state(sup: supervisor.Superv
         await task.write_stdin(b"late")
     for s in subs:
         assert b"".join([c async for c in s]) == b"hello\nqueued while paused\n"
+
+
+@pytest.mark.xfail(strict=True, reason="a task_id is refused only while its task is live or "
+                   "its record is still in sup.results: once retain_results has let the "
+                   "record go, the same id is given to a new task")
+async def test_a_task_id_is_never_reused(scratch: str) -> None:
+    async with supervisor.open_supervisor(cgroup_root=scratch, retain_results=1) as sup:
+        first = await sup.run(["echo", "one"], task_id="job")
+        await sup.run(["true"], task_id="other")  # the first record leaves sup.results
+        with pytest.raises(supervisor.SpecError, match="task_id"):
+            second = await sup.run(["echo", "two"], task_id="job")
+            assert second.id == first.id  # two records, two tasks, one id
