@@ -319,12 +319,18 @@ class Client:
 
     def stop(self, task_id: str, force: bool = False) -> bool:
         """Whether the request changed anything (False: the task had already ended)."""
-        _, obj = self._call("POST", f"/v1/tasks/{quote(task_id, safe='')}/stop",
-                            {"force": force})
+        _, obj = self._again(RECONNECT, self._call, "POST",
+                             f"/v1/tasks/{quote(task_id, safe='')}/stop", {"force": force},
+                             unreachable=False)
         return bool(obj["changed"])
 
     def write_stdin(self, task_id: str, data: bytes, eof: bool = False) -> None:
+        """Write ``data`` to the task's stdin (``eof``: then close it); asked again while the
+        daemon is restarting (503 ``restarting``: nothing was written)."""
         path = f"/v1/tasks/{quote(task_id, safe='')}/stdin?eof={'true' if eof else 'false'}"
+        self._again(RECONNECT, self._post_bytes, path, data, unreachable=False)
+
+    def _post_bytes(self, path: str, data: bytes) -> None:
         resp = self._request("POST", path, data, "application/octet-stream")
         body = resp.read()
         if resp.status != 200:

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from .hooks import Hooks
     from .sdnotify import Notifier
 
-__all__ = ["DEFAULT_STATE_DIR", "Config", "Daemon", "expired_error", "not_found"]
+__all__ = ["DEFAULT_STATE_DIR", "Config", "Daemon", "expired_error", "not_found",
+           "refuse_while_restarting"]
 
 DEFAULT_STATE_DIR = "/var/lib/corral"
 
@@ -173,6 +174,15 @@ class Daemon:
             "corral_event_subscribers": ("GET /v1/events streams", len(self.hub)),
             "corral_draining": ("1 while shutting down", int(self.draining)),
         }
+
+
+def refuse_while_restarting(d: Daemon) -> None:
+    """503 ``restarting`` while the running tasks are being handed over (a stop or stdin
+    asked now would reach a task that is changing hands: the clients retry, and the next
+    process carries it out)."""
+    if d.handing_over:
+        raise ApiError(503, "restarting", "the daemon is restarting (systemctl restart): "
+                       "nothing was done; retry in a moment (the clients do)")
 
 
 def not_found(task_id: str) -> ApiError:

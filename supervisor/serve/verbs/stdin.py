@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..http import Request, Response, json_response
 from ..protocol import ApiError, query_bool
+from ..state import refuse_while_restarting
 
 if TYPE_CHECKING:
     from ..state import Daemon
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 async def handle(d: Daemon, req: Request, id: str) -> Response:
     eof = query_bool(req.query, "eof")
+    refuse_while_restarting(d)
     t = d.find(req.peer, id)
     if t is None:
         await d.find_row(req.peer, id)  # 404 if not theirs

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..http import Request, Response, json_response
 from ..life import stop_queued
 from ..protocol import parse_json_body, parse_stop
+from ..state import refuse_while_restarting
 
 if TYPE_CHECKING:
     from ..state import Daemon
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 async def handle(d: Daemon, req: Request, id: str) -> Response:
     force = parse_stop(parse_json_body(req.body) if req.body.strip() else {})
+    refuse_while_restarting(d)
     t = d.find(req.peer, id)
     if t is None:
         row = await d.find_row(req.peer, id)
