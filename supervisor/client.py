@@ -381,6 +381,7 @@ class AsyncClient:
         self._stream: trio.SocketStream | None = None
         self._buf = bytearray()
         self._streaming: object | None = None  # the output/events iterator holding it
+        self._reached = False  # a daemon answered once: losing it now is a restart's doing
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -456,6 +457,7 @@ class AsyncClient:
                 lines = []
                 while (line := await self._readline()) not in (b"\r\n", b"\n"):
                     lines.append(line)
+                self._reached = True
                 return _head(first, lines)
             except (_Stale, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._drop()
@@ -528,8 +530,30 @@ class AsyncClient:
         elif stdin is not None:
             options["stdin"] = stdin
         request = SubmitRequest(list(argv), **options)
-        _, obj = await self._call("POST", "/v1/tasks", request.to_json())
+        _, obj = await self._again(self._call, "POST", "/v1/tasks", request.to_json(),
+                                   unreachable=False)
         return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
+
+    async def _again(self, call: Any, *args: Any, unreachable: bool = True,
+                     **kwargs: Any) -> Any:
+        """:meth:`Client._again` for trio: ``await call(...)`` again while the daemon is
+        restarting (503 ``restarting``) or, with ``unreachable``, gone after it had answered,
+        for up to :data:`RECONNECT` seconds."""
+        import trio
+
+        give_up = trio.current_time() + RECONNECT
+        pause = 0.05
+        while True:
+            try:
+                return await call(*args, **kwargs)
+            except (DaemonUnavailable, ApiError) as e:
+                passing = e.code == "restarting" if isinstance(e, ApiError) else \
+                    unreachable and self._reached
+                if not passing or trio.current_time() + pause > give_up:
+                    raise
+            self._drop()
+            await trio.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     async def list(self, state: str | None = None, limit: int = 100) -> list[TaskInfo]:
         query = urlencode({k: v for k, v in (("state", state), ("limit", limit)) if v})
@@ -541,10 +565,11 @@ class AsyncClient:
         return TaskInfo.from_json(obj)
 
     async def wait(self, task_id: str) -> TaskInfo:
-        """Until the task has finished (long polls of 60 s); cancel the caller to give up."""
+        """Until the task has finished (long polls of 60 s), across a restart of the daemon;
+        cancel the caller to give up."""
         while True:
-            status, obj = await self._call("GET", f"/v1/tasks/{quote(task_id)}/wait?"
-                                           f"timeout=60s", ok=(200, 202))
+            status, obj = await self._again(self._call, "GET", f"/v1/tasks/{quote(task_id)}/"
+                                            f"wait?timeout=60s", ok=(200, 202))
             if status == 200:
                 return TaskInfo.from_json(obj)
 
@@ -585,12 +610,15 @@ class AsyncClient:
             await trio.sleep(0.1)
 
     async def stop(self, task_id: str, force: bool = False) -> bool:
-        _, obj = await self._call("POST", f"/v1/tasks/{quote(task_id)}/stop",
-                                  {"force": force})
+        _, obj = await self._again(self._call, "POST", f"/v1/tasks/{quote(task_id)}/stop",
+                                   {"force": force}, unreachable=False)
         return bool(obj["changed"])
 
     async def write_stdin(self, task_id: str, data: bytes, eof: bool = False) -> None:
         path = f"/v1/tasks/{quote(task_id)}/stdin?eof={'true' if eof else 'false'}"
+        await self._again(self._post_bytes, path, data, unreachable=False)
+
+    async def _post_bytes(self, path: str, data: bytes) -> None:
         status, headers = await self._request("POST", path, data, "application/octet-stream")
         body = await self._body(headers)
         if status != 200:
