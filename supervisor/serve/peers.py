@@ -65,21 +65,25 @@ def allowed(peer: Peer, allow_gid: int | None) -> bool:
         allow_gid in peer.groups
 
 
-def run_as_isolation(peer: Peer) -> Any:
-    """The ``supervisor.Isolation`` a non-root submitter's task runs with, or None for root.
-
-    Needs ``Isolation(user=, group=, supplementary_groups=)`` (the isolation work); without
-    it the daemon falls back to ``setpriv`` (see :func:`setpriv_prefix`).
+def run_as_isolation(peer: Peer, asked: Any = None) -> Any:
+    """The ``supervisor.Isolation`` a non-root submitter's task runs with: what it ``asked``
+    for (its properties' Isolation: PrivateNetwork=, Limit*=...), run as its uid, gid and
+    groups; ``asked`` as it is for root.  None (nothing to add) for root without ``asked``,
+    or when this core has no ``Isolation(user=)`` (the daemon then falls back to ``setpriv``,
+    see :func:`setpriv_prefix`).
     """
     if peer.is_root:
-        return None
+        return asked
     import supervisor
 
     fields = getattr(supervisor.Isolation, "__dataclass_fields__", {})
     if "user" not in fields:
         return None
+    kept = {} if asked is None else {
+        name: getattr(asked, name) for name in fields
+        if not name.startswith("_") and name not in ("user", "group", "supplementary_groups")}
     return supervisor.Isolation(user=peer.uid, group=peer.gid,
-                                supplementary_groups=tuple(peer.groups))
+                                supplementary_groups=tuple(peer.groups), **kept)
 
 
 def setpriv_prefix(peer: Peer) -> list[str]:

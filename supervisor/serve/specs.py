@@ -30,9 +30,9 @@ def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], roo
     try:
         options = _options(peer, r)
         argv = tuple(r.argv)
-        isolation = run_as_isolation(peer)
+        isolation = run_as_isolation(peer, options.get("isolation"))
         if isolation is not None:
-            options["isolation"] = isolation
+            options["isolation"] = isolation  # what was asked, as the submitter
         elif not peer.is_root:
             argv = (*setpriv_prefix(peer), *argv)
         stdin: Any = "pipe" if r.stdin == "pipe" else r.stdin_data

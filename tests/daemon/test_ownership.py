@@ -134,3 +134,28 @@ def _drop_then(user: User, extra_gid: int, fn: Callable[[], Any]) -> Any:
     os.setgid(user.gid)
     os.setuid(user.uid)
     return fn()
+
+
+def test_a_users_isolation_properties_are_kept_as_it_runs_as_that_user(
+        start_daemon: Start, users: list[User]) -> None:
+    """PrivateNetwork=, NoNewPrivileges=, LimitNOFILE= asked by a non-root submitter reach
+    its task, which runs as that submitter."""
+    d = start_daemon()
+    user = users[0]
+
+    def submit() -> Any:
+        with Client(d.socket) as c:
+            t = c.submit(["sh", "-c", "cat /proc/self/status /proc/net/dev; ulimit -n"],
+                         properties={"PrivateNetwork": "yes", "NoNewPrivileges": "yes",
+                                     "LimitNOFILE": "77"})
+            done = c.wait(t.id)
+            return done.outcome, b"".join(f.data for f in c.output(t.id)).decode()
+
+    outcome, out = as_user(user, submit)
+    assert outcome == "succeeded", out
+    status = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    assert status["Uid"].split()[0] == str(user.uid)
+    assert status["NoNewPrivs"].strip() == "1"
+    net = out.split(" face |", 1)[1].splitlines()[1:-1]  # /proc/net/dev's rows
+    assert [row.split(":")[0].strip() for row in net] == ["lo"], out
+    assert out.strip().splitlines()[-1] == "77"
