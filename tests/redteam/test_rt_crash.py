@@ -84,3 +84,53 @@ def _all_procs(path: str) -> list[int]:
         if os.path.isdir(os.path.join(path, d)):
             out += _all_procs(os.path.join(path, d))
     return out
+
+
+HOLD_A_TASK = """
+import sys, trio, supervisor
+async def main(root):
+    async with supervisor.open_supervisor(cgroup_root=root) as sup:
+        async with trio.open_nursery() as n:
+            await n.start(sup.start, ["sh", "-c", "exec sleep 48.5"])
+            print("started", flush=True)
+            await trio.sleep(60)
+trio.run(main, sys.argv[1])
+"""
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+@pytest.mark.xfail(strict=True, reason="nothing watches the keeper: once it is gone (an "
+                   "operator's kill, an OOM kill), the supervisor runs on unguarded and says "
+                   "nothing; a SIGKILL of the supervisor then leaves its tasks running")
+def test_a_supervisor_whose_keeper_died_is_still_guarded(scratch: str) -> None:
+    p = subprocess.Popen([sys.executable, "-c", HOLD_A_TASK, scratch], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "started\n"
+        keepers = [c for c in _children(p.pid) if _comm(c) == "corral-keeper"]
+        assert len(keepers) == 1
+        os.kill(keepers[0], 9)
+        time.sleep(1.0)  # a supervisor that watched its keeper would have a new one by now
+        p.kill()
+        p.wait()
+        time.sleep(0.5)
+        survivors = [q for q in _all_procs(scratch) if alive(q)]
+        for q in survivors:
+            os.kill(q, 9)
+        assert survivors == [], "the task outlived its SIGKILLed supervisor"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
