@@ -210,3 +210,11 @@ def leaf_path_script() -> str:
     """Shell: cd into the task's own leaf (through the cgroup2 mount)."""
     mount = cgroupfs.find_cgroup2_mount().mount_point
     return f'cd "{mount}$(sed -n "s/^0:://p" /proc/self/cgroup)" || exit 99'
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    selected = config.getoption("-m") or ""
+    for item in items:
+        if item.get_closest_marker("redteam_long") and "redteam_long" not in selected:
+            item.add_marker(pytest.mark.skip(
+                reason="longer red-team attack: run with pytest -m redteam_long tests/redteam"))
