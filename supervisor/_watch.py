@@ -7,11 +7,16 @@ fewer than the tasks a supervisor may hold).  A watch is added before the first 
 file, so a change between the two is never missed, and removed when its last waiter is done: on
 cgroupfs a watch pins the file's inode, so the kernel does not drop it when the cgroup is
 removed, and ``max_user_watches`` (shared by every process of the user) would run out.
+
+A task running as our user can use up ``max_user_watches`` itself (ENOSPC).  Then a waiter
+polls the file instead (every 10 ms at first, backing off to ``POLL_MAX``): slower to notice,
+never wrong, and the watcher says so once in the log.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import struct
 from collections.abc import Callable
@@ -24,6 +29,9 @@ from ._spawn import inotify_add_watch, inotify_init, inotify_rm_watch
 
 __all__ = ["CgroupWatcher"]
 
+log = logging.getLogger(__name__)
+
+POLL_MAX = 0.25  # seconds between polls at most, where no watch can be had
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
 _IN_IGNORED = 0x8000
 _IN_Q_OVERFLOW = 0x4000
@@ -46,6 +54,7 @@ class CgroupWatcher:
         self._fd = inotify_init()
         self._watches: dict[int, _Watch] = {}
         self._closed = False
+        self._polling_said = False
         self._scope = trio.CancelScope(shield=True)
 
     @property
@@ -76,7 +85,10 @@ class CgroupWatcher:
         except OSError as e:
             if e.errno == errno.ENOENT:
                 raise FileNotFoundError(e.errno, e.strerror, path) from None
-            raise
+            if e.errno not in (errno.ENOSPC, errno.ENOMEM):
+                raise
+            await self._poll(path, condition)  # out of watches: look now and then
+            return
         watch = self._watches.get(wd)
         if watch is None:
             watch = self._watches[wd] = _Watch()
@@ -92,6 +104,18 @@ class CgroupWatcher:
             watch.users -= 1
             if watch.users == 0:
                 self._release(wd)
+
+    async def _poll(self, path: str, condition: Callable[[], bool]) -> None:
+        if not self._polling_said:
+            self._polling_said = True
+            log.warning("no inotify watch to be had (max_user_watches used up, perhaps by a "
+                        "task running as our user): polling %s and the like instead", path)
+        delay = 0.01
+        while not condition():
+            if self._closed:
+                raise RuntimeError("the cgroup watcher is closed; the supervisor is gone")
+            await trio.sleep(delay)
+            delay = min(delay * 2, POLL_MAX)
 
     def _release(self, wd: int) -> None:
         del self._watches[wd]
