@@ -203,7 +203,7 @@ PARSERS: dict[str, Callable[[str], list[Row]]] = {
 
 # ---- running them ----------------------------------------------------------------------------
 
-def _cgroup2_mount() -> str:
+def cgroup2_mount() -> str:
     sys.path.insert(0, str(HERE.parent))
     from cgroupfs import find_cgroup2_mount
 
@@ -211,9 +211,10 @@ def _cgroup2_mount() -> str:
 
 
 @contextlib.contextmanager
-def scratch_cgroup(mount: str) -> Iterator[str]:
-    """A fresh ``corral-bench-report-<hex>`` below the cgroup2 mount; killed and removed after."""
-    path = os.path.join(mount, f"corral-bench-report-{secrets.token_hex(4)}")
+def scratch_cgroup(mount: str, prefix: str = "corral-bench-report") -> Iterator[str]:
+    """A fresh ``<prefix>-<hex>`` below the cgroup2 mount; killed and removed after, with
+    everything below it."""
+    path = os.path.join(mount, f"{prefix}-{secrets.token_hex(4)}")
     os.mkdir(path)
     try:
         yield path
@@ -299,9 +300,9 @@ def machine_header(size: str) -> str:
         mem = f"{kb / 2**20:.1f} GiB"
     controllers = "?"
     with contextlib.suppress(OSError):
-        controllers = Path(_cgroup2_mount(), "cgroup.controllers").read_text().strip() or "none"
+        controllers = Path(cgroup2_mount(), "cgroup.controllers").read_text().strip() or "none"
     return (f"Machine: {platform.node()}, {os.cpu_count()} x {cpu}, {mem} RAM; kernel "
-            f"{platform.release()}; cgroup2 at {_cgroup2_mount()} (controllers: {controllers})."
+            f"{platform.release()}; cgroup2 at {cgroup2_mount()} (controllers: {controllers})."
             f"  \nRun: {host_note()}; size `{size}`.")
 
 
@@ -344,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("the benchmarks need root (cgroups, namespaces)", file=sys.stderr)
         return 2
-    mount = _cgroup2_mount()
+    mount = cgroup2_mount()
     runs: dict[str, tuple[int, str, float]] = {}
     rows: list[Row] = []
     header = machine_header(args.size)

@@ -12,9 +12,13 @@ runs, for each mutant, only the tests that reach the mutated function.
 mutmut rewrites the files it mutates (in ``mutants/``, next to its config), and others run
 tests from the shared working tree: so everything happens in a fresh copy of the committed
 tree (``git archive HEAD``) under ``--workdir``, plus the built native module and keeper,
-which git does not hold.  ``--tests-from-tree`` takes tests/ from the working tree instead
-(to try a test before committing it).  Prints the score per module and every surviving
-mutant's diff; docs/testing.md explains the survivors of the last full run.
+which git does not hold.  mutmut kills a mutant's test process at its timeout, before the
+test's fixtures can remove their cgroups: so the whole run is confined to a cgroup namespace
+over a scratch cgroup ``corral-mutation-<hex>`` (as ``python -m benchmarks report`` does),
+which is emptied and removed at the end, whatever the mutants left in it.
+``--tests-from-tree`` takes tests/ from the working tree instead (to try a test before
+committing it).  Prints the score per module and every surviving mutant's diff;
+docs/testing.md explains the survivors of the last full run.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.report import CONFINE, cgroup2_mount, scratch_cgroup
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -125,10 +132,25 @@ def main() -> int:
     copy = make_copy(workdir, args.tests_from_tree)
     write_config(copy, args.module)
     print(f"mutating {', '.join(MODULES[m] for m in args.module)} in {copy}", flush=True)
-    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               CORRAL_MUTATION_HANG="10")  # a hanging mutant fails its test in 10 s
+    mount = cgroup2_mount()
     try:
-        run = subprocess.run([str(VENV_BIN / "mutmut"), "run", "--max-children",
-                              str(args.max_children)], cwd=copy, env=env)
+        with scratch_cgroup(mount, prefix="corral-mutation") as scratch:
+            procs = os.path.join(scratch, "cgroup.procs")
+
+            def enter() -> None:  # in the child, before exec: into the scratch cgroup
+                fd = os.open(procs, os.O_WRONLY)
+                try:
+                    os.write(fd, b"0")
+                finally:
+                    os.close(fd)
+
+            run = subprocess.run(["unshare", "--cgroup", "--mount", "--propagation", "private",
+                                  "--", "sh", "-c", CONFINE, "confine", mount,
+                                  str(VENV_BIN / "mutmut"), "run", "--max-children",
+                                  str(args.max_children)], cwd=copy, env=env,
+                                 preexec_fn=enter)
         if run.returncode != 0:
             print(f"mutmut run exited {run.returncode}", file=sys.stderr)
         return score(copy, args.module)

@@ -27,6 +27,7 @@ from supervisor import TaskHandle
 
 HANG = 30.0
 LONG = "60s"  # a grace no test may end up serving
+pytestmark = pytest.mark.usefixtures("watchdog")
 
 
 async def wait_for(condition: Callable[[], bool], what: str) -> None:
@@ -64,6 +65,8 @@ async def test_the_time_limit_sends_the_stop_signal_and_the_task_is_timed_out(
     assert r.stop.signalled_after_s is not None and r.stop.signalled_after_s >= 0.3
     assert r.stop.killed_after_s is None
     assert 0.3 <= gone(r) < HANG
+    assert r.cleanup == "clean" and not r.containment.escaped and r.kill_snapshot is None
+    assert r.usage.paused_s == 0.0
 
 
 async def test_no_time_limit_and_no_stop_lets_the_task_run_out(
@@ -121,6 +124,7 @@ async def test_the_grace_is_served_then_cgroup_kill(sup: supervisor.Supervisor) 
     assert s is not None and s.reached == "killed" and s.kill_because == "grace_expired"
     assert s.signalled_after_s is not None and s.killed_after_s is not None
     assert s.killed_after_s - s.signalled_after_s >= 0.4
+    assert r.cleanup == "clean" and not r.containment.escaped
 
 
 async def test_a_second_request_skips_the_rest_of_the_grace(sup: supervisor.Supervisor) -> None:
@@ -198,6 +202,15 @@ async def test_a_stopped_task_gets_sigcont_with_the_stop_signal(
     # without SIGCONT the TERM would wait for the 60 s grace's kill
     assert r.signal == signal.SIGTERM and r.stop is not None
     assert r.stop.reached == "signalled" and gone(r) < HANG
+    assert r.cleanup == "clean" and not r.containment.escaped
+
+
+def _procs(path: str) -> list[str]:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            return f.read().split()
+    except FileNotFoundError:
+        return []
 
 
 def _state(pid: int) -> str:
@@ -354,3 +367,231 @@ async def test_nothing_is_left_open_after_the_drive(sup: supervisor.Supervisor) 
     r = await sup.run(["sh", "-c", "sleep 60 & sleep 60 & echo $!"], grace=LONG)
     assert len(r.cleanup.leftovers) == 2
     assert len(os.listdir("/proc/self/fd")) == fds  # the pidfds kept of what was seen
+
+
+# ---- second round: what the first mutation run left alive ----------------------------------
+
+
+async def test_the_callers_cancelled_scope_counts_as_the_callers_first_request(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as outer:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                task = await start(sup, nursery, ["sh", "-c", IGNORE_TERM], grace=LONG)
+                await ready(task)
+                outer.start_soon(_stop_when_signalled, task)
+                scope.cancel()  # the first request: graceful
+    r = await task.wait()
+    s = r.stop
+    assert s is not None and s.reason == "cancel" and s.kill_because == "second_request"
+    assert gone(r) < HANG
+
+
+async def _stop_when_signalled(task: TaskHandle) -> None:
+    await wait_for(lambda: task.stop_level == "signalled", "the stop signal")
+    task.stop()  # the caller's second request
+
+
+@pytest.mark.parametrize("limit", ["time_limit", "idle_timeout"])
+async def test_the_supervisors_own_stop_leaves_the_caller_both_requests(
+        sup: supervisor.Supervisor, limit: str) -> None:
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sh", "-c", IGNORE_TERM], grace="1s",
+                           **{limit: "0.2s"})
+        await wait_for(lambda: task.stop_level == "signalled", "the limit's stop signal")
+        assert task.stop()  # the caller's first request: it changes something, kills nothing
+        r = await task.wait()
+    s = r.stop
+    assert r.outcome == "timed_out" and s is not None and s.kill_because == "grace_expired"
+    assert s.killed_after_s is not None and s.signalled_after_s is not None
+    assert s.killed_after_s - s.signalled_after_s >= 1.0
+
+
+async def test_the_limit_still_fires_after_a_pause_that_outlasted_it(
+        sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sleep", "60"], time_limit="0.5s", grace=LONG)
+        assert task.pause()
+        await trio.sleep(1.0)
+        assert task.resume()
+        r = await task.wait()
+    s = r.stop
+    assert r.outcome == "timed_out" and s is not None and s.reason == "time_limit"
+    assert r.usage.paused_s >= 1.0
+    assert s.requested_after_s is not None and s.requested_after_s >= 1.5  # 0.5 s running
+
+
+async def test_a_resume_does_not_bring_the_limit_forward(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sleep", "0.6"], time_limit="1.5s")
+        await trio.sleep(0.1)
+        assert task.pause()
+        await trio.sleep(0.5)
+        assert task.resume()
+        r = await task.wait()
+    assert r.outcome == "succeeded" and r.stop is None
+
+
+async def test_the_driver_sleeps_while_it_waits_for_the_limit(
+        sup: supervisor.Supervisor) -> None:
+    import resource
+
+    def cpu() -> float:
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        return u.ru_utime + u.ru_stime
+
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sleep", "60"], time_limit="1.2s", grace=LONG)
+        assert task.pause()
+        await trio.sleep(0.3)
+        assert task.resume()
+        before = cpu()
+        r = await task.wait()
+        used = cpu() - before
+    assert r.outcome == "timed_out"
+    assert used < 0.3, f"{used:.2f} s of CPU while waiting ~1.2 s: a busy loop"
+
+
+async def test_a_stop_during_a_pause_records_the_pause(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sleep", "60"], grace=LONG)
+        assert task.pause()
+        await trio.sleep(0.2)
+        task.stop(force=True)
+        r = await task.wait()
+    assert r.outcome == "cancelled" and r.usage.paused_s >= 0.2
+    assert r.stop is not None and r.stop.kill_because == "force"
+
+
+async def test_no_pause_during_the_grace(sup: supervisor.Supervisor) -> None:
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sh", "-c", IGNORE_TERM], grace="0.5s")
+        await ready(task)
+        task.stop()
+        await wait_for(lambda: task.stop_level == "signalled", "the stop signal")
+        assert not task.pause()  # stopping: no pause may hold the grace
+        r = await task.wait()
+    assert r.usage.paused_s == 0.0 and r.stop is not None and r.stop.reached == "killed"
+
+
+async def test_the_kill_is_recorded_with_a_snapshot_and_the_level_it_reached(
+        sup: supervisor.Supervisor) -> None:
+    n = 300
+    script = f"i=0; while [ $i -lt {n} ]; do sleep 60 & i=$((i+1)); done; echo ready; wait"
+    levels: list[str] = []
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sh", "-c", script], grace=LONG)
+        await ready(task)
+        task.stop(force=True)
+        while task.result is None:
+            levels.append(task.stop_level)
+            await trio.lowlevel.checkpoint()
+        r = await task.wait()
+    # (the KILL phase lasts a few ms: the poll sees it most of the time, not always)
+    assert set(levels) <= {"requested", "killed", "gone"}, set(levels)
+    snap, s = r.kill_snapshot, r.stop
+    assert snap is not None and s is not None and s.killed_after_s is not None
+    assert 0 <= snap.taken_after_s <= s.killed_after_s + 0.001
+    assert s.killed_after_s - snap.taken_after_s < 1.0
+    assert len(snap.processes) + snap.more == n + 1
+    assert {p.comm for p in snap.processes} <= {"sh", "sleep"}
+    assert r.cleanup == "clean" and not r.cleanup.detail  # emptied within the bound
+
+
+async def test_a_leaf_that_does_not_empty_in_time_is_reported(
+        sup: supervisor.Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    import supervisor._drive as drive
+
+    # Every kill is overdue at once: the first look after cgroup.kill finds the leaf still
+    # populated, as long as its 300 processes are still dying then (most of the time; a
+    # few tries make it certain).
+    monkeypatch.setattr(drive, "KILL_TIMEOUT", -1.0)
+    script = "i=0; while [ $i -lt 300 ]; do sleep 60 & i=$((i+1)); done; echo ready; wait"
+    seen = []
+    for _ in range(8):
+        async with trio.open_nursery() as nursery:
+            task = await start(sup, nursery, ["sh", "-c", script], grace=LONG)
+            await ready(task)
+            task.stop(force=True)
+            r = await task.wait()
+        assert r.outcome == "cancelled" and r.signal == signal.SIGKILL
+        seen.append(r.cleanup)
+        if r.cleanup == "incomplete":
+            assert r.cleanup.detail is not None
+            assert "the leaf did not empty within -1s of cgroup.kill" in r.cleanup.detail
+            return
+    pytest.fail(f"no kill was ever reported overdue: {seen}")
+
+
+async def test_a_process_forked_while_the_stop_went_out_gets_it_once_and_others_not_twice(
+        sup: supervisor.Supervisor) -> None:
+    counter = ("n=0; trap 'n=$((n+1)); echo count-$n' TERM; echo ready; "
+               "while :; do sleep 0.02; done")
+    late = "trap 'echo late-term; exit 0' TERM; while :; do sleep 0.02; done"
+    # the main: on TERM, starts a late child, then exits after a moment
+    main = ('sh -c "$1" counter & '
+            'trap \'sh -c "$2" late & sleep 0.3; exit 0\' TERM; '
+            "while :; do sleep 0.02; done")
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sh", "-c", main, "main", counter, late], grace="1s")
+        await ready(task)
+        task.stop()
+        r = await task.wait()
+    assert b"count-1" in r.stdout and b"count-2" not in r.stdout, r.stdout
+    assert b"late-term" in r.stdout, r.stdout
+
+
+async def test_a_frozen_sub_cgroup_is_thawed_and_named(sup: supervisor.Supervisor,
+                                                       cgroup2_mount: str) -> None:
+    script = ('cg="$1$(sed -n "s/^0:://p" /proc/self/cgroup)/made"; mkdir "$cg"; '
+              'sh -c \'echo 0 > "$1/cgroup.procs"; exec sleep 60\' inner "$cg" & '
+              'echo ready; wait')
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sh", "-c", script, "task", cgroup2_mount],
+                           grace=LONG)
+        await ready(task)
+        assert task.cgroup is not None
+        made = os.path.join(task.cgroup, "made")
+        await wait_for(lambda: bool(_procs(made)), "the process in the sub-cgroup")
+        with cgroupfs.Cgroup.open(made) as sub:
+            sub.freeze()
+            assert sub.wait_frozen(HANG)
+        task.stop()
+        r = await task.wait()
+    assert f"the task had frozen {made}; corral thawed it to stop it" in r.notes, r.notes
+    assert r.stop is not None and r.stop.reached == "signalled"
+
+
+async def test_usage_is_sampled_while_the_task_runs(test_cgroup: cgroupfs.Cgroup) -> None:
+    async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
+                                          sample_interval="0.1s") as sup:
+        r = await sup.run(["sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; "
+                                       "sleep 0.5"])
+    series = r.usage.series
+    assert series is not None, r.usage
+    t = series["t_s"]
+    assert t is not None and len(t) >= 2 and t == sorted(t)
+    assert all(0 <= x <= gone(r) + 0.2 and x == round(x, 3) for x in t)
+    assert series["cpu_s"] is not None and len(series["cpu_s"]) == len(t)
+    assert series["cpu_s"] == sorted(series["cpu_s"]) and series["cpu_s"][-1] > 0
+
+
+async def test_an_escape_seen_only_by_the_stop_signal_is_still_caught(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    elsewhere = test_cgroup.make_child("elsewhere")
+    child = ('trap "echo \\$\\$ > $1/cgroup.procs" TERM; echo ready; '
+             "while :; do sleep 0.02; done")
+    try:
+        # no sampler: the stop signal's pass is the only one that sees the child
+        async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
+                                              sample_interval=None) as sup, \
+                trio.open_nursery() as nursery:
+            task = await start(sup, nursery, ["sh", "-c", 'sh -c "$1" child "$2" & wait',
+                                              "main", child, elsewhere.path], grace="0.3s")
+            await ready(task)
+            task.stop()
+            r = await task.wait()
+        assert [e.ended for e in r.containment.escaped] == ["killed"], r.containment.escaped
+    finally:
+        await wait_for(lambda: not elsewhere.is_populated(), "the escaped process to die")
+        elsewhere.remove()

@@ -125,12 +125,16 @@ async def test_usage_keeps_what_the_leaf_offered_and_nothing_it_did_not() -> Non
     assert u.pressure == {"cpu": 1} and u.series == {"t": []} and u.paused_s == 0.0
 
     s = stats(CpuStat(usage_usec=3_000_000, user_usec=2_000_000, system_usec=1_000_000),
-              MemoryEvents(low=0, high=1, max=2, oom=3, oom_kill=4, oom_group_kill=None),
+              MemoryEvents(low=0, high=1, max=2, oom=3, oom_kill=4, oom_group_kill=5),
               peak=4096, pids_peak=7)
-    u = usage_of(s, 0.5, 4, pressure={"io": 2}, series={"s": 1}, paused_s=2.0)
-    assert (u.wall_s, u.cpu_total_s, u.cpu_user_s, u.cpu_system_s) == (0.5, 3.0, 2.0, 1.0)
+    u = usage_of(s, 0.123456789, 4, pressure={"io": 2}, series={"s": 1}, paused_s=2.0)
+    assert (u.wall_s, u.cpu_total_s, u.cpu_user_s, u.cpu_system_s) == (0.123457, 3.0, 2.0, 1.0)
     assert (u.memory_peak, u.pids_peak, u.oom_kills, u.paused_s) == (4096, 7, 4, 2.0)
-    assert u.memory_events == {"low": 0, "high": 1, "max": 2, "oom": 3, "oom_kill": 4}
+    assert u.memory_events == {"low": 0, "high": 1, "max": 2, "oom": 3, "oom_kill": 4,
+                               "oom_group_kill": 5}
+    partial = usage_of(stats(None, MemoryEvents(low=None, high=None, max=None, oom=None,
+                                                oom_kill=1, oom_group_kill=None)), 1.0, 1)
+    assert partial.memory_events == {"oom_kill": 1}  # what the kernel did not offer: absent
     assert u.pressure == {"io": 2} and u.series == {"s": 1}
 
     u = usage_of(stats(None, None), 1.0, None)
@@ -147,6 +151,7 @@ def test_read_usage_reads_only_the_record_files_and_never_fails(
     got = read_usage(leaf, frozenset())
     assert got is not None and got.cpu is not None and got.cpu.usage_usec is not None
     assert got.memory_current is None and got.pids_current is None  # not asked for
+    assert got.cgroup is None and got.pids_events is None  # (cgroup.stat, pids.events)
     os.rmdir(leaf.path)
     gone = read_usage(leaf, frozenset())  # nothing to read: every figure absent, no error
     assert gone is not None and gone.cpu is None
@@ -161,13 +166,24 @@ def test_read_usage_reads_only_the_record_files_and_never_fails(
         def read_stats(self, *args: object, **kwargs: object) -> None:
             raise self.error
 
+    calls: list[tuple[object, object]] = []
+
+    class Recorder:
+        path = "/recorder"
+
+        def read_stats(self, controllers: object, only: object = None) -> None:
+            calls.append((controllers, only))
+
+    assert read_usage(Recorder(), frozenset({"pids"})) is None  # type: ignore[arg-type]
+    assert calls == [(frozenset({"pids"}), USAGE_FILES)]
+
     with caplog.at_level(logging.WARNING, logger="supervisor._outcome"):
         missing = Broken(cgroupfs.CgroupNotFound(errno.ENOENT, "gone", "/broken/cpu.stat"))
         assert read_usage(missing, frozenset()) is None  # type: ignore[arg-type]
         assert caplog.text == ""
         unreadable = Broken(cgroupfs.CgroupError("unreadable"))
         assert read_usage(unreadable, frozenset()) is None  # type: ignore[arg-type]
-    assert "reading the usage of /broken: unreadable" in caplog.text
+    assert caplog.messages == ["reading the usage of /broken: unreadable"]
 
 
 async def test_the_classification_is_the_same_inside_trio() -> None:

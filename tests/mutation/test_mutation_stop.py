@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 import trio
 
 import cgroupfs
@@ -223,7 +224,7 @@ def test_signal_tree_reaches_every_process_of_the_subtree_and_names_them(
         leaf.remove()
 
 
-def test_signal_tree_sends_each_signal_in_order_and_keeps_pidfds_only_of_new_pids(
+def test_signal_tree_sends_each_signal_in_order_and_remembers_only_new_pids(
         test_cgroup: cgroupfs.Cgroup) -> None:
     leaf = test_cgroup.make_child("leaf")
     # stopped first, then the TERM that only a continued process acts on
@@ -235,7 +236,7 @@ def test_signal_tree_sends_each_signal_in_order_and_keeps_pidfds_only_of_new_pid
         keep = {p.pid: existing}
         fds = len(os.listdir("/proc/self/fd"))
         signal_tree(leaf, (signal.SIGTERM, signal.SIGCONT), p.pid, keep)
-        assert keep == {p.pid: existing}  # the pidfd it had is kept, none leaked
+        assert keep == {p.pid: existing}  # what it knew of that pid is left alone
         assert len(os.listdir("/proc/self/fd")) == fds
         assert p.wait(10) == -signal.SIGTERM
         os.close(existing)
@@ -274,3 +275,108 @@ def test_signal_tree_of_a_removed_cgroup_finds_nothing(test_cgroup: cgroupfs.Cgr
     found = signal_tree(leaf, (signal.SIGTERM,), 1)
     assert found.processes == [] and not found.main_listed
     leaf.close()
+
+
+def test_signal_tree_leaves_out_what_it_is_told_to_skip_and_our_own_process(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    leaf = test_cgroup.make_child("leaf")
+    a = spawn_in(leaf, ["sleep", "60"])
+    b = spawn_in(leaf, ["sleep", "60"])
+    home = cgroupfs.own_cgroup()  # our cgroup's directory, to come back to
+    try:
+        wait_listed(leaf, 2)
+        leaf.add_proc(os.getpid())  # as a task that can write the tree could do to us
+        try:
+            found = signal_tree(leaf, (signal.SIGTERM,), a.pid, skip={a.pid})
+        finally:
+            with cgroupfs.Cgroup.open(home) as back:
+                back.add_proc(os.getpid())
+        assert [p.pid for p in found.processes] == [b.pid]
+        assert not found.main_listed  # skipped: not listed
+        assert b.wait(10) == -signal.SIGTERM
+        assert a.poll() is None
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+        leaf.remove()
+
+
+class Relisting:
+    """A cgroup whose second listing differs from its first: what a process that dies (and is
+    reaped) between signal_tree's two listings looks like, made to happen every time."""
+
+    def __init__(self, first: list[int], second: list[int],
+                 meanwhile: object = None) -> None:
+        self.listings = [{".": first}, {".": second}]
+        self.meanwhile = meanwhile
+
+    def procs_tree(self) -> dict[str, list[int]]:
+        if len(self.listings) == 1 and self.meanwhile is not None:
+            self.meanwhile()  # type: ignore[operator]
+        return self.listings.pop(0) if len(self.listings) > 1 else self.listings[0]
+
+
+def test_a_process_gone_between_the_listings_does_not_stop_the_pass() -> None:
+    a = subprocess.Popen(["sleep", "60"])
+    b = subprocess.Popen(["sleep", "60"])
+    try:
+        found = signal_tree(Relisting([a.pid, b.pid], [b.pid]),  # type: ignore[arg-type]
+                            (signal.SIGTERM,))
+        assert [p.pid for p in found.processes] == [b.pid]
+        assert b.wait(10) == -signal.SIGTERM and a.poll() is None
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+def test_a_process_that_dies_after_its_pidfd_was_opened_does_not_stop_the_pass() -> None:
+    a = subprocess.Popen(["sleep", "60"])
+    b = subprocess.Popen(["sleep", "60"])
+
+    def reap_a() -> None:  # between the pidfds' opening and the sends
+        a.kill()
+        a.wait()
+
+    try:
+        keep: dict[int, int] = {a.pid: 1, b.pid: 1}  # known already: no start time read
+        found = signal_tree(Relisting([a.pid, b.pid], [a.pid, b.pid], reap_a),  # type: ignore[arg-type]
+                            (signal.SIGTERM, signal.SIGCONT), keep=keep)
+        assert b.wait(10) == -signal.SIGTERM
+        assert b.pid in [p.pid for p in found.processes]
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+def test_out_of_fds_a_process_is_signalled_by_pid_checked_by_its_start_time(
+        test_cgroup: cgroupfs.Cgroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    import supervisor._stop as stop_module
+
+    leaf = test_cgroup.make_child("leaf")
+    a = spawn_in(leaf, ["sleep", "60"])
+    b = spawn_in(leaf, ["sleep", "60"])
+    try:
+        wait_listed(leaf, 2)
+
+        def no_fds(pid: int) -> int:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(stop_module.os, "pidfd_open", no_fds)  # type: ignore[attr-defined]
+        keep: dict[int, int] = {}
+        found = signal_tree(leaf, (signal.SIGTERM,), a.pid, keep)
+        monkeypatch.undo()
+        assert sorted(p.pid for p in found.processes) == sorted([a.pid, b.pid])
+        assert found.main_listed
+        assert a.wait(10) == -signal.SIGTERM and b.wait(10) == -signal.SIGTERM
+        assert set(keep) == {a.pid, b.pid} and all(v > 0 for v in keep.values())
+    finally:
+        monkeypatch.undo()
+        for p in (a, b):
+            p.kill()
+            p.wait()
+        leaf.remove()
