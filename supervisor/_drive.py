@@ -176,10 +176,11 @@ class Driver(Sampled):
     def _step_term(self, now: float) -> None:
         if self.stop.kill_now or now >= self.grace_end:
             self._enter_kill(now)
-        elif now >= self.repeat_at:
+            return
+        if now >= self.repeat_at:
             self._send((self.stop.signal, signal.SIGCONT))
             self.repeat_at = now + (self.terms.repeat or math.inf)
-            self.deadline = min(self.grace_end, self.repeat_at)
+        self.deadline = min(self.grace_end, self.repeat_at)
 
     def _step_kill_overdue(self) -> None:
         self.problems += (f"the leaf did not empty within {KILL_TIMEOUT:.0f}s of cgroup.kill",)

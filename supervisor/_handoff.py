@@ -228,12 +228,13 @@ def _restore_driver(d: Driver, s: dict[str, Any], clock: _Clock) -> None:
     d.tracker.leftovers = {pid: ProcessInfo(pid, comm) for pid, comm in s["leftovers"]}
     d.tracker.escaped = {e[0]: EscapedProcess(*e) for e in s["escaped"]}
     d.series = None if s["series"] is None else Series.restore(s["series"])
-    if d.phase == TERM:
-        d.deadline = min(d.grace_end, d.repeat_at)
-    elif d.phase == KILL:
+    if d.phase == KILL:
         d.deadline = clock.back(s["kill_by"])
     else:
-        d.deadline = d.running_deadline()
+        # step at once, before the first wait: a stop asked for just before the hand-over
+        # (exported still RUNNING), or of this process before the life first ran (no waker
+        # to cancel yet), is acted on now; the step sets the real deadline
+        d.deadline = -math.inf
 
 
 def adopt_all(rt: Runtime, handover: HandOver, nursery: trio.Nursery,

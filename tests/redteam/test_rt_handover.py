@@ -25,9 +25,6 @@ async def _hand_over_after(scratch: str, before: str) -> supervisor.HandOver:
             return await sup.hand_over()
 
 
-@pytest.mark.xfail(strict=True, reason="a stop requested just before hand_over() is exported "
-                   "as requested-but-RUNNING and the adopted driver never acts on it (nothing "
-                   "is stepped before its first wait): the task runs on unstopped")
 async def test_a_stop_asked_just_before_the_hand_over_is_carried_out(scratch: str) -> None:
     async with supervisor.open_supervisor(cgroup_root=scratch) as sup:
         async with trio.open_nursery() as n:
@@ -47,9 +44,6 @@ async def test_a_stop_asked_just_before_the_hand_over_is_carried_out(scratch: st
     assert r.outcome == "cancelled" and r.stop is not None and r.stop.reached == "signalled"
 
 
-@pytest.mark.xfail(strict=True, reason="a stop requested on an adopted task before its life has "
-                   "first run (right after open_supervisor(adopt=) yields) cancels no waker and "
-                   "is lost until the next deadline")
 async def test_a_second_stop_right_after_adoption_kills_now(scratch: str) -> None:
     handover = await _hand_over_after(scratch, "stop_then_wait")
     async with supervisor.open_supervisor(adopt=handover) as sup:
