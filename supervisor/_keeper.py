@@ -126,17 +126,19 @@ class Keeper:
     fds: the keeper belongs to the process that started it.
     """
 
-    __slots__ = ("_control", "_owner", "_pidfd", "_ready", "pid", "returncode", "root_path")
+    __slots__ = ("_control", "_owner", "_pidfd", "_ready", "_root", "pid", "returncode",
+                 "root_path")
 
-    def __init__(self, pid: int, pidfd: int, control: int, ready: int, root_path: str) -> None:
+    def __init__(self, pid: int, pidfd: int, control: int, ready: int, root: Cgroup) -> None:
         """Adopt a running keeper (its pid, a pidfd, the control pipe's write end and the ready
-        pipe's read end, -1 once read); prefer :meth:`start`."""
+        pipe's read end, -1 once read) guarding ``root``; prefer :meth:`start`."""
         self.pid = pid
-        self.root_path = root_path
+        self.root_path = root.path
         self.returncode: int | None = None  # as subprocess: -N for a signal, once reaped
         self._pidfd = pidfd
         self._control = control
         self._ready = ready
+        self._root = root
         self._owner = os.getpid()
 
     @classmethod
@@ -192,7 +194,24 @@ class Keeper:
             raise
         for fd in (sup_pidfd, control_r, ready_w):
             os.close(fd)  # the keeper's ends: EOF on ready_r once it exits
-        return cls(child.pid, child.pidfd, control_w, ready_r, root.path)
+        return cls(child.pid, child.pidfd, control_w, ready_r, root)
+
+    def fileno(self) -> int:
+        """The keeper's pidfd: readable once it has exited (whoever killed it)."""
+        return self._pidfd
+
+    def rearm(self) -> int | None:
+        """The keeper died on its own (an operator's kill, the OOM killer): reap it and start
+        another in its place, guarding the same root.  Returns the dead one's status; raises
+        as :meth:`start` does (then this object stays closed)."""
+        self._reap()
+        status = self.returncode
+        self._close_fds()
+        new = Keeper.start(self._root)
+        self.pid, self.returncode = new.pid, None
+        self._pidfd, self._control, self._ready = new._pidfd, new._control, new._ready
+        new._pidfd = new._control = new._ready = -1
+        return status
 
     def alive(self) -> bool:
         """Whether the keeper is still running.  One that died is left unreaped (a zombie)

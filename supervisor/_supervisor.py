@@ -348,12 +348,32 @@ class Supervisor:
             except (CgroupError, FileNotFoundError) as e:
                 log.warning("guarding our root %s against freezes: %s", root.path, e)
                 return
-            text = (f"corral's root {root.path} was frozen (someone wrote 1 to its "
-                    f"cgroup.freeze: a task with write access to corral's cgroups?) while this "
-                    f"task ran; corral thawed it")
-            log.warning("%s", text)
-            self._rt.incidents.append(Incident(trio.current_time(), text))
-            del self._rt.incidents[:-100]  # bounded: the newest hundred
+            self._incident(f"corral's root {root.path} was frozen (someone wrote 1 to its "
+                           f"cgroup.freeze: a task with write access to corral's cgroups?) "
+                           f"while this task ran; corral thawed it")
+
+    async def _guard_keeper(self, keeper: Keeper) -> None:
+        """The keeper may die before us (an operator's kill, the OOM killer): then nothing
+        would end our tasks should we die too.  Start another at once, and say so in the
+        records of the tasks running meanwhile.  Runs until cancelled."""
+        while True:
+            await trio.lowlevel.wait_readable(keeper.fileno())
+            dead = keeper.pid
+            try:
+                status = keeper.rearm()
+            except (SupervisorError, OSError) as e:
+                self._incident(f"corral's keeper (pid {dead}) died and no other could be "
+                               f"started ({e}): had corral died too, its tasks would have "
+                               f"outlived it")
+                return
+            self._incident(f"corral's keeper (pid {dead}, which ends the tasks should corral "
+                           f"die) died (status {status}) while this task ran; a new one (pid "
+                           f"{keeper.pid}) took its place")
+
+    def _incident(self, text: str) -> None:
+        log.warning("%s", text)
+        self._rt.incidents.append(Incident(trio.current_time(), text))
+        del self._rt.incidents[:-100]  # bounded: the newest hundred
 
 
 def _unwrapped(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -419,7 +439,7 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
         keeper = Keeper.start(placement.root)
         guard.start()
         async with _serving(placement, guard, Sampler(interval), default, ceiling,
-                            retain_results, adopt) as sup:
+                            retain_results, adopt, keeper) as sup:
             try:
                 yield sup
             finally:
@@ -436,7 +456,7 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
 @asynccontextmanager
 async def _serving(placement: Placement, guard: SpawnGuard, sampler: Sampler,
                    default: float | None, ceiling: float | None, retain: int,
-                   adopt: HandOver | None) -> AsyncIterator[Supervisor]:
+                   adopt: HandOver | None, keeper: Keeper) -> AsyncIterator[Supervisor]:
     """The supervisor's own trio tasks (watcher, reactor, root guard) around the caller's
     block; on exit every task is stopped and recorded first, then they go."""
     watcher, reactor = CgroupWatcher(), IoReactor()
@@ -447,6 +467,7 @@ async def _serving(placement: Placement, guard: SpawnGuard, sampler: Sampler,
             sup = Supervisor(placement, watcher, reactor, guard, sampler, default, ceiling,
                              retain)
             nursery.start_soon(sup._guard_root)
+            nursery.start_soon(sup._guard_keeper, keeper)
             nursery.start_soon(sampler.run)
             if adopt is not None:
                 sup._adopt(adopt, nursery)

@@ -438,3 +438,38 @@ def test_keeper_says_what_it_could_not_remove_and_exits_1(test_cgroup: Cgroup) -
             f"Invalid cross-device link\n") in r.stderr
     assert os.path.isdir(os.path.join(root.path, "busy"))  # the test cgroup's teardown ends it
     root.close()
+
+
+async def test_a_keeper_that_dies_is_replaced_and_the_records_say_so(
+        test_cgroup: Cgroup) -> None:
+    import trio
+
+    import supervisor
+
+    def keepers() -> list[int]:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+            kids = [int(c) for c in f.read().split()]
+        found = []
+        for pid in kids:
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "corral-keeper":
+                        found.append(pid)
+            except OSError:
+                pass
+        return found
+
+    async with supervisor.open_supervisor(cgroup_root=test_cgroup.path) as sup, \
+            trio.open_nursery() as n:
+        task = await n.start(sup.start, ["sleep", "30"])
+        (first,) = keepers()
+        os.kill(first, signal.SIGKILL)  # an operator's kill, the OOM killer
+        with trio.fail_after(HANG):
+            while keepers() in ([], [first]):
+                await trio.sleep(0.01)
+        (second,) = keepers()
+        task.stop()
+        r = await task.wait()
+    assert second != first
+    assert any(f"keeper (pid {first}" in note and f"new one (pid {second})" in note
+               for note in r.notes), r.notes

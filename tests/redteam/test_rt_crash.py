@@ -111,9 +111,6 @@ def _comm(pid: int) -> str:
         return "?"
 
 
-@pytest.mark.xfail(strict=True, reason="nothing watches the keeper: once it is gone (an "
-                   "operator's kill, an OOM kill), the supervisor runs on unguarded and says "
-                   "nothing; a SIGKILL of the supervisor then leaves its tasks running")
 def test_a_supervisor_whose_keeper_died_is_still_guarded(scratch: str) -> None:
     p = subprocess.Popen([sys.executable, "-c", HOLD_A_TASK, scratch], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
