@@ -137,7 +137,10 @@ def clear_below(path: str) -> None:
             os.write(wfd, b"1")
         finally:
             os.close(wfd)
-        poll(lambda: "populated 0" in open(os.path.join(path, "cgroup.events")).read(), 10)
+        def emptied() -> bool:
+            with open(os.path.join(path, "cgroup.events")) as f:
+                return "populated 0" in f.read()
+        poll(emptied, 10)
         for entry in os.listdir(fd):
             st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):

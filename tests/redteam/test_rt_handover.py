@@ -5,33 +5,30 @@ from __future__ import annotations
 
 import functools
 
-import pytest
 import trio
+from conftest import wait_for
 
 import supervisor
-from conftest import wait_for
 
 
 async def _hand_over_after(scratch: str, before: str) -> supervisor.HandOver:
-    async with supervisor.open_supervisor(cgroup_root=scratch) as sup:
-        async with trio.open_nursery() as n:
-            task = await n.start(functools.partial(
-                sup.start, ["sh", "-c", "trap '' TERM; echo ready; exec sleep 30"],
-                grace="10s", task_id="victim"))
-            await wait_for(lambda: b"ready" in task.output().head, what="its trap")
-            if before == "stop_then_wait":
-                task.stop()
-                await trio.sleep(0.3)  # the driver has sent SIGTERM
-            return await sup.hand_over()
+    async with supervisor.open_supervisor(cgroup_root=scratch) as sup, trio.open_nursery() as n:
+        task = await n.start(functools.partial(
+            sup.start, ["sh", "-c", "trap '' TERM; echo ready; exec sleep 30"],
+            grace="10s", task_id="victim"))
+        await wait_for(lambda: b"ready" in task.output().head, what="its trap")
+        if before == "stop_then_wait":
+            task.stop()
+            await trio.sleep(0.3)  # the driver has sent SIGTERM
+        return await sup.hand_over()
 
 
 async def test_a_stop_asked_just_before_the_hand_over_is_carried_out(scratch: str) -> None:
-    async with supervisor.open_supervisor(cgroup_root=scratch) as sup:
-        async with trio.open_nursery() as n:
-            task = await n.start(functools.partial(sup.start, ["sleep", "30"],
-                                                   task_id="victim"))
-            task.stop()  # graceful: SIGTERM ends sleep at once
-            handover = await sup.hand_over()
+    async with supervisor.open_supervisor(cgroup_root=scratch) as sup, trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sleep", "30"],
+                                               task_id="victim"))
+        task.stop()  # graceful: SIGTERM ends sleep at once
+        handover = await sup.hand_over()
     async with supervisor.open_supervisor(adopt=handover) as sup:
         (task,) = sup.tasks
         with trio.move_on_after(5):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import os
 
-import pytest
 import trio
 from conftest import alive, leaf_path_script, procs, run_program, wait_for
 
@@ -49,13 +48,13 @@ async def test_a_deep_subcgroup_tree_still_gets_a_record_and_is_cleared(scratch:
     raised: BaseException | None = None
     handle = None
     try:
-        async with supervisor.open_supervisor(cgroup_root=scratch) as sup:
-            async with trio.open_nursery() as n:
-                handle = await n.start(functools.partial(sup.start, ["bash", "-c",
-                                                                     deep_task(sleeper)],
-                                                         grace="1s", time_limit="20s"))
-                with trio.fail_after(30):
-                    await handle.wait()
+        async with supervisor.open_supervisor(cgroup_root=scratch) as sup, \
+                trio.open_nursery() as n:
+            handle = await n.start(functools.partial(sup.start, ["bash", "-c",
+                                                                 deep_task(sleeper)],
+                                                     grace="1s", time_limit="20s"))
+            with trio.fail_after(30):
+                await handle.wait()
     except BaseException as e:  # what escapes is part of the finding
         raised = e
     survivors = find_sleepers(sleeper)

@@ -95,8 +95,8 @@ async def test_a_task_id_is_never_reused(scratch: str) -> None:
                    "and raises InternalError('... a second final record') into the caller's "
                    "nursery")
 async def test_a_start_scheduled_in_an_outer_nursery_ends_quietly(scratch: str) -> None:
-    async with trio.open_nursery() as outer:
-        async with supervisor.open_supervisor(cgroup_root=scratch) as sup:
-            outer.start_soon(sup.start, ["sleep", "1"])
+    async with trio.open_nursery() as outer, \
+            supervisor.open_supervisor(cgroup_root=scratch) as sup:
+        outer.start_soon(sup.start, ["sleep", "1"])
     (r,) = sup.results.values()
     assert r.outcome == "cancelled" and not r.started

@@ -17,15 +17,15 @@ import supervisor
                    "kills it; the first corral records signaled SIGKILL, stop null, clean")
 async def test_a_corral_inside_another_corrals_root_leaves_its_tasks_alone(
         scratch: str) -> None:
-    async with supervisor.open_supervisor(cgroup_root=scratch) as first:
-        async with trio.open_nursery() as n:
-            task = await n.start(functools.partial(first.start, ["sleep", "30"],
-                                                   task_id="corral-1-abcdef"))
-            async with supervisor.open_supervisor(cgroup_root=first.cgroup_root) as second:
-                notes = second.placement_notes
-            await trio.sleep(0.3)
-            killed = task.result
-            task.stop(force=True)
+    async with supervisor.open_supervisor(cgroup_root=scratch) as first, \
+            trio.open_nursery() as n:
+        task = await n.start(functools.partial(first.start, ["sleep", "30"],
+                                               task_id="corral-1-abcdef"))
+        async with supervisor.open_supervisor(cgroup_root=first.cgroup_root) as second:
+            notes = second.placement_notes
+        await trio.sleep(0.3)
+        killed = task.result
+        task.stop(force=True)
     assert killed is None, (f"the second corral ({notes}) killed the first one's task: its "
                             f"record says {killed.outcome} signal={killed.signal} "
                             f"stop={killed.stop} cleanup={killed.cleanup}")
@@ -33,13 +33,12 @@ async def test_a_corral_inside_another_corrals_root_leaves_its_tasks_alone(
 
 async def test_two_corrals_on_one_root_never_reap_each_other(scratch: str) -> None:
     """Held: each has its own locked root; opening more beside them clears nothing live."""
-    async with supervisor.open_supervisor(cgroup_root=scratch) as a:
-        async with trio.open_nursery() as n:
-            task = await n.start(a.start, ["sleep", "30"])
-            for _ in range(3):
-                async with supervisor.open_supervisor(cgroup_root=scratch) as b:
-                    assert b.placement_notes == []
-                    assert (await b.run(["true"])).outcome == "succeeded"
-            assert task.result is None
-            task.stop()
+    async with supervisor.open_supervisor(cgroup_root=scratch) as a, trio.open_nursery() as n:
+        task = await n.start(a.start, ["sleep", "30"])
+        for _ in range(3):
+            async with supervisor.open_supervisor(cgroup_root=scratch) as b:
+                assert b.placement_notes == []
+                assert (await b.run(["true"])).outcome == "succeeded"
+        assert task.result is None
+        task.stop()
     assert task.result is not None and task.result.outcome == "cancelled"

@@ -31,10 +31,9 @@ trio.run(main, sys.argv[1])
 """
 
 
-@pytest.mark.xfail(strict=True, reason="library tasks share the supervisor's process group: a "
-                   "task's `kill 0` kills the supervisor program (no record for any task) and "
-                   "signals every sibling task")
 def test_a_task_signalling_its_process_group_reaches_nobody_else(scratch: str) -> None:
+    """Held since d9ed59b (was: the task's `kill 0` killed the supervisor program, no record for
+    any task, and signalled every sibling)."""
     ran = run_program(KILL_ZERO, scratch, timeout=30)
     assert ran.rc == 0, (f"the supervisor program ended with status {ran.rc} (-15: the "
                          f"task's SIGTERM) after printing {ran.stdout!r}")
@@ -84,7 +83,8 @@ def _phantom_stop_run(root: str, json_path: str) -> dict:
 
 
 @pytest.mark.xfail(strict=True, reason="corral run at a terminal takes a `kill 0` from one of the "
-                   "task's own processes for an outside stop request when that process has exited before "
+                   "task's own processes for an outside stop request when that process has "
+                   "exited before "
                    "corral reads /proc/PID/cgroup: the task is stopped, recorded as cancelled")
 def test_corral_run_ignores_the_tasks_own_kill_0_even_from_a_short_lived_process(
         scratch: str, tmp_path: object) -> None:
@@ -109,15 +109,15 @@ def test_corral_run_ignores_the_tasks_own_kill_0_from_a_live_process(scratch: st
 ESCAPES = """
 import os, signal
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-os.execvp("sleep", ["\\x1b[2J\\x1b[H\\x1b]0;pwned\\x07sleep\\n  Cleanup: clean\\n  Exit status: 0", "60"])
+FORGED = "\\x1b[2J\\x1b[H\\x1b]0;pwned\\x07sleep\\n  Cleanup: clean\\n  Exit status: 0"
+os.execvp("sleep", [FORGED, "60"])
 """
 
 
-@pytest.mark.xfail(strict=True, reason="--summary prints a task's command lines (and comm "
-                   "names, sub-cgroup names in notes) raw: a task, even under User=nobody, "
-                   "writes escape sequences and forged lines into the operator's terminal")
 def test_the_summary_does_not_pass_a_tasks_escape_sequences_to_the_terminal(
         scratch: str) -> None:
+    """Held since d9ed59b (was: command lines, comm names and notes printed raw: escape
+    sequences and forged lines in the operator's terminal)."""
     r = subprocess.run([CORRAL, "run", "--cgroup-root", scratch, "--summary",
                         "--time-limit", "0.5s", "--grace", "0.3s", "--", "python3", "-c",
                         ESCAPES], stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
@@ -133,7 +133,8 @@ import sys, trio, supervisor
 async def main(root):
     async with supervisor.open_supervisor(cgroup_root=root) as sup:
         async with trio.open_nursery() as n:
-            t = await n.start(sup.start, ["sh", "-c", "for i in $(seq 120); do sleep 60 & done; echo ok; wait"])
+            t = await n.start(sup.start, ["sh", "-c",
+                                          "for i in $(seq 120); do sleep 60 & done; echo ok; wait"])
             while b"ok" not in t.output().head:
                 await trio.sleep(0.05)
             t.stop()
@@ -169,10 +170,9 @@ def _corral_with_closed_stdin(root: str, *args: str, timeout: float) -> tuple[in
         return None, out
 
 
-@pytest.mark.xfail(strict=True, reason="corral run started with a closed stdin opens its "
-                   "signalfd as fd 0 and passes it to the task as its stdin")
 def test_corral_run_with_a_closed_stdin_keeps_its_own_fds(scratch: str) -> None:
-    rc, out = _corral_with_closed_stdin(scratch, "--", "readlink", "/proc/self/fd/0",
+    """Held since 0a77c17 (was: corral's signalfd opened as fd 0 and handed to the task)."""
+    _, out = _corral_with_closed_stdin(scratch, "--", "readlink", "/proc/self/fd/0",
                                         timeout=30)
     assert "signalfd" not in out and "eventpoll" not in out, (
         f"the task's stdin is corral's own {out.strip()}")
@@ -187,10 +187,9 @@ print("still running: the time limit never fired", flush=True)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="a task handed corral run's signalfd (closed stdin) "
-                   "clears its O_NONBLOCK: corral's next signal read blocks its event loop for "
-                   "good, and the time limit never fires")
 def test_a_task_cannot_block_corral_run_through_an_inherited_fd(scratch: str) -> None:
+    """Held since 0a77c17 (was: the task cleared O_NONBLOCK on corral's signalfd and blocked its
+    event loop past the time limit)."""
     rc, out = _corral_with_closed_stdin(scratch, "--time-limit", "1s", "--grace", "0.3s",
                                         "--", "python3", "-c", BLOCK_CORRAL, timeout=12)
     assert rc == 124, f"corral run did not stop the task at its 1 s time limit (status {rc}, " \
