@@ -34,18 +34,17 @@ time.sleep(60)
 
 async def main(root: str) -> dict[str, object]:
     out: dict[str, object] = {}
-    async with supervisor.open_supervisor(cgroup_root=root) as sup:
-        async with trio.open_nursery() as n:
-            hog = await n.start(functools.partial(sup.start, [sys.executable, "-c", HOG],
-                                                  grace="0.5s"))
-            while b"holding" not in hog.output().head:
-                await trio.sleep(0.1)
-            try:
-                r = await sup.run(["sh", "-c", "sleep 1 & exit 0"], time_limit="10s")
-                out.update(outcome=str(r.outcome), cleanup=str(r.cleanup), error=r.error)
-            except Exception as e:
-                out.update(raised=f"{type(e).__name__}: {e}")
-            hog.stop()
+    async with supervisor.open_supervisor(cgroup_root=root) as sup, trio.open_nursery() as n:
+        hog = await n.start(functools.partial(sup.start, [sys.executable, "-c", HOG],
+                                              grace="0.5s"))
+        while b"holding" not in hog.output().head:
+            await trio.sleep(0.1)
+        try:
+            r = await sup.run(["sh", "-c", "sleep 1 & exit 0"], time_limit="10s")
+            out.update(outcome=str(r.outcome), cleanup=str(r.cleanup), error=r.error)
+        except Exception as e:
+            out.update(raised=f"{type(e).__name__}: {e}")
+        hog.stop()
     return out
 
 
