@@ -43,7 +43,8 @@ MODULES = {"_stop": "supervisor/_stop.py", "_drive": "supervisor/_drive.py",
 TESTS = {
     "_units": ["tests/test_units.py", "tests/fuzz/test_fuzz_units.py"],
     "_stop": ["tests/mutation"],
-    "_drive": ["tests/mutation"],
+    # (hand_over()'s detach is exercised by the core's hand-over test, 2 s)
+    "_drive": ["tests/mutation", "tests/core/test_handover.py"],
     "_outcome": ["tests/mutation"],
 }
 BUILT = ["supervisor/_native.abi3.so", "supervisor/corral-keeper"]

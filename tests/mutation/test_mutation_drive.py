@@ -595,3 +595,17 @@ async def test_an_escape_seen_only_by_the_stop_signal_is_still_caught(
     finally:
         await wait_for(lambda: not elsewhere.is_populated(), "the escaped process to die")
         elsewhere.remove()
+
+
+async def test_a_task_that_moves_corral_into_its_leaf_does_not_get_corral_stopped(
+        sup: supervisor.Supervisor, cgroup2_mount: str) -> None:
+    # the task's parent is this very process (the supervisor): it moves it into its leaf,
+    # where the leftovers' stop (and a kill) would reach corral itself
+    script = ('cg="$1$(sed -n "s/^0:://p" /proc/self/cgroup)"; echo $PPID > "$cg/cgroup.procs"; '
+              "sleep 60 & echo moved")
+    home = cgroupfs.own_cgroup()
+    r = await sup.run(["sh", "-c", script, "task", cgroup2_mount], grace=0)
+    assert cgroupfs.own_cgroup() == home, "corral was left in the task's leaf"
+    assert r.outcome == "succeeded" and r.cleanup.leftovers_ended_by == "killed"
+    moved = [n for n in r.notes if f"moved corral's own process (pid {os.getpid()})" in n]
+    assert moved and moved[0].endswith(f"corral moved itself back to {home}"), r.notes
