@@ -3,7 +3,16 @@ asks for is honoured or refused, never silently dropped."""
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+
 import pytest
+from conftest import CORRAL, poll
 
 from supervisor.serve.peers import Peer
 from supervisor.serve.protocol import SubmitRequest
@@ -46,3 +55,78 @@ def test_an_unprivileged_submitter_cannot_pick_its_user() -> None:
     with pytest.raises(ApiError) as e:
         spec_for(NOBODY, {"User": "root"})
     assert e.value.status == 403
+
+
+@pytest.mark.xfail(strict=True, reason="a non-root submitter may ask for AmbientCapabilities= "
+                   "(only User/Group/SupplementaryGroups/DynamicUser are root's): its task runs "
+                   "as its uid holding CAP_SETUID, CAP_SYS_ADMIN... whatever it named")
+def test_an_unprivileged_submitter_cannot_ask_for_capabilities() -> None:
+    from supervisor.serve.protocol import ApiError
+    try:
+        iso = spec_for(NOBODY, {"AmbientCapabilities": "CAP_SETUID CAP_SYS_ADMIN"}).isolation
+    except ApiError as e:
+        assert e.status == 403
+        return
+    assert iso.ambient_capabilities == (), (
+        f"uid 65534's task would run holding {iso.ambient_capabilities}")
+
+
+ESCALATE = ('import os; print("uid", os.getuid()); os.setuid(0); '
+            'print("after setuid(0)", os.getuid()); '
+            'print(open("/etc/shadow").readline().split(":")[0], "read /etc/shadow")')
+
+
+@pytest.fixture
+def throwaway_user() -> Iterator[str]:
+    name = f"rt{secrets.token_hex(4)}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                   check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+@pytest.mark.xfail(strict=True, reason="end to end: any local user (the socket is 0666 by "
+                   "default) submits AmbientCapabilities=CAP_SETUID and its task becomes root")
+def test_a_local_user_cannot_become_root_through_corral_serve(
+        scratch: str, throwaway_user: str) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("needs curl")
+    home = tempfile.mkdtemp(prefix="rt-serve-")
+    os.chmod(home, 0o755)
+    sock = os.path.join(home, "s.sock")
+    daemon = subprocess.Popen([CORRAL, "serve", "--socket", sock, "--state-dir",
+                               os.path.join(home, "state"), "--cgroup-root", scratch,
+                               "--log-level", "warning"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert poll(lambda: os.path.exists(sock), 20), "the daemon did not start"
+        body = os.path.join(home, "body.json")
+        with open(body, "w") as f:
+            json.dump({"argv": ["python3", "-c", ESCALATE],
+                       "properties": {"AmbientCapabilities": "CAP_SETUID"}}, f)
+        os.chmod(body, 0o644)
+        as_user = ["setpriv", f"--reuid={throwaway_user}", f"--regid={throwaway_user}",
+                   "--clear-groups", "--", "curl", "-s", "--unix-socket", sock]
+        sent = subprocess.run([*as_user, "-H", "Content-Type: application/json", "-d",
+                               f"@{body}", "http://corral/v1/tasks"], capture_output=True,
+                              text=True, timeout=30)
+        answer = json.loads(sent.stdout)
+        if "error" in answer:
+            assert answer["error"]["code"] in ("forbidden", "invalid"), answer
+            return  # refused: as it should be
+        waited = subprocess.run([*as_user, f"http://corral/v1/tasks/{answer['id']}/wait"
+                                 "?timeout=30s"], capture_output=True, text=True, timeout=60)
+        result = json.loads(waited.stdout)
+        result = result.get("result", result)
+        out = result["output"]["stdout"]["head"]
+        assert "after setuid(0) 0" not in out, f"the task became root: {out!r}"
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        shutil.rmtree(home, ignore_errors=True)
