@@ -239,6 +239,7 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
         undo.callback(close_captures, task)
         leaf = rt.root.make_child(task.id)
         undo.callback(_remove_unused, leaf)
+        _delegate(leaf)
         if not spec.limits.is_empty():
             leaf.set_limits(spec.limits)
         stdio, io = plumb(spec, task.stdout, task.stderr, undo, child_ends)
@@ -265,6 +266,20 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
             rt.reactor.watch_tap(stream)
     task.io = io
     return leaf, spawned
+
+
+def _delegate(leaf: Cgroup) -> None:
+    """Mark the leaf delegated to the task, as systemd marks a ``Delegate=yes`` unit's cgroup
+    (``trusted.delegate``; ``user.delegate`` where we may not write trusted xattrs).  A corral
+    run by the task (a CI job running corral) then nests its own root inside this leaf
+    (placement's "delegated unit"), so that this task's kill, limits and accounting cover
+    whatever that corral starts.  Best effort: one setxattr."""
+    for name in ("trusted.delegate", "user.delegate"):
+        try:
+            os.setxattr(leaf.fd, name, b"1")
+            return
+        except OSError:
+            continue
 
 
 def _reap(spawned: Spawned) -> None:

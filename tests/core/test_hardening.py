@@ -625,3 +625,27 @@ def test_an_interactive_command_shares_the_terminals_foreground_group(
     ours, inherit, alone = map(int, p.stdout.split())
     assert inherit == ours  # stdin is the terminal, ours in front: it may read it
     assert alone != ours  # nothing of the terminal's: a group of its own
+
+
+async def test_a_corral_run_by_a_task_nests_inside_it_and_dies_with_it(
+        sup: supervisor.Supervisor) -> None:
+    # a CI job run by corral that runs corral itself: the leaf is marked delegated, so the
+    # inner corral makes its root inside it, and the outer kill covers the inner task too
+    corral = os.path.join(os.path.dirname(sys.executable), "corral")
+    inner = "sed -n 's/^0:://p' /proc/self/cgroup; trap '' TERM; exec sleep 47.25"
+    r = await sup.run([corral, "run", "-q", "--grace", "30s", "--", "sh", "-c", inner],
+                      time_limit="1.5s", grace="0.3s")
+    assert r.outcome == "timed_out" and r.cleanup == "clean", (r.outcome, r.cleanup, r.stderr)
+    leaf_view = r.containment.cgroup.removeprefix(MNT)
+    where = r.stdout.decode().strip()
+    assert where.startswith(leaf_view + "/corral-"), (where, leaf_view)
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(int(p)) ==
+                b"sleep\x0047.25\x00"]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
