@@ -446,10 +446,16 @@ def _open_sinks(args: argparse.Namespace) -> list[_Sink]:
         sinks.append(_Sink(f"--json-fd {fd}", fd, owned=False))
     if args.json_file:
         try:
-            fd = os.open(args.json_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                         0o666)
+            # (O_NONBLOCK: a FIFO nobody reads yet answers ENXIO at once instead of holding
+            # corral in open(), deaf to its signals; a pipe, e.g. >(jq .), opens as usual)
+            fd = os.open(args.json_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                         | os.O_NONBLOCK | os.O_NOCTTY, 0o666)
         except OSError as e:
+            if e.errno == errno.ENXIO:
+                die(f"--json-file {args.json_file}: a FIFO that nobody reads; start its reader "
+                    f"first (e.g. cat {args.json_file} &), or give a file")
             die(f"--json-file {args.json_file}: {e.strerror}; give a writable path")
+        os.set_blocking(fd, True)  # the result is written whole, at the end
         sinks.append(_Sink(f"--json-file {args.json_file}", fd, owned=True))
     return sinks
 

@@ -18,9 +18,6 @@ def corral_run(root: str, *args: str, timeout: float = 60,
                           start_new_session=True, **kw)  # type: ignore[call-overload]
 
 
-@pytest.mark.xfail(strict=True, reason="--json-file naming a FIFO with no reader: corral run "
-                   "waits in open() before anything starts, deaf to SIGINT, SIGTERM and SIGHUP "
-                   "(all blocked for its signalfd): only SIGKILL ends it")
 def test_a_json_fifo_without_reader_does_not_make_corral_deaf(scratch: str,
                                                               tmp_path: object) -> None:
     fifo = os.path.join(str(tmp_path), "result.fifo")
