@@ -150,7 +150,10 @@ class Supervisor:
 
         Options are the fields of :class:`TaskSpec` (or pass a TaskSpec as ``argv``).  Bad
         options raise a ``ValueError`` subclass before anything is created.  ``task_id``: the
-        task's id (1-64 of ``[A-Za-z0-9_-]``, never one this supervisor has used); default:
+        task's id (1-64 of ``[A-Za-z0-9_-]``; not one of a live task, nor of a record still
+        in ``results``: once ``retain_results`` has let a record go, its id may be given
+        again, as a caller that numbers its own tasks, the daemon, does; ids made here never
+        repeat); default:
         ``<random prefix>-<n>``.
 
         Cancellation: if the caller's scope is cancelled, the task is stopped gracefully (stop
