@@ -78,6 +78,9 @@ async def live(task: Task,
                slot: QueueSlot | None = None) -> TaskResult | None:
     """The whole life: queue, start, drive, finish; hands ``task`` to ``task_status`` once it
     runs (or once it is known that it never will)."""
+    if task.result is not None:  # recorded already: the supervisor closed before it ran
+        task_status.started(task.handle)
+        return task.result
     task.began = True
     try:
         if trio.current_effective_deadline() == -math.inf:

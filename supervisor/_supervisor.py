@@ -45,6 +45,7 @@ from ._tracking import remember_home
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
 from .placement import Placement, adopt_root, check_limits, place_async
+from .placement._instance import INSTANCE_NAME
 
 __all__ = ["DEFAULT_GRACE", "Batch", "Supervisor", "open_supervisor"]
 
@@ -105,6 +106,11 @@ class Supervisor:
         if not isinstance(task_id, str) or not _TASK_ID.fullmatch(task_id):
             raise SpecError("task_id", f"task_id must be 1 to 64 letters, digits, '_' or '-' "
                                        f"(it names the task's cgroup), got {task_id!r}")
+        if INSTANCE_NAME.fullmatch(task_id):
+            raise SpecError("task_id", f"task_id {task_id!r} has the form of a supervisor's "
+                                       f"root (corral-<pid>-<hex>), which another corral on "
+                                       f"this cgroup could take for a stale one and clear; "
+                                       f"choose another")
         if task_id in self._live or task_id in self.results:
             raise SpecError("task_id", f"task_id {task_id!r} is taken by another task of this "
                                        f"supervisor: ids are never reused; choose another")

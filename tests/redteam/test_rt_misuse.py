@@ -92,10 +92,6 @@ async def test_a_task_id_is_refused_while_live_or_retained_and_free_after(scratc
 
 
 
-@pytest.mark.xfail(strict=True, reason="a start() life scheduled in an outer nursery runs after "
-                   "the supervisor closed (and recorded it cancelled): live() records it again "
-                   "and raises InternalError('... a second final record') into the caller's "
-                   "nursery")
 async def test_a_start_scheduled_in_an_outer_nursery_ends_quietly(scratch: str) -> None:
     async with trio.open_nursery() as outer, \
             supervisor.open_supervisor(cgroup_root=scratch) as sup:

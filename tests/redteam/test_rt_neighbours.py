@@ -11,24 +11,22 @@ import trio
 import supervisor
 
 
-@pytest.mark.xfail(strict=True, reason="task ids may look like instance roots "
-                   "(corral-<pid>-<hex>): a second corral given the first one's root as its "
-                   "--cgroup-root takes that live leaf (never flock'ed) for a stale root and "
-                   "kills it; the first corral records signaled SIGKILL, stop null, clean")
 async def test_a_corral_inside_another_corrals_root_leaves_its_tasks_alone(
         scratch: str) -> None:
+    """Fixed: a task id of a root's form (corral-<pid>-<hex>) is refused, so no live leaf can
+    be taken for a stale root by a second corral given the first one's root."""
     async with supervisor.open_supervisor(cgroup_root=scratch) as first, \
             trio.open_nursery() as n:
+        with pytest.raises(supervisor.SpecError, match="form of a supervisor's root"):
+            first.start(["sleep", "30"], task_id="corral-1-abcdef")
         task = await n.start(functools.partial(first.start, ["sleep", "30"],
-                                               task_id="corral-1-abcdef"))
+                                               task_id="corral-1-abcdeg"))
         async with supervisor.open_supervisor(cgroup_root=first.cgroup_root) as second:
             notes = second.placement_notes
         await trio.sleep(0.3)
         killed = task.result
         task.stop(force=True)
-    assert killed is None, (f"the second corral ({notes}) killed the first one's task: its "
-                            f"record says {killed.outcome} signal={killed.signal} "
-                            f"stop={killed.stop} cleanup={killed.cleanup}")
+    assert killed is None and notes == [], (killed, notes)
 
 
 async def test_two_corrals_on_one_root_never_reap_each_other(scratch: str) -> None:
