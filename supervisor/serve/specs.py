@@ -6,7 +6,7 @@ and never started (``recover.py``): the same request and submitter make the same
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..placement import check_limits
 from .peers import Peer, run_as_isolation, setpriv_prefix, task_environment
@@ -17,7 +17,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ROOT_ONLY_PROPERTIES", "build_spec"]
 
-ROOT_ONLY_PROPERTIES = ("User", "Group", "SupplementaryGroups", "DynamicUser")
+# What would give a task more than its submitter has: another identity, or capabilities
+ROOT_ONLY_PROPERTIES = ("User", "Group", "SupplementaryGroups", "DynamicUser",
+                        "AmbientCapabilities")
+DEFAULT_WEIGHT = 100  # cpu.weight and io.weight as the kernel starts them
 
 
 def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], root: str,
@@ -40,6 +43,8 @@ def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], roo
             argv, inherit_env=False, cwd=options.pop("cwd", "/"), stdin=stdin, name=r.name,
             log_file=log_file, log_max_bytes=output_cap, **options)
         check_limits(spec.limits, controllers, root)
+        if not peer.is_root:
+            _no_more_than_the_submitter(spec, peer)
     except ValueError as e:
         field = getattr(e, "field", None) or getattr(e, "what", None)
         if field in (r.properties or {}):
@@ -58,6 +63,33 @@ def _check_allowed(peer: Peer, r: SubmitRequest, stdin_pipes: bool) -> None:
         raise ApiError(400, "unsupported", "stdin \"pipe\" is not supported by this corral "
                        "build yet; give the bytes at submission: {\"stdin\": {\"text\": "
                        "\"...\"}}", "stdin")
+
+
+def _no_more_than_the_submitter(spec: TaskSpec, peer: Peer) -> None:
+    """A non-root submitter's task runs with the daemon's (root's) privileges dropped: it may
+    lower what it gets, never raise it.  A resource limit above the daemon's own hard limit
+    (which only CAP_SYS_RESOURCE may set: LimitRTPRIO= for real-time scheduling, LimitNICE=,
+    LimitMEMLOCK=...) and a CPU or IO weight above the default (a larger share than every other
+    user's tasks) are root's to give."""
+    import resource
+
+    from .._isovalues import INFINITY, RLIMITS
+
+    for name, value in spec.isolation.rlimits.items():
+        soft, hard = cast("tuple[int, int]", value)  # (normalized when the Isolation was made)
+        ours = resource.getrlimit(RLIMITS[name][0])[1]
+        ceiling = INFINITY if ours == resource.RLIM_INFINITY else ours
+        if max(soft, hard) > ceiling:
+            shown = "infinity" if ceiling == INFINITY else str(ceiling)
+            raise ApiError(403, "forbidden", f"only root may raise Limit{name}= above the "
+                           f"daemon's own hard limit ({shown}); uid {peer.uid} asked for "
+                           f"{soft}:{hard}", f"properties.Limit{name}")
+    for field, prop in (("cpu_weight", "CPUWeight"), ("io_weight", "IOWeight")):
+        weight = getattr(spec.limits, field)
+        if weight is not None and weight > DEFAULT_WEIGHT:
+            raise ApiError(403, "forbidden", f"only root may give a task a {prop}= above the "
+                           f"default {DEFAULT_WEIGHT} (a larger share than other users' tasks); "
+                           f"uid {peer.uid} asked for {weight}", f"properties.{prop}")
 
 
 def _options(peer: Peer, r: SubmitRequest) -> dict[str, Any]:

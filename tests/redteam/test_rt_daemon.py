@@ -57,9 +57,6 @@ def test_an_unprivileged_submitter_cannot_pick_its_user() -> None:
     assert e.value.status == 403
 
 
-@pytest.mark.xfail(strict=True, reason="a non-root submitter may ask for AmbientCapabilities= "
-                   "(only User/Group/SupplementaryGroups/DynamicUser are root's): its task runs "
-                   "as its uid holding CAP_SETUID, CAP_SYS_ADMIN... whatever it named")
 def test_an_unprivileged_submitter_cannot_ask_for_capabilities() -> None:
     from supervisor.serve.protocol import ApiError
     try:
@@ -69,6 +66,34 @@ def test_an_unprivileged_submitter_cannot_ask_for_capabilities() -> None:
         return
     assert iso.ambient_capabilities == (), (
         f"uid 65534's task would run holding {iso.ambient_capabilities}")
+
+
+def spec_with_controllers(peer: Peer, properties: dict[str, str]):  # type: ignore[no-untyped-def]
+    r = SubmitRequest(argv=["true"], properties=properties)
+    return build_spec(peer, r, controllers=frozenset({"cpu", "io", "memory", "pids"}),
+                      root="/sys/fs/cgroup/x", output_cap=1 << 20, stdin_pipes=True)
+
+
+@pytest.mark.parametrize("properties", [
+    {"LimitRTPRIO": "99"},  # real-time scheduling for a user
+    {"LimitNICE": "-20"},
+    {"CPUWeight": "10000"},  # 100x everyone else's share
+    {"IOWeight": "1000"}])
+def test_an_unprivileged_submitter_cannot_raise_limits_or_shares(
+        properties: dict[str, str]) -> None:
+    from supervisor.serve.protocol import ApiError
+    try:
+        spec_with_controllers(ROOT, properties)  # root's to give, where corral can
+    except ApiError as e:
+        root_refused: ApiError | None = e  # (no CAP_SYS_RESOURCE here: nobody may)
+    else:
+        root_refused = None
+    with pytest.raises(ApiError) as e:
+        spec_with_controllers(NOBODY, properties)
+    if root_refused is None:
+        assert e.value.status == 403 and e.value.field == f"properties.{next(iter(properties))}"
+    lower = {"LimitNOFILE": "64", "CPUWeight": "50", "IOWeight": "10"}
+    assert spec_with_controllers(NOBODY, lower).limits.cpu_weight == 50  # lowering is anyone's
 
 
 ESCALATE = ('import os; print("uid", os.getuid()); os.setuid(0); '
@@ -87,8 +112,6 @@ def throwaway_user() -> Iterator[str]:
         subprocess.run(["userdel", name], check=False)
 
 
-@pytest.mark.xfail(strict=True, reason="end to end: any local user (the socket is 0666 by "
-                   "default) submits AmbientCapabilities=CAP_SETUID and its task becomes root")
 def test_a_local_user_cannot_become_root_through_corral_serve(
         scratch: str, throwaway_user: str) -> None:
     if shutil.which("curl") is None:
