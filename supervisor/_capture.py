@@ -12,6 +12,7 @@ import base64
 import errno
 import logging
 import os
+import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,16 +30,40 @@ SUBSCRIBER_BUFFER = 64  # chunks a subscriber may lag behind before it misses so
 TAP_BUFFER = 1 << 18  # bytes a tap may hold unread before the stream waits for it
 
 
+_TRUSTED_LINKS = re.compile(r"/dev|/proc/(self|\d+)/fd")  # no task can plant a link there
+
+
+def open_output(path: str, flags: int, what: str, mode: int = 0o666) -> int:
+    """``os.open(path, flags | O_NOFOLLOW ...)`` for a file corral writes (a log, a result, a
+    plot), often as root, often where a task running as another user may write: were the
+    last component a symbolic link the task planted, corral would write into any file it
+    names.  So a link there is refused (OSError naming ``what``, the rule and the fix), except
+    in /dev and /proc/PID/fd (``/dev/stdout``, ``/dev/fd/63`` of a shell's ``>(...)``), where
+    no task can plant one."""
+    flags |= os.O_CLOEXEC | os.O_NOCTTY
+    if not _TRUSTED_LINKS.fullmatch(os.path.realpath(os.path.dirname(os.path.abspath(path)))):
+        flags |= os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP and flags & os.O_NOFOLLOW and os.path.islink(path):
+            raise OSError(errno.ELOOP, f"{what} {path} is a symbolic link, which corral does "
+                                       f"not follow (a task may have planted it); give the "
+                                       f"path of the file itself") from None
+        raise
+
+
 def open_log(path: str, *, append: bool = False) -> int:
     """A log file's fd (created, or truncated unless ``append``).  A regular file only: a
     FIFO or a device may block the event loop in open() or in each write; OSError then,
-    naming the file, the rule and the fix."""
-    flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    naming the file, the rule and the fix.  Never through a symbolic link (:func:`open_output`)."""
+    flags = os.O_WRONLY | os.O_NONBLOCK
     flags |= os.O_APPEND if append else os.O_CREAT | os.O_TRUNC
     refusal = (f"log_file {path} is not a regular file (a FIFO or a device could block "
                f"corral's writes); give the path of a plain file")
     try:
-        fd = os.open(path, flags, 0o640)  # (O_NONBLOCK: a FIFO without a reader says ENXIO)
+        # (O_NONBLOCK: a FIFO without a reader says ENXIO)
+        fd = open_output(path, flags, "log_file", 0o640)
     except OSError as e:
         if e.errno == errno.ENXIO:
             raise OSError(errno.EINVAL, refusal) from None

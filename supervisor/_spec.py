@@ -208,13 +208,14 @@ class TaskSpec:
             _no_nul(name, getattr(self, name))
         if self.log_file is not None:
             try:
-                mode = os.stat(self.log_file).st_mode
+                mode = os.lstat(self.log_file).st_mode
             except OSError:
                 mode = None  # not there yet (made at the spawn), or not ours to see
             if mode is not None and not stat.S_ISREG(mode):
                 raise SpecError("log_file", f"log_file must be a plain file (a FIFO or a device "
-                                            f"could block corral's writes), got "
-                                            f"{self.log_file!r}; give the path of a file")
+                                            f"could block corral's writes; a symbolic link is "
+                                            f"not followed), got {self.log_file!r}; give the "
+                                            f"path of the file itself")
 
     def _check_stdio(self) -> None:
         stdin: Any = self.stdin

@@ -174,6 +174,8 @@ def draw(r: TaskResult, path: str) -> None:
     import matplotlib
     from matplotlib.figure import Figure
 
+    from .._capture import open_output
+
     shown, missing = panels(r)
     # text stays text in the SVG; every sample stays a vertex (no path simplification);
     # ids and metadata fixed, so one result always gives the same file
@@ -197,7 +199,11 @@ def draw(r: TaskResult, path: str) -> None:
                 fig.supxlabel(caption, fontsize="small", color="dimgray")
         fmt = FORMATS[os.path.splitext(path)[1].lower()]
         metadata = {"Date": None} if fmt == "svg" else {}
-        fig.savefig(path, format=fmt, dpi=100, metadata=metadata)
+        # written through an fd opened without following a link: the task (perhaps another
+        # user) ran in the meantime and may have put one where the plot goes
+        fd = open_output(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "--plot")
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format=fmt, dpi=100, metadata=metadata)
 
 
 def write_plot(r: TaskResult, path: str) -> bool:

@@ -433,6 +433,7 @@ class _Sink(NamedTuple):
 def _open_sinks(args: argparse.Namespace) -> list[_Sink]:
     """Check and open the JSON destinations now: a result that cannot be written must not be
     found out after the run."""
+    from .._capture import open_output
     sinks = []
     if args.json_fd is not None:
         fd = args.json_fd
@@ -448,8 +449,8 @@ def _open_sinks(args: argparse.Namespace) -> list[_Sink]:
         try:
             # (O_NONBLOCK: a FIFO nobody reads yet answers ENXIO at once instead of holding
             # corral in open(), deaf to its signals; a pipe, e.g. >(jq .), opens as usual)
-            fd = os.open(args.json_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-                         | os.O_NONBLOCK | os.O_NOCTTY, 0o666)
+            fd = open_output(args.json_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                             | os.O_NONBLOCK, "--json-file")
         except OSError as e:
             if e.errno == errno.ENXIO:
                 die(f"--json-file {args.json_file}: a FIFO that nobody reads; start its reader "

@@ -44,9 +44,6 @@ def _victim(victim: str) -> str:
         return f.read()
 
 
-@pytest.mark.xfail(strict=True, reason="log_file is opened by path with O_CREAT|O_TRUNC and "
-                   "follows symlinks: a User= task that may write the log's directory plants "
-                   "one, and the next task's output is written by root into any file")
 async def test_a_log_file_symlink_planted_by_a_task_is_not_followed(
         scratch: str, workspace: tuple[str, str]) -> None:
     ws, victim = workspace
@@ -55,14 +52,19 @@ async def test_a_log_file_symlink_planted_by_a_task_is_not_followed(
         # an agent's command, as nobody, in its workspace: a link where the next log goes
         await sup.run(["ln", "-s", victim, os.path.join(ws, "task-2.log")], isolation=iso,
                       cwd=ws)
-        await sup.run(["echo", "root::0:0:owned:/root:/bin/sh"], isolation=iso,
-                      log_file=os.path.join(ws, "task-2.log"))
+        with pytest.raises(supervisor.SpecError, match="symbolic link"):
+            await sup.run(["echo", "root::0:0:owned:/root:/bin/sh"], isolation=iso,
+                          log_file=os.path.join(ws, "task-2.log"))
+        # planted after the spec was checked: refused at the spawn, all the same
+        spec = supervisor.TaskSpec(["echo", "root::0:0:owned:/root:/bin/sh"], isolation=iso,
+                                   log_file=os.path.join(ws, "task-3.log"))
+        await sup.run(["ln", "-s", victim, os.path.join(ws, "task-3.log")], isolation=iso,
+                      cwd=ws)
+        r = await sup.run(spec)
+    assert r.outcome == "spawn_failed" and "symbolic link" in (r.error or ""), r.error
     assert _victim(victim) == "root's own\n", f"root's file now reads {_victim(victim)!r}"
 
 
-@pytest.mark.xfail(strict=True, reason="--plot is checked before the run and written by path "
-                   "(matplotlib savefig) after it: a User= task replaces it with a symlink and "
-                   "corral, as root, overwrites the file it points to")
 def test_a_plot_path_swapped_for_a_symlink_during_the_run_is_not_followed(
         scratch: str, workspace: tuple[str, str]) -> None:
     if importlib.util.find_spec("matplotlib") is None:
@@ -76,9 +78,6 @@ def test_a_plot_path_swapped_for_a_symlink_during_the_run_is_not_followed(
     assert _victim(victim) == "root's own\n", "root's file was overwritten with the plot"
 
 
-@pytest.mark.xfail(strict=True, reason="--json-file is opened by path with O_CREAT|O_TRUNC and "
-                   "follows symlinks: an earlier User= task plants one where the next run's "
-                   "result goes, and corral, as root, truncates and overwrites its target")
 def test_a_json_file_symlink_planted_by_an_earlier_task_is_not_followed(
         scratch: str, workspace: tuple[str, str]) -> None:
     ws, victim = workspace
