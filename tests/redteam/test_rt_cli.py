@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import CORRAL
+from rt_util import CORRAL
 
 
 def corral_run(root: str, *args: str, timeout: float = 60,

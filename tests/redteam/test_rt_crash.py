@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import CORRAL, alive, poll, procs
+from rt_util import CORRAL, alive, poll, procs
 
 import cgroupfs
 

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from conftest import CORRAL, poll
+from rt_util import CORRAL, poll
 
 from supervisor.serve.peers import Peer
 from supervisor.serve.protocol import SubmitRequest

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from conftest import CORRAL
+from rt_util import CORRAL
 
 import supervisor
 

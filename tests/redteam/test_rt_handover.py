@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 import trio
-from conftest import wait_for
+from rt_util import wait_for
 
 import supervisor
 

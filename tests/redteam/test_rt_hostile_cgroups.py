@@ -10,7 +10,7 @@ import functools
 import os
 
 import trio
-from conftest import alive, leaf_path_script, procs, run_program, wait_for
+from rt_util import alive, leaf_path_script, procs, run_program, wait_for
 
 import supervisor
 

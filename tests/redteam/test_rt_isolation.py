@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import alive, cgroup_of, procs
+from rt_util import alive, cgroup_of, procs
 
 import supervisor
 

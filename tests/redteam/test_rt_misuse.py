@@ -7,7 +7,7 @@ import os
 
 import pytest
 import trio
-from conftest import run_program
+from rt_util import run_program
 
 import supervisor
 

@@ -12,7 +12,7 @@ import termios
 import time
 
 import pytest
-from conftest import CORRAL, run_program
+from rt_util import CORRAL, run_program
 
 # A careless task, not a hostile one: `trap 'kill 0' EXIT` (or `kill -INT 0`) is the usual way
 # for a script to take its own background jobs down with it.

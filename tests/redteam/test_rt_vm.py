@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HERE
+from rt_util import HERE
 
 import supervisor
 

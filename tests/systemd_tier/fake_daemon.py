@@ -1,10 +1,10 @@
 """Stands in for ``corral serve`` under systemd/corral.service in the sandbox (stdlib only).
 
 Does what the daemon will do with its delegated cgroup: moves itself into ``supervisor/``,
-starts a task in ``tasks/t1``, says READY=1 over $NOTIFY_SOCKET. A second process in
-``tasks/t2`` is a stray it will deliberately leave behind. On SIGTERM it writes to STATUS
-whether its task was still alive when the stop began (KillMode=mixed: it must be, the stop is
-the daemon's to carry out), stops the task, and exits 0 with the stray still running.
+starts tasks in ``tasks/t1`` and ``tasks/t2``, says READY=1 over $NOTIFY_SOCKET. On SIGTERM
+it writes to STATUS whether its tasks were still alive when the stop began (KillMode=process:
+they must be, the stop is the daemon's to carry out; systemd would otherwise kill them the
+moment a restarting daemon exits), stops both, and exits 0, leaving nothing behind.
 """
 
 from __future__ import annotations
@@ -44,13 +44,12 @@ def main() -> None:
             time.sleep(0.01)
 
     def on_term(signo: int, frame: object) -> None:
-        task = procs["t1"]
-        alive = task.poll() is None
-        task.terminate()
-        task.wait()
+        alive = all(task.poll() is None for task in procs.values())
+        for task in procs.values():
+            task.terminate()
+            task.wait()
         with open(STATUS, "w") as f:
-            json.dump({"task_alive_at_sigterm": alive, "root": root,
-                       "stray_alive_at_exit": procs["t2"].poll() is None}, f)
+            json.dump({"tasks_alive_at_sigterm": alive, "root": root}, f)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
