@@ -1,7 +1,7 @@
 """Red-team helpers and fixtures (conftest.py offers the fixtures): a supervisor in the test's
-own cgroup, programs run in a session of their own (a task that signals its process group must never reach pytest), and a cleanup
-that clears what a hostile task leaves behind even where cgroupfs cannot (paths longer than
-PATH_MAX, frozen cgroups).
+own cgroup, programs run in a session of their own (a task that signals its process group must
+never reach pytest), and a cleanup that clears what a hostile task leaves behind even where
+cgroupfs cannot (paths longer than PATH_MAX, frozen cgroups).
 
 Every test here works in the ``test_cgroup`` scratch cgroup of tests/conftest.py and ends only
 processes it started (by pid, or by cgroup.kill of that scratch cgroup)."""
