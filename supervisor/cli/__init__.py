@@ -79,12 +79,11 @@ def _parser(verb: str | None) -> Parser:
                "limits, resource limits, graceful-then-forced stops, nothing left behind.")
     p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
-    # Only the verb being run is imported; --help and errors import all of them.
+    # Only the verb being run is imported and given a parser (each costs a few hundred us);
+    # without one (--help, a typo) every verb is there to be listed or suggested.
     for name, module in VERBS.items():
         if verb is None or name == verb:
             importlib.import_module(module, __name__).add_parser(sub)
-        else:
-            sub.add_parser(name, help=argparse.SUPPRESS)
     return p
 
 

@@ -136,7 +136,8 @@ def _retention(args: argparse.Namespace) -> Any:
                                                                    "--retain-age")
     count = None
     if not unlimited(args.retain_count):
-        if not args.retain_count.isdigit() or int(args.retain_count) < 1:
+        if not (args.retain_count.isascii() and args.retain_count.isdigit()) \
+                or int(args.retain_count) < 1:
             die(f"--retain-count must be a whole number >= 1 or 'infinity', got "
                 f"{args.retain_count!r}")
         count = int(args.retain_count)

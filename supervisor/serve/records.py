@@ -222,7 +222,7 @@ class Records:
 
     async def expired(self, task_id: str) -> dict[str, Any] | None:
         """What retention left of a task: uid, ended_at, expired_at, why; or None."""
-        if not task_id.isdigit():
+        if not (task_id.isascii() and task_id.isdigit()):
             return None
         found = await self._call(rows.select, self._db, "SELECT * FROM expired WHERE seq = ?",
                                  (int(task_id),))

@@ -237,7 +237,7 @@ def _remove_orphans(output_dir: str, known: set[str]) -> int:
         return 0
     for name in names:
         task_id = name.split(".", 1)[0]
-        if task_id.isdigit() and task_id not in known:
+        if task_id.isascii() and task_id.isdigit() and task_id not in known:
             try:
                 os.unlink(os.path.join(output_dir, name))
                 removed += 1

@@ -72,7 +72,7 @@ def update(db: sqlite3.Connection, seq: int, values: dict[str, Any]) -> None:
 
 
 def get(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
-    if not task_id.isdigit():
+    if not (task_id.isascii() and task_id.isdigit()):
         return None
     rows = select(db, "SELECT * FROM tasks WHERE seq = ?", (int(task_id),))
     return rows[0] if rows else None

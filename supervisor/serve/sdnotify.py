@@ -45,7 +45,7 @@ class Notifier:
     def _watchdog() -> float | None:
         usec = os.environ.pop("WATCHDOG_USEC", None)
         pid = os.environ.pop("WATCHDOG_PID", None)
-        if not usec or not usec.isdigit() or (pid and pid != str(os.getpid())):
+        if not usec or not (usec.isascii() and usec.isdigit()) or (pid and pid != str(os.getpid())):
             return None
         return int(usec) / 2e6  # seconds: ping at half the timeout, as sd_watchdog_enabled(3)
 
@@ -109,7 +109,7 @@ def listen_fds() -> list[tuple[str, int]]:
     count = os.environ.pop("LISTEN_FDS", None)
     names = os.environ.pop("LISTEN_FDNAMES", "")
     os.environ.pop("LISTEN_PIDFDID", None)
-    if pid != str(os.getpid()) or not count or not count.isdigit():
+    if pid != str(os.getpid()) or not count or not (count.isascii() and count.isdigit()):
         return []
     fds = range(LISTEN_FDS_START, LISTEN_FDS_START + int(count))
     labels = names.split(":") if names else []

@@ -196,6 +196,9 @@ def test_curl_speaks_to_every_verb(start_daemon: Start) -> None:
                       )["changed"] is False
     assert "corral_tasks_submitted_total" in d.curl("http://corral/metrics").stdout
     assert "quotas" in json.loads(d.curl("http://corral/v1/limits").stdout)
+    for odd in ("%C2%B2", "%D9%A3", "abc"):  # "²" and an Arabic-Indic 3: isdigit(), not ints
+        answer = json.loads(d.curl(f"http://corral/v1/tasks/{odd}").stdout)
+        assert answer["error"]["code"] in ("not_found", "no_such_path"), (odd, answer)
 
 
 def test_records_are_sqlite_wal_with_a_schema_version(start_daemon: Start) -> None:
