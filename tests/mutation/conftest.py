@@ -4,10 +4,10 @@ outcome rules (tests/mutation/run_mutation.py); they run in every ``pytest`` too
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import trio
 
 import cgroupfs
 import supervisor
@@ -22,14 +22,20 @@ async def sup(test_cgroup: cgroupfs.Cgroup) -> AsyncIterator[supervisor.Supervis
 
 
 # A hang fails the test after HANG seconds (the mutation run sets CORRAL_MUTATION_HANG low, so
-# that a mutant that hangs the driver is caught by a failing test, not by mutmut's timeout).
-HANG = float(os.environ.get("CORRAL_MUTATION_HANG", "60"))
+# that a mutant that hangs the driver is caught by a failing test, not by mutmut's timeout):
+# SIGALRM's handler raises in whatever the main thread runs, trio's loop included.
+HANG = float(os.environ.get("CORRAL_MUTATION_HANG", "120"))
 
 
-@pytest.fixture
-async def watchdog(nursery: trio.Nursery) -> None:
-    async def bark() -> None:
-        await trio.sleep(HANG)
+@pytest.fixture(autouse=True)
+def watchdog() -> Iterator[None]:
+    def bark(signum: int, frame: object) -> None:
         raise AssertionError(f"the test hung for {HANG:g} s")
 
-    nursery.start_soon(bark)
+    previous = signal.signal(signal.SIGALRM, bark)
+    signal.setitimer(signal.ITIMER_REAL, HANG)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -27,7 +27,6 @@ from supervisor import TaskHandle
 
 HANG = 30.0
 LONG = "60s"  # a grace no test may end up serving
-pytestmark = pytest.mark.usefixtures("watchdog")
 
 
 async def wait_for(condition: Callable[[], bool], what: str) -> None:
@@ -176,7 +175,10 @@ async def test_the_stop_signal_is_repeated_during_the_grace(sup: supervisor.Supe
 
 
 async def test_the_stop_signal_is_the_one_asked_for(sup: supervisor.Supervisor) -> None:
-    script = "trap 'echo got-int; exit 7' INT; trap 'echo got-term' TERM; echo ready; sleep 60"
+    # (a loop of short sleeps, not one long one: a sleep forked just after the stop signal
+    # went out would not get it, and the shell runs its trap only once its child is done)
+    script = ("trap 'echo got-int; exit 7' INT; trap 'echo got-term' TERM; echo ready; "
+              "while :; do sleep 0.05; done")
     async with trio.open_nursery() as nursery:
         task = await start(sup, nursery, ["sh", "-c", script], stop_signal="INT", grace=LONG)
         await ready(task)
