@@ -1,10 +1,12 @@
-"""The two native builds, which pyproject.toml cannot express; everything else is there.
+"""The native builds, which pyproject.toml cannot express; everything else is there.
 
 - ``supervisor._native``: cffi's setuptools integration, the ``cffi_modules`` keyword.
 - ``supervisor/corral-keeper``: an executable built from native/corral_keeper.c by
   native/build_keeper.py, with the compiler that built the extension, into the directory the
   extension went to: ``build_lib`` for ``pip install .`` and wheels, and the source tree as well
   for in-place builds (``pip install -e .``, ``build_ext --inplace``).
+- the ``corral`` command: an executable built from native/corral_launch.c by
+  native/build_launch.py (``build_scripts``), installed where console scripts go.
 
 Files in the source tree are replaced by rename(2), never rewritten in place: other processes of
 a shared checkout may be running the old keeper or have the old extension mapped, and a file
@@ -17,23 +19,50 @@ import importlib.util
 import os
 import pathlib
 import shutil
+import tempfile
 from types import ModuleType
 from typing import Any
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
+# (setuptools has no build_scripts of its own: distutils', which importing setuptools provides)
+from distutils.command.build_scripts import build_scripts  # isort: skip
+
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def _build_keeper() -> ModuleType:
-    """native/build_keeper.py, loaded by path (setup.py's directory need not be on sys.path)."""
-    spec = importlib.util.spec_from_file_location("corral_build_keeper",
-                                                  HERE / "native" / "build_keeper.py")
+def _load(name: str) -> ModuleType:
+    """native/<name>.py, loaded by path (setup.py's directory need not be on sys.path)."""
+    spec = importlib.util.spec_from_file_location(f"corral_{name}",
+                                                  HERE / "native" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _build_keeper() -> ModuleType:
+    return _load("build_keeper")
+
+
+class BuildLauncher(build_scripts):
+    """The ``corral`` command is a small executable (native/corral_launch.c) that blocks the
+    job signals and execs this interpreter on supervisor.cli: a Ctrl-C while Python starts is
+    then never a traceback.  Built here instead of copying a script."""
+
+    def run(self) -> None:
+        import sys
+        from distutils.ccompiler import new_compiler
+        from distutils.sysconfig import customize_compiler
+
+        compiler = new_compiler()
+        customize_compiler(compiler)
+        with tempfile.TemporaryDirectory(prefix="corral-launch-") as temp:  # (the object file)
+            _load("build_launch").build(compiler, self.build_dir, temp, sys.executable)
+
+    def get_source_files(self) -> list[str]:
+        return ["native/corral_launch.c"]
 
 
 class BuildExtAndKeeper(build_ext):
@@ -82,6 +111,7 @@ class BuildExtAndKeeper(build_ext):
 
 
 setup(
-    cmdclass={"build_ext": BuildExtAndKeeper},
+    cmdclass={"build_ext": BuildExtAndKeeper, "build_scripts": BuildLauncher},
     cffi_modules=["native/build_native.py:ffibuilder"],
+    scripts=["native/corral_launch.c"],  # (what build_scripts builds the command from)
 )

@@ -27,9 +27,11 @@ def test_wheel_contains_compiled_module_and_both_packages(tmp_path: pathlib.Path
     assert [n for n in names if n.startswith("supervisor/_native") and n.endswith(".so")], names
     assert "supervisor/corral-keeper" in names, names
     assert "cgroupfs/__init__.py" in names and "supervisor/__init__.py" in names
-    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "corral = supervisor.cli:main" in text
+    # the command is the launcher (an executable, not a console-script wrapper)
+    (command,) = [n for n in names if n.endswith(".data/scripts/corral")]
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read(command)[:4] == b"\x7fELF"
+        assert stat.S_IMODE(zf.getinfo(command).external_attr >> 16) == 0o755
     _check_wheel_keeper_runs(wheel, tmp_path)
 
 

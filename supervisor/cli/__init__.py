@@ -109,13 +109,33 @@ def _std_fds_open() -> None:
             os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
 
 
+def _launched(early: object) -> None:
+    """The launcher (native/corral_launch.c) started Python with the job signals blocked, so
+    that a Ctrl-C while Python starts is never a traceback.  A verb with an ``EARLY`` hook
+    (``corral run``: it reads them from a signalfd) keeps them blocked; every other verb gets
+    them back, as a plain Python program has them.  The marker goes from the environment, so
+    that no task inherits it."""
+    import os
+
+    if os.environ.pop("CORRAL_LAUNCHER", None) is None or early is not None:
+        return
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (
+        signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP,
+        signal.SIGWINCH, signal.SIGCONT))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _std_fds_open()
     args_list = list(sys.argv[1:] if argv is None else argv)
     verb = _find_verb(args_list)
+    early = None
     if verb is not None:
         module = importlib.import_module(VERBS[verb], __name__)
         early = getattr(module, "EARLY", None)
+    _launched(early)
+    if verb is not None:
         if early is not None:
             early()
         prepare = getattr(module, "prepare_argv", None)
