@@ -10,6 +10,11 @@ import pytest
 
 import cgroupfs
 
+# Python programs the tests start (``sys.executable -c ...``) must import corral as installed,
+# never the checkout they run in: a non-editable install (CI) has no compiled module there.
+# PYTHONSAFEPATH keeps the working directory (and a script's) off their sys.path.
+os.environ["PYTHONSAFEPATH"] = "1"
+
 
 @pytest.fixture(scope="session")
 def cgroup2_mount() -> str:

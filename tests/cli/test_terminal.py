@@ -8,6 +8,7 @@ import os
 import pathlib
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -480,6 +481,7 @@ def test_ctrl_c_before_the_spawn_means_the_task_never_starts(tmp_path: pathlib.P
 
 # ---- the terminal's modes ---------------------------------------------------------------------
 
+@pytest.mark.skipif(shutil.which("less") is None, reason="needs less (apt-get install less)")
 def test_less_quit_with_q_leaves_the_terminal_as_it_was(shell: Shell) -> None:
     text = shell.tmp / "text"
     text.write_text("".join(f"corral-less-line-{i}\n" for i in range(200)))
@@ -570,6 +572,7 @@ def test_pty_window_size_follows_the_terminal(shell: Shell) -> None:
     assert shell.status() == 130
 
 
+@pytest.mark.skipif(shutil.which("less") is None, reason="needs less (apt-get install less)")
 def test_pty_less_quit_with_q_leaves_the_terminal_as_it_was(shell: Shell) -> None:
     text = shell.tmp / "text"
     text.write_text("".join(f"corral-less-line-{i}\n" for i in range(200)))

@@ -33,7 +33,7 @@ def test_memory_max_ends_a_hog_oom_killed_with_137(tmp_path: Path) -> None:
     assert r.returncode == 137, r.stderr
     assert "survived" not in r.stdout
     assert "finished with result: oom_killed" in r.stderr and "OOM kills:" in r.stderr
-    assert result["outcome"] == "oom_killed" and result["signal"] == 9
+    assert result["outcome"] == "oom_killed" and result["exit"]["signal"] == 9
     assert result["usage"]["oom_kills"] >= 1
     assert result["usage"]["memory_peak_bytes"] <= 24 << 20
     assert result["cleanup"]["state"] == "clean"
