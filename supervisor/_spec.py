@@ -25,6 +25,7 @@ from ._units import UnitsError, parse_duration, parse_signal
 __all__ = ["DEFAULT_GRACE", "TaskSpec"]
 
 DEFAULT_GRACE = 5.0
+NO_LIMITS = Limits()
 DEFAULT_HEAD = 16 * 1024
 DEFAULT_TAIL = 48 * 1024
 _MAX_KEEP = 1 << 30
@@ -133,7 +134,7 @@ class TaskSpec:
     output_tail: int = DEFAULT_TAIL
     log_file: str | None = None
     log_max_bytes: int | None = None
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = field(default_factory=lambda: NO_LIMITS)  # (one shared, frozen value)
     isolation: Isolation = field(default_factory=Isolation)
     name: str | None = None
 
@@ -249,10 +250,12 @@ class TaskSpec:
                     "idle_timeout watches the task's output, but stdout and stderr are both "
                     "\"inherit\" (passed through, unseen): capture one of them, or give the "
                     "task tty=True"))
-        try:
-            sig = parse_signal(self.stop_signal, "stop_signal")
-        except UnitsError as e:
-            raise SpecError("stop_signal", str(e)) from None
+        sig = signal.SIGTERM  # (the default needs no reading)
+        if self.stop_signal is not signal.SIGTERM:
+            try:
+                sig = parse_signal(self.stop_signal, "stop_signal")
+            except UnitsError as e:
+                raise SpecError("stop_signal", str(e)) from None
         set_(self, "stop_signal", int(sig))
         values: Any = self.ignored_signals
         if isinstance(values, str | bytes | int):
