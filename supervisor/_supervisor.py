@@ -16,6 +16,7 @@ stop, a second one a kill, and exactly one KeyboardInterrupt goes on once the re
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import logging
 import os
@@ -100,7 +101,7 @@ class Supervisor:
     def _new_task(self, spec: TaskSpec, task_id: str | None = None) -> Task:
         if task_id is not None:
             self._check_id(task_id)
-        return self._register(spec, *self._admit(spec), task_id=task_id)
+        return self._register(*self._admit(spec), task_id=task_id)
 
     def _check_id(self, task_id: object) -> None:
         if not isinstance(task_id, str) or not _TASK_ID.fullmatch(task_id):
@@ -115,23 +116,32 @@ class Supervisor:
             raise SpecError("task_id", f"task_id {task_id!r} is taken by another task of this "
                                        f"supervisor: ids are never reused; choose another")
 
-    def _admit(self, spec: TaskSpec) -> tuple[float | None, tuple[str, ...]]:
-        """Check ``spec`` against this supervisor; its time limit and notes.  Registers
-        nothing, so that a batch is refused whole or admitted whole."""
+    def _admit(self, spec: TaskSpec) -> tuple[TaskSpec, float | None, tuple[str, ...]]:
+        """Check ``spec`` against this supervisor: the spec (its grace capped), its time limit
+        and notes.  Registers nothing, so that a batch is refused whole or admitted whole.
+
+        The ceiling bounds both a task's time limit and its grace: a stop the supervisor makes
+        itself never escalates before the grace ends, so an uncapped grace would let a task
+        that ignores the stop signal outlive the ceiling by as long as it asked."""
         if self._closing:
             raise SupervisorError("the supervisor is shutting down: no new tasks")
         check_limits(spec.limits, self.controllers, self.cgroup_root)
         limit = spec.time_limit_s if spec.time_limit_s is not None else self.default_time_limit
         ceiling = self.max_time_limit
         if ceiling is None:
-            return limit, ()
+            return spec, limit, ()
+        notes: tuple[str, ...] = ()
+        if spec.grace_s > ceiling:
+            notes = (f"grace {format_duration(spec.grace_s)} capped to the "
+                     f"{format_duration(ceiling)} ceiling",)
+            spec = dataclasses.replace(spec, grace=ceiling)
         if limit is None:
-            return ceiling, (f"no time limit given: the {format_duration(ceiling)} ceiling "
-                             f"applies",)
+            return spec, ceiling, (f"no time limit given: the {format_duration(ceiling)} "
+                                   f"ceiling applies", *notes)
         if limit > ceiling:
-            return ceiling, (f"time limit {format_duration(limit)} capped to the "
-                             f"{format_duration(ceiling)} ceiling",)
-        return limit, ()
+            return spec, ceiling, (f"time limit {format_duration(limit)} capped to the "
+                                   f"{format_duration(ceiling)} ceiling", *notes)
+        return spec, limit, notes
 
     def _register(self, spec: TaskSpec, limit: float | None, notes: tuple[str, ...], *,
                   task_id: str | None = None) -> Task:
@@ -264,7 +274,7 @@ class Supervisor:
             if not isinstance(spec, TaskSpec):
                 raise SpecError("specs", f"specs[{i}] must be a TaskSpec, got {spec!r}: build "
                                          f"it with TaskSpec([\"cmd\", \"arg\"], ...)")
-        admitted = [(s, *self._admit(s)) for s in specs]
+        admitted = [self._admit(s) for s in specs]
         return Batch([self._register(*a) for a in admitted])
 
     async def hand_over(self) -> HandOver:

@@ -135,13 +135,35 @@ def parse_json_body(body: bytes) -> Any:
         raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object "
                        "like {\"argv\": [\"true\"]}")
     try:
-        return json.loads(text, parse_constant=_no_constants)
+        value = json.loads(text, parse_constant=_no_constants)
     except json.JSONDecodeError as e:
         raise ApiError(400, "malformed_json", f"the request body is not JSON: {e.msg} at line "
                        f"{e.lineno} column {e.colno}; send one JSON object") from None
     except (ValueError, RecursionError) as e:
         raise ApiError(400, "malformed_json", f"the request body is not JSON: {e}; send one "
                        f"JSON object without NaN, Infinity or deep nesting") from None
+    _no_lone_surrogates(value)
+    return value
+
+
+def _no_lone_surrogates(value: Any, where: str = "the request", field: str | None = None) -> None:
+    """JSON's "\\udcff" escapes decode to text that is not Unicode (a lone surrogate): no
+    record, log or terminal can hold it.  ApiError 400 naming where it is."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ApiError(400, "invalid_utf8", f"{where} holds a lone surrogate "
+                           f"(\\u{ord(value[e.start]):04x} at character {e.start}), which is "
+                           f"not text; send UTF-8 text", field) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _no_lone_surrogates(k, f"a field name in {where}", field)
+            top = field if field is not None else k
+            _no_lone_surrogates(v, f"{where}[{_show(k)}]" if field is not None else k, top)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _no_lone_surrogates(v, f"{where}[{i}]", field)
 
 
 def _object(obj: Any, what: str) -> dict[str, Any]:

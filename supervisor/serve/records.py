@@ -131,10 +131,16 @@ class Records:
             batch, self._batch = self._batch, []
             lazy, self._lazy = list(self._lazy.items()), {}
             writes = [_Write(rows.update, (seq, values)) for seq, values in lazy] + batch
-            await trio.to_thread.run_sync(_commit, self._db, writes, self.path,
-                                          limiter=self._limiter, abandon_on_cancel=False)
-            for w in batch:
-                w.done.set()
+            try:
+                await trio.to_thread.run_sync(_commit, self._db, writes, self.path,
+                                              limiter=self._limiter, abandon_on_cancel=False)
+            except Exception as e:  # (a bug of ours: every waiter still gets an answer)
+                for w in batch:
+                    w.error = w.error or RecordsError(f"writing the task records at "
+                                                      f"{self.path}: {e!r}")
+            finally:
+                for w in batch:
+                    w.done.set()
 
     # ---- runs -------------------------------------------------------------------------------
 
@@ -269,12 +275,12 @@ def _commit(db: sqlite3.Connection, batch: list[_Write], path: str) -> None:
     try:
         _transaction(db, batch)
         return
-    except sqlite3.Error:
+    except Exception:  # (sqlite3.Error, or a value SQLite cannot take: UnicodeEncodeError...)
         pass
     for w in batch:
         try:
             _transaction(db, [w])
-        except sqlite3.Error as e:
+        except Exception as e:
             w.error = explain(e, path, "writing")
 
 

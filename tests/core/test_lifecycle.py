@@ -469,3 +469,15 @@ async def test_a_change_to_our_environment_reaches_the_next_task(
     assert (await sup.run(["sh", "-c", "echo $CORRAL_TEST_VAR"])).stdout == b"first\n"
     monkeypatch.setenv("CORRAL_TEST_VAR", "second")  # the spawn's cached copy must not stay
     assert (await sup.run(["sh", "-c", "echo $CORRAL_TEST_VAR"])).stdout == b"second\n"
+
+
+async def test_the_ceiling_bounds_the_grace_too(test_cgroup: object) -> None:
+    import cgroupfs
+    assert isinstance(test_cgroup, cgroupfs.Cgroup)
+    async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
+                                          max_time_limit="1s") as sup:
+        with trio.fail_after(HANG):
+            r = await sup.run(["sh", "-c", IGNORE_TERM_READY + "; exec sleep 60"], grace="1h")
+    assert r.outcome == "timed_out" and r.stop is not None and r.stop.reached == "killed"
+    assert any("grace 1h capped to the 1s ceiling" in n for n in r.notes), r.notes
+    assert r.usage.wall_s is not None and r.usage.wall_s < 10

@@ -90,14 +90,6 @@ def _daemon(scratch: str, *options: str) -> Iterator[tuple[str, subprocess.Popen
         shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.mark.xfail(strict=True, reason="serve/records.py _commit retries a batch write by write "
-                   "only on sqlite3.Error: a submission whose name holds a lone surrogate (JSON "
-                   "\"\\udcff\", accepted by the protocol) raises UnicodeEncodeError in the "
-                   "group commit, which rolls back and fails every write batched with it "
-                   "(other users' submissions answered 500) and never sets their done events "
-                   "(shielded waiters hang for good): other tasks stay 'starting' or 'running' "
-                   "with record 'pending' for ever, and the daemon no longer stops on SIGTERM. "
-                   "Any local user can do this through the 0666 socket")
 def test_one_users_unencodable_name_does_not_wedge_other_users_tasks(
         daemon: tuple[str, subprocess.Popen[bytes]]) -> None:
     sock, proc = daemon
@@ -139,11 +131,6 @@ def test_one_users_unencodable_name_does_not_wedge_other_users_tasks(
     assert proc.poll() is None
 
 
-@pytest.mark.xfail(strict=True, reason="--max-time-limit caps the time limit only: a submitter's "
-                   "own grace (\"grace\" or TimeoutStopSec=, up to 100 years) is not capped, "
-                   "and a stop the supervisor makes itself (the time limit) never escalates "
-                   "to a kill, so any local user's task that ignores SIGTERM outlives the "
-                   "host's ceiling for as long as it asked (and holds a daemon's shutdown)")
 def test_the_hosts_max_time_limit_bounds_a_tasks_life(
         capped_daemon: tuple[str, subprocess.Popen[bytes]]) -> None:
     sock, _ = capped_daemon
