@@ -144,34 +144,45 @@ def walk(dir_fd: int) -> Iterator[tuple[str, int]]:
     """``(relative path, directory fd)`` of this cgroup (``"."``, ``dir_fd`` itself) and of
     every sub-cgroup, each parent before its children.
 
-    Each sub-cgroup is opened relative to its parent's fd, one name at a time: a tree deeper
-    than PATH_MAX (which a task may build below its leaf) is walked like any other.  A fd is
-    valid only until the walk goes on; the walk closes what it opened, also when abandoned.
-    Sub-cgroups removed meanwhile are skipped, not reported.
+    Each sub-cgroup is opened relative to its parent's fd, one name at a time, and the walk
+    climbs back through ``..``: a tree deeper than PATH_MAX, or than the fds we have left (a
+    task may nest sub-cgroups below its leaf without end), is walked like any other with at
+    most two fds of its own open.  A fd is valid only until the walk goes on; the walk closes
+    what it opened, also when abandoned.  Sub-cgroups removed meanwhile are skipped.
     """
     yield ".", dir_fd
-    stack: list[tuple[str, int, Iterator[str]]] = [(".", dir_fd,
-                                                    iter(list_children(dir_fd) or []))]
+    levels: list[Iterator[str]] = [iter(list_children(dir_fd) or [])]
+    names: list[str] = []
+    cur = dir_fd
     try:
-        while stack:
-            rel, fd, names = stack[-1]
-            name = next(names, None)
+        while levels:
+            name = next(levels[-1], None)
             if name is None:
-                stack.pop()
-                if fd != dir_fd:
-                    os.close(fd)
+                levels.pop()
+                if names:
+                    names.pop()
+                    cur = _up(cur, dir_fd, depth=len(names))
                 continue
             try:
-                child = os.open(name, _O_DIRECTORY, dir_fd=fd)
+                child = os.open(name, _O_DIRECTORY, dir_fd=cur)
             except (FileNotFoundError, NotADirectoryError):
                 continue  # removed meanwhile
-            path = name if rel == "." else f"{rel}/{name}"
-            stack.append((path, child, iter(list_children(child) or [])))
-            yield path, child
+            if cur != dir_fd:
+                os.close(cur)
+            cur = child
+            names.append(name)
+            levels.append(iter(list_children(cur) or []))
+            yield "/".join(names), cur
     finally:
-        for _, fd, _ in stack:
-            if fd != dir_fd:
-                os.close(fd)
+        if cur != dir_fd:
+            os.close(cur)
+
+
+def _up(cur: int, top: int, *, depth: int) -> int:
+    """The parent of the directory open at ``cur`` (closed): ``top`` itself at depth 0."""
+    parent = top if depth == 0 else os.open("..", _O_DIRECTORY, dir_fd=cur)
+    os.close(cur)
+    return parent
 
 
 def descendants(dir_fd: int) -> list[str]:
@@ -182,37 +193,41 @@ def descendants(dir_fd: int) -> list[str]:
 
 def remove_subtree(dir_fd: int, path: str) -> None:
     """rmdir every sub-cgroup of the cgroup open at ``dir_fd``, children first, each by name
-    relative to its parent's fd (no path handed to the kernel is longer than one name, and
-    no recursion: any depth).  EBUSY (processes still there) raises at once; a sub-cgroup
-    already gone is fine."""
-    # (name, fd, its children's names, path for errors); the bottom entry is the caller's
-    stack: list[tuple[str, int, Iterator[str], str]] = [
-        (".", dir_fd, iter(list_children(dir_fd) or []), path)]
+    relative to its parent's fd: no path handed to the kernel is longer than one name, no
+    recursion, at most two fds of its own open (as :func:`walk`): any depth.  EBUSY (processes
+    still there) raises at once; a sub-cgroup already gone is fine."""
+    levels: list[Iterator[str]] = [iter(list_children(dir_fd) or [])]
+    names: list[str] = []
+    cur = dir_fd
     try:
-        while stack:
-            _, fd, names, at = stack[-1]
-            name = next(names, None)
+        while levels:
+            name = next(levels[-1], None)
             if name is not None:
                 try:
-                    child = os.open(name, _O_DIRECTORY, dir_fd=fd)
+                    child = os.open(name, _O_DIRECTORY, dir_fd=cur)
                 except (FileNotFoundError, NotADirectoryError):
                     continue
-                stack.append((name, child, iter(list_children(child) or []),
-                              f"{at}/{name}"))
+                if cur != dir_fd:
+                    os.close(cur)
+                cur = child
+                names.append(name)
+                levels.append(iter(list_children(cur) or []))
                 continue
-            done, _, _, done_path = stack.pop()
-            if not stack:
+            levels.pop()
+            if not names:
                 return
-            os.close(fd)
+            done = names.pop()
+            cur = _up(cur, dir_fd, depth=len(names))
             try:
-                os.rmdir(done, dir_fd=stack[-1][1])
+                os.rmdir(done, dir_fd=cur)
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                raise os_error(exc, action="removing directory", path=done_path) from exc
+                where = "/".join([path, *names, done])
+                raise os_error(exc, action="removing directory", path=where) from exc
     finally:
-        for _, fd, _, _ in stack[1:]:
-            os.close(fd)
+        if cur != dir_fd:
+            os.close(cur)
 
 
 def poll_until(condition: Callable[[], bool], timeout: float) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from rt_util import alive, leaf_path_script, run_program
 
 DEPTH = 400
@@ -52,12 +51,6 @@ def sleepers() -> list[int]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="walk() holds a directory fd per level: a sub-cgroup "
-                   "chain deeper than the free fds makes record_leftovers (procs_tree), "
-                   "thaw_tree and remove_subtree raise EMFILE (a bare OSError): run() raises "
-                   "InternalError, the supervisor's close fails in destroy(), and the task's "
-                   "process left in the deepest sub-cgroup survives both (the keeper was "
-                   "released by the normal close)")
 def test_a_sub_cgroup_chain_deeper_than_the_free_fds(scratch: str) -> None:
     ran = run_program(RUN, scratch, deep_chain_task(), timeout=40, rlimit_nofile=NOFILE)
     survivors = [p for p in sleepers() if alive(p)]
@@ -79,11 +72,6 @@ trio.run(main, sys.argv[1])
 """
 
 
-@pytest.mark.xfail(strict=True, reason="reap_stale lists a stale root's processes with "
-                   "procs_tree (walk): a root left DEPTH deep (by the crash above, or any "
-                   "crashed corral whose task nested that far) makes every later "
-                   "open_supervisor on that base raise EMFILE from placement: no corral starts "
-                   "there again until someone removes the tree by hand")
 def test_the_next_corral_starts_beside_a_stale_root_deeper_than_the_free_fds(
         scratch: str) -> None:
     fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
