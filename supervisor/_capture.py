@@ -12,7 +12,6 @@ import base64
 import errno
 import logging
 import os
-import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 import trio
 
+from ._outfile import open_output
 from ._result import StreamOutput
 
 __all__ = ["SUBSCRIBER_BUFFER", "TAP_BUFFER", "StreamCapture", "Subscriber", "Tap"]
@@ -28,29 +28,6 @@ log = logging.getLogger(__name__)
 
 SUBSCRIBER_BUFFER = 64  # chunks a subscriber may lag behind before it misses some
 TAP_BUFFER = 1 << 18  # bytes a tap may hold unread before the stream waits for it
-
-
-_TRUSTED_LINKS = re.compile(r"/dev|/proc/(self|\d+)/fd")  # no task can plant a link there
-
-
-def open_output(path: str, flags: int, what: str, mode: int = 0o666) -> int:
-    """``os.open(path, flags | O_NOFOLLOW ...)`` for a file corral writes (a log, a result, a
-    plot), often as root, often where a task running as another user may write: were the
-    last component a symbolic link the task planted, corral would write into any file it
-    names.  So a link there is refused (OSError naming ``what``, the rule and the fix), except
-    in /dev and /proc/PID/fd (``/dev/stdout``, ``/dev/fd/63`` of a shell's ``>(...)``), where
-    no task can plant one."""
-    flags |= os.O_CLOEXEC | os.O_NOCTTY
-    if not _TRUSTED_LINKS.fullmatch(os.path.realpath(os.path.dirname(os.path.abspath(path)))):
-        flags |= os.O_NOFOLLOW
-    try:
-        return os.open(path, flags, mode)
-    except OSError as e:
-        if e.errno == errno.ELOOP and flags & os.O_NOFOLLOW and os.path.islink(path):
-            raise OSError(errno.ELOOP, f"{what} {path} is a symbolic link, which corral does "
-                                       f"not follow (a task may have planted it); give the "
-                                       f"path of the file itself") from None
-        raise
 
 
 def open_log(path: str, *, append: bool = False) -> int:

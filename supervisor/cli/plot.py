@@ -14,9 +14,11 @@ sampled and why.  A failure then is one line on stderr; the exit status stays th
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import itertools
 import os
+import stat
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -174,7 +176,7 @@ def draw(r: TaskResult, path: str) -> None:
     import matplotlib
     from matplotlib.figure import Figure
 
-    from .._capture import open_output
+    from .._outfile import open_output
 
     shown, missing = panels(r)
     # text stays text in the SVG; every sample stays a vertex (no path simplification);
@@ -201,7 +203,13 @@ def draw(r: TaskResult, path: str) -> None:
         metadata = {"Date": None} if fmt == "svg" else {}
         # written through an fd opened without following a link: the task (perhaps another
         # user) ran in the meantime and may have put one where the plot goes
-        fd = open_output(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "--plot")
+        # (O_NONBLOCK: a FIFO put there would hold us in open(); a plain file only)
+        fd = open_output(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, "--plot")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, f"{path} is not a plain file any more (the task put "
+                                        f"something else there); the plot is not written")
+        os.set_blocking(fd, True)
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format=fmt, dpi=100, metadata=metadata)
 

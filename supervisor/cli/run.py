@@ -433,7 +433,7 @@ class _Sink(NamedTuple):
 def _open_sinks(args: argparse.Namespace) -> list[_Sink]:
     """Check and open the JSON destinations now: a result that cannot be written must not be
     found out after the run."""
-    from .._capture import open_output
+    from .._outfile import open_output
     sinks = []
     if args.json_fd is not None:
         fd = args.json_fd

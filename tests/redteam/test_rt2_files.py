@@ -50,12 +50,6 @@ def _read(path: str) -> str:
         return f.read()
 
 
-@pytest.mark.xfail(strict=True, reason="open_output puts O_NOFOLLOW on the last component only: "
-                   "a task that owns the directory the operator named may replace a directory "
-                   "on the way (ws/logs) with a symlink, and corral, as root, then creates or "
-                   "truncates a file of that name in any directory of the host (a root-only "
-                   "file here).  Needs RESOLVE_NO_SYMLINKS/RESOLVE_BENEATH (openat2) or a "
-                   "walk by fd from a trusted directory")
 async def test_a_log_file_under_a_directory_the_task_swapped_for_a_symlink(
         scratch: str, layout: tuple[str, str]) -> None:
     ws, private = layout
@@ -76,12 +70,6 @@ async def test_a_log_file_under_a_directory_the_task_swapped_for_a_symlink(
         f"{private}: it now reads {_read(os.path.join(private, 'task.log'))!r}")
 
 
-@pytest.mark.xfail(strict=True, reason="--plot is opened after the run with a blocking "
-                   "O_WRONLY open (check_target's O_NONBLOCK probe is at the start only): a "
-                   "User= task that leaves a FIFO where the plot goes holds corral run in "
-                   "open() for ever after the task has ended, deaf to SIGINT/SIGTERM/SIGHUP "
-                   "(its signals are read from a signalfd by the event loop it blocks): no "
-                   "record, no exit (the --json-file FIFO hang of 9f60f00, moved to --plot)")
 def test_a_plot_path_swapped_for_a_fifo_does_not_hang_corral(
         scratch: str, layout: tuple[str, str]) -> None:
     if importlib.util.find_spec("matplotlib") is None:
