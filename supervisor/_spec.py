@@ -8,10 +8,12 @@ names the field, the value, the rule and the fix.  Durations use systemd's synta
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import math
 import os
 import signal
 import stat
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -78,6 +80,20 @@ def _terminal_modes(modes: Any) -> list[Any]:
     return [*modes[:6], list(modes[6])]
 
 
+_TIOCGSID = 0x5429  # the session a terminal belongs to (ENOTTY: no session's terminal)
+
+
+def _our_terminal(fd: int) -> bool:
+    """Is ``fd`` the controlling terminal of our session?  (Whether we are in its foreground
+    now does not matter: a job started in the background, then brought forward with ``fg``,
+    must be in the group that comes forward.)"""
+    try:
+        buf = fcntl.ioctl(fd, _TIOCGSID, b"\0\0\0\0")
+    except OSError:
+        return False  # not a terminal, or no session's
+    return int.from_bytes(buf, sys.byteorder, signed=True) == os.getsid(0)
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """One command to run, and how.
@@ -106,8 +122,9 @@ class TaskSpec:
     group, ``kill 0``, reaches it alone) or ``"shared"`` (the supervisor's: it may read a
     terminal the supervisor holds in the foreground, and that terminal's Ctrl-C reaches both;
     its ``kill 0`` reaches the supervisor too).  ``None``: ``"shared"`` when the task inherits
-    a stream that is a terminal with our process group in its foreground (an interactive
-    command), else ``"own"``.  A ``tty`` task has a session of its own anyway.
+    a stream that is our session's terminal (an interactive command, in front or a job in the
+    background that ``fg`` may bring forward), else ``"own"``.  A ``tty`` task has a session
+    of its own anyway.
     ``output_head``/``output_tail``: bytes kept of each stream.  ``log_file``:
     write the full output there too, up to ``log_max_bytes``.  ``limits``: cgroup limits.
     ``isolation``: user, namespaces, capabilities (systemd.exec's names).
@@ -323,12 +340,8 @@ class TaskSpec:
         if self.tty or self.process_group is not None:
             return self.process_group != "shared"
         for fd, how in ((0, self.stdin), (1, self.stdout), (2, self.stderr)):
-            if how == "inherit":
-                try:
-                    if os.tcgetpgrp(fd) == os.getpgrp():
-                        return False  # an interactive command: our terminal is its too
-                except OSError:
-                    continue  # not a terminal (ENOTTY), or not ours
+            if how == "inherit" and _our_terminal(fd):
+                return False  # an interactive command: our terminal is its too
         return True
 
     def environment_or_none(self) -> dict[str, str] | None:

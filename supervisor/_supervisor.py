@@ -131,9 +131,10 @@ class Supervisor:
         if ceiling is None:
             return spec, limit, ()
         notes: tuple[str, ...] = ()
-        if spec.grace_s > ceiling:
-            notes = (f"grace {format_duration(spec.grace_s)} capped to the "
-                     f"{format_duration(ceiling)} ceiling",)
+        if spec.grace_s > ceiling:  # (noted when the grace was chosen, not the default)
+            if spec.grace_s != DEFAULT_GRACE:
+                notes = (f"grace {format_duration(spec.grace_s)} capped to the "
+                         f"{format_duration(ceiling)} ceiling",)
             spec = dataclasses.replace(spec, grace=ceiling)
         if limit is None:
             return spec, ceiling, (f"no time limit given: the {format_duration(ceiling)} "

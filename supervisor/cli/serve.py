@@ -17,7 +17,22 @@ from typing import Any
 
 from . import die
 
-__all__ = ["add_parser", "main"]
+__all__ = ["EARLY", "add_parser", "main"]
+
+
+def _hold_stop_signals() -> None:
+    """SIGTERM, SIGINT and SIGHUP stay blocked until the daemon's receiver is open (it unblocks
+    them: supervisor/serve/daemon.py), so that one sent while the daemon starts (its socket
+    may already be bound) is a drain, never a death by the default action; the launcher's
+    other job signals come back at once."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGQUIT, signal.SIGTSTP, signal.SIGWINCH,
+                                                signal.SIGCONT))
+
+
+EARLY = _hold_stop_signals
 
 
 def add_parser(sub: Any) -> None:

@@ -64,6 +64,7 @@ T = TypeVar("T")
 
 HANDOVER_START_WAIT = 30.0  # seconds tasks being started may take before a hand-over
 UNRECORDED_WAIT = 10.0  # seconds a drain retries end records that failed
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain; again: kill (HUP: ignored)
 
 
 def supports_adoption() -> bool:
@@ -181,7 +182,9 @@ async def _accept(d: Daemon, bound: Bound, server: trio.Nursery,
 
 async def _watch_signals(d: Daemon, server: trio.CancelScope, accepting: trio.CancelScope,
                          bound: Bound) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        # `corral serve` keeps them blocked while it starts (one sent then waited here)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         async with trio.open_nursery() as nursery:
             async for signum in signals:
                 if signum == signal.SIGHUP:

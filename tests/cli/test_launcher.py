@@ -37,7 +37,12 @@ def test_a_signal_while_python_starts_is_corrals_not_a_traceback(
     p = subprocess.Popen([CORRAL, "run", "--cgroup-root", test_cgroup.path, "--json-file",
                           str(record), "--", "sleep", "30"], stdin=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
-    os.kill(p.pid, signal.SIGINT)  # the launcher has not even exec'd Python yet
+    # Once the launcher has blocked them (a signal sent before its first instruction finds a
+    # program that does not exist yet: the default action), Python has not even started
+    deadline = time.monotonic() + 60
+    while signal.SIGINT not in blocked(p.pid) and time.monotonic() < deadline:
+        pass
+    os.kill(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert "Traceback" not in err, err
     r = json.loads(record.read_text())
@@ -64,8 +69,27 @@ def test_other_verbs_get_the_signals_back(test_cgroup: cgroupfs.Cgroup, tmp_path
         while not sock.exists() and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert p.poll() is None and sock.exists(), p.stderr.read() if p.stderr else ""
+        while blocked(p.pid) & set(JOB_SIGNALS) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the daemon's stop signals: once its receiver is open
         assert not blocked(p.pid) & set(JOB_SIGNALS)
     finally:
         p.terminate()
         p.wait(timeout=60)
     assert p.returncode == 0
+
+
+def test_serve_drains_on_a_sigterm_sent_while_it_starts(test_cgroup: cgroupfs.Cgroup,
+                                                        tmp_path: Path) -> None:
+    """The socket is bound before the daemon's receiver is open: a SIGTERM sent the moment it
+    appears (a service manager, a test) waits for it and is a drain, not a death."""
+    sock = tmp_path / "s.sock"
+    p = subprocess.Popen([CORRAL, "serve", "--socket", str(sock), "--state-dir",
+                          str(tmp_path / "state"), "--cgroup-root", test_cgroup.path],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not sock.exists() and p.poll() is None and time.monotonic() < deadline:
+        pass
+    p.terminate()
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and "draining" in err, (p.returncode, err)

@@ -126,7 +126,7 @@ def test_accepted_isolation_runs_and_is_described_in_the_result(
     assert test_cgroup.children() == []
 
 
-# ---- found by the fuzz: refusals that are not SpecErrors -----------------------------------
+# ---- found by the fuzz (fixed in e179cfc), kept as regression cases ---------------------
 
 
 @pytest.mark.parametrize("prop", ['Environment=A="1', "Environment=A=1\\"])

@@ -12,7 +12,6 @@ import subprocess
 import termios
 import time
 
-import pytest
 from rt_util import CORRAL
 
 
@@ -63,12 +62,6 @@ class Shell:
         os.close(self.master)
 
 
-@pytest.mark.xfail(strict=True, reason="the task's process group is chosen once, at the spawn: "
-                   "`corral run -- cat &` starts with corral in a background job, so the task "
-                   "gets a group of its own, and `fg` later brings corral's group to the front "
-                   "but not the task's: cat stays stopped (SIGTTIN), the keyboard reaches it "
-                   "no more, Ctrl-D does nothing and only a third Ctrl-C gets the user out "
-                   "(without corral, `cat &` then `fg` just works)")
 def test_a_command_started_in_the_background_reads_the_terminal_after_fg(scratch: str) -> None:
     sh = Shell()
     try:
