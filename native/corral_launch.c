@@ -27,7 +27,10 @@
 #define CORRAL_PYTHON "/usr/bin/python3"
 #endif
 
-static const char CODE[] = "import sys; from supervisor.cli import main; sys.exit(main())";
+/* sys.argv is ["-c", CORRAL, ARGS...]: dropping "-c" leaves what a script would have, and
+ * /proc/PID/cmdline still names the command (ps, pgrep -f) */
+static const char CODE[] = "import sys; del sys.argv[0]; from supervisor.cli import main; "
+                           "sys.exit(main())";
 
 /* The same list as JOB_SIGNALS in supervisor/cli/terminal.py. */
 static const int JOB_SIGNALS[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGWINCH, SIGCONT };
@@ -47,8 +50,8 @@ int main(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &set, NULL);
     setenv("CORRAL_LAUNCHER", "1", 1);
 
-    /* python -P -c CODE ARGS...: sys.argv is ["-c", ARGS...] */
-    char **args = calloc((size_t)argc + 4, sizeof *args);
+    /* python -P -c CODE CORRAL ARGS... */
+    char **args = calloc((size_t)argc + 5, sizeof *args);
     if (args == NULL) {
         fputs("corral: out of memory\n", stderr);
         return 125;
@@ -56,8 +59,8 @@ int main(int argc, char **argv)
     args[1] = "-P";
     args[2] = "-c";
     args[3] = (char *)CODE;
-    for (int i = 1; i < argc; i++)
-        args[3 + i] = argv[i];
+    for (int i = 0; i < argc; i++)
+        args[4 + i] = argv[i];
 
     run(CORRAL_PYTHON, args);
     char beside[PATH_MAX];
@@ -75,6 +78,6 @@ int main(int argc, char **argv)
     execvp("python3", args);
     fprintf(stderr, "corral: cannot start Python (%s, python3 beside %s, or on PATH): "
             "%s; reinstall corral in a virtualenv (python3 -m venv ...; pip install .)\n",
-            CORRAL_PYTHON, argv[0], strerror(errno));
+            CORRAL_PYTHON, argc > 0 ? argv[0] : "corral", strerror(errno));
     return 125;
 }

@@ -114,10 +114,18 @@ def _launched(early: object) -> None:
     that a Ctrl-C while Python starts is never a traceback.  A verb with an ``EARLY`` hook
     (``corral run``: it reads them from a signalfd) keeps them blocked; every other verb gets
     them back, as a plain Python program has them.  The marker goes from the environment, so
-    that no task inherits it."""
+    that no task inherits it.  The process is named ``corral`` again (the exec of Python named
+    it python3), as ps, top and pgrep knew it."""
     import os
 
-    if os.environ.pop("CORRAL_LAUNCHER", None) is None or early is not None:
+    if os.environ.pop("CORRAL_LAUNCHER", None) is None:
+        return
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write("corral")
+    except OSError:
+        pass  # (no /proc: only the name is lost)
+    if early is not None:
         return
     import signal
 

@@ -93,3 +93,15 @@ def test_serve_drains_on_a_sigterm_sent_while_it_starts(test_cgroup: cgroupfs.Cg
     p.terminate()
     _, err = p.communicate(timeout=60)
     assert p.returncode == 0 and "draining" in err, (p.returncode, err)
+
+
+def test_the_running_command_is_named_corral(test_cgroup: cgroupfs.Cgroup) -> None:
+    """ps, top and pgrep see ``corral`` (the name) and the command's path (the command line),
+    as they did when the command was a Python script, not a bare python3."""
+    r = subprocess.run([CORRAL, "run", "--cgroup-root", test_cgroup.path, "-q", "--", "sh", "-c",
+                        "cat /proc/$PPID/comm; tr '\\0' '\\n' </proc/$PPID/cmdline"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    comm, *argv = r.stdout.splitlines()
+    assert comm == "corral", r.stdout
+    assert CORRAL in argv and argv[argv.index(CORRAL) + 1] == "run", argv
