@@ -162,6 +162,20 @@ class StreamCapture:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
 
+    def droppable(self) -> bool:
+        """Bytes may now be counted and dropped unread (:meth:`drop`): the head is full and
+        nobody else wants every byte (no log file, subscriber or tap)."""
+        return (self.head is not None and len(self.head) >= self.head_limit
+                and self.log_fd is None and not self.subscribers and self.tap is None)
+
+    def drop(self, n: int) -> None:
+        """``n`` bytes went by unread: the caller saw at least ``tail_limit`` more behind them,
+        which will push everything the tail holds now out of it."""
+        self.total += n
+        self.last_at = trio.current_time()
+        if self.tail:
+            del self.tail[:]
+
     def _log(self, data: bytes | memoryview) -> None:
         assert self.log_fd is not None
         if self.log_limit is not None:

@@ -22,6 +22,8 @@ import fcntl
 import logging
 import os
 import select
+import sys
+import termios
 import threading
 
 import trio
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 _READ_SIZE = 1 << 20
 _PIPE_SIZE = 1 << 20
+_FOUR_ZEROS = bytes(4)  # FIONREAD's int
 STDIN_BUFFER = 1 << 20  # bytes write_stdin() may queue before it waits for the task to read
 
 # The one write into a task's stdin (a module-level name: the tests' seam for a failing write).
@@ -83,23 +86,47 @@ class _ReadBuffer(threading.local):
 _buffer = _ReadBuffer()
 
 
-def _read_into(fd: int, capture: StreamCapture) -> bool:
-    """One read into the shared buffer, fed to ``capture``.  False at EOF (EIO counts: it is
-    what a pseudo-terminal's master reads once every slave fd is closed); raises
+def _read_into(fd: int, capture: StreamCapture, sink: int) -> bool:
+    """One read into the shared buffer, fed to ``capture`` (or, past its head, the bytes its
+    tail will never hold spliced unread to ``sink``, /dev/null).  False at EOF (EIO counts: it
+    is what a pseudo-terminal's master reads once every slave fd is closed); raises
     BlockingIOError when there is nothing to read now."""
-    while True:
-        try:
-            n = os.readv(fd, [_buffer.buf])
-        except InterruptedError:
-            continue
-        except OSError as e:
-            if e.errno == errno.EIO:
-                return False
-            raise
-        if n == 0:
-            return False
-        capture.feed(_buffer.view[:n])
+    if capture.droppable() and _drop_unread(fd, capture, sink):
         return True
+    try:
+        n = os.readv(fd, [_buffer.buf])
+    except OSError as e:
+        if e.errno == errno.EIO:
+            return False
+        raise
+    if n == 0:
+        return False
+    capture.feed(_buffer.view[:n])
+    return True
+
+
+def _drop_unread(fd: int, capture: StreamCapture, sink: int) -> bool:
+    """Splice to ``sink`` what the pipe holds beyond the last ``tail_limit`` bytes: nothing
+    keeps them (the tail keeps only the newest), so they are never copied to us.  False when
+    there is no such excess (or ``fd`` is a terminal, which cannot splice)."""
+    if capture.mode != "capture":
+        return False
+    excess = _unread(fd) - capture.tail_limit
+    if excess <= 0:
+        return False
+    try:
+        n = os.splice(fd, sink, excess, flags=os.SPLICE_F_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.EINVAL:  # not a pipe after all
+            return False
+        raise
+    capture.drop(n)
+    return n > 0
+
+
+def _unread(fd: int) -> int:
+    """How many bytes wait in pipe ``fd``."""
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, _FOUR_ZEROS), sys.byteorder)
 
 
 class Latch:
@@ -163,6 +190,7 @@ class IoReactor:
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
+        self._sink = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)  # what no capture keeps
         self._streams: dict[int, Stream] = {}
         self._held: dict[int, Stream] = {}  # ended, fd kept open until remove()
         self._scope = trio.CancelScope(shield=True)
@@ -229,7 +257,7 @@ class IoReactor:
             rounds = 64 if stream.hold or stream.capture.tap is not None else self._ROUND
             for _ in range(rounds):
                 try:
-                    if not _read_into(stream.fd, stream.capture):
+                    if not _read_into(stream.fd, stream.capture, self._sink):
                         break
                 except OSError:  # BlockingIOError: nothing more now
                     break
@@ -255,7 +283,7 @@ class IoReactor:
         assert stream.capture is not None
         try:
             for _ in range(self._ROUND):
-                if not _read_into(stream.fd, stream.capture):
+                if not _read_into(stream.fd, stream.capture, self._sink):
                     self._close(stream, ended=True)  # EOF
                     return
                 if stream.capture.tap_full:
@@ -311,6 +339,7 @@ class IoReactor:
             for stream in list(self._held.values()):
                 self.remove(stream)
             self._epoll.close()
+            os.close(self._sink)
 
     def stop(self) -> None:
         self._scope.cancel()

@@ -1,0 +1,114 @@
+"""Output capture is byte-exact whichever way the reactor takes the bytes: read and copied, or
+(past the head, when nothing else wants them) spliced unread because the tail will never hold
+them.  Streams of distinct bytes, cut in odd chunks, with pauses that let the pipe run dry."""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import functools
+import os
+import pathlib
+import sys
+
+import pytest
+import trio
+from sup_util import HANG
+
+import supervisor
+from supervisor._capture import StreamCapture
+from supervisor._output import IoReactor, enlarge_pipe
+
+
+def pattern(size: int) -> bytes:
+    """``size`` bytes where every 8 are their own index: any shift or gap shows."""
+    return array.array("Q", range((size + 7) // 8)).tobytes()[:size]
+
+
+# Writes pattern(SIZE) to stdout in odd chunks, with a pause now and then (a dry pipe).
+WRITER = """
+import array, os, sys, time
+size = int(sys.argv[1])
+data = array.array("Q", range((size + 7) // 8)).tobytes()[:size]
+cuts = (7919, 1 << 20, 3, 65536 + 13, 400000, 1, 2 << 20)
+pos = i = 0
+while pos < size:
+    n = cuts[i % len(cuts)]
+    view = memoryview(data)[pos:pos + n]
+    while view:
+        view = view[os.write(1, view):]
+    pos += n
+    i += 1
+    if i % 5 == 0:
+        time.sleep(0.01)
+"""
+
+
+def writer(size: int) -> list[str]:
+    return [sys.executable, "-c", WRITER, str(size)]
+
+
+@pytest.mark.parametrize(("head", "tail"), [(16 * 1024, 48 * 1024), (0, 0), (0, 100_003),
+                                            (1 << 20, 1), (5, 3 << 20)])
+async def test_head_tail_and_counts_are_exact(sup: supervisor.Supervisor, head: int,
+                                              tail: int) -> None:
+    size = 9 << 20
+    with trio.fail_after(HANG):
+        r = await sup.run(writer(size), output_head=head, output_tail=tail)
+    data, out = pattern(size), r.output_stdout
+    assert r.outcome == "succeeded" and out.total == size
+    assert out.head == data[:head]
+    assert out.tail == (data[head:][-tail:] if tail else b"")
+    assert out.dropped == size - len(out.head) - len(out.tail)
+
+
+async def test_a_log_file_and_a_subscriber_still_get_every_byte(
+        sup: supervisor.Supervisor, tmp_path: pathlib.Path) -> None:
+    size = 6 << 20
+    log = tmp_path / "out.log"
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, writer(size), log_file=str(log)))
+        stream = task.subscribe("stdout")
+        got = bytearray()
+        with trio.fail_after(HANG):
+            async for chunk in stream:
+                got += chunk
+            r = await task.wait()
+    data = pattern(size)
+    assert r.output_stdout.total == size and log.read_bytes() == data
+    assert r.output_stdout.tail == data[-48 * 1024:]
+    assert bytes(got[:16 * 1024]) == data[:16 * 1024]
+    # (a subscriber may miss chunks when it lags: what it got is the stream's start and end)
+    assert bytes(got[-48 * 1024:]) == data[-48 * 1024:]
+
+
+async def test_removing_a_stream_a_writer_still_holds_takes_exactly_what_is_buffered() -> None:
+    """As at the drain deadline with a grandchild holding the pipe: the writer's end stays
+    open, the pipe is full; remove() takes what is buffered, byte-exact, and lets go."""
+    reactor = IoReactor()
+    r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    enlarge_pipe(r)
+    capture = StreamCapture(1000, 70_000)
+    data = pattern(3 << 20)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reactor.run)
+        stream = reactor.add_reader(r, capture)
+        os.write(w, data[:5000])
+        with trio.fail_after(HANG):
+            while capture.total < 5000:
+                await trio.sleep(0.001)
+        # no checkpoint from here to remove(): the reactor cannot read in between
+        sent = 5000
+        try:
+            while sent < len(data):
+                sent += os.write(w, data[sent:sent + 300_001])
+        except BlockingIOError:
+            pass
+        assert fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) < sent
+        reactor.remove(stream)
+        assert stream.done.is_set()
+        reactor.stop()
+    os.close(w)
+    out = capture.result()
+    assert out.total == sent and out.head == data[:1000]
+    assert out.tail == data[:sent][-70_000:] and out.dropped == sent - 71_000
