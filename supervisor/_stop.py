@@ -126,7 +126,8 @@ class Signalled:
 
 
 _CHUNK = 128  # pidfds held at once: far below RLIMIT_NOFILE's usual 1024
-_HEADROOM = 8  # fds given back when the process runs out, for what a pass reads meanwhile
+_HEADROOM = 8  # pidfds given back when a pass's listing finds no fd left
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
 def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = None,
@@ -144,8 +145,9 @@ def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = Non
     process (a task that can write the tree may move it in).
 
     Out of fds (EMFILE: a supervisor holding many tasks, a task with thousands of processes),
-    fewer pidfds are held at once; with none to be had, a process is signalled by pid right
-    after its start time is read again (the same pid and start time are the same process).
+    fewer pidfds are held at once (a listing that finds no fd left makes the pass give some
+    back); with none to be had, a process is signalled by pid right after its start time is
+    read again (the same pid and start time are the same process).
     """
     ours = os.getpid()
     listed = [pid for pids in cg.procs_tree().values() for pid in pids
@@ -154,7 +156,15 @@ def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = Non
     while listed:
         fds, listed = _open_pidfds(listed)
         try:
-            still = {pid for pids in cg.procs_tree().values() for pid in pids}
+            while True:
+                try:
+                    still = {pid for pids in cg.procs_tree().values() for pid in pids}
+                    break
+                except OSError as e:
+                    back = _give_back(fds) if e.errno in _OUT_OF_FDS else None
+                    if back is None:
+                        raise
+                    listed = back + listed
             for pid, pidfd in fds.items():
                 if pid in still:
                     _signal_one(pid, pidfd, signals, found, keep)
@@ -185,6 +195,23 @@ def _signal_one(pid: int, pidfd: int, signals: tuple[int, ...], found: Signalled
             break
 
 
+def _give_back(fds: dict[int, int]) -> list[int] | None:
+    """The listing found no fd left (the chunk took the last ones): close up to
+    ``_HEADROOM`` pidfds, the last held one turned into a by-pid send (-1), so that every pass
+    still signals one process; the pids given back, to try again (None: none was held)."""
+    held = [pid for pid, fd in fds.items() if fd >= 0]
+    if not held:
+        return None
+    if len(held) == 1:
+        os.close(fds[held[0]])
+        fds[held[0]] = -1
+        return []
+    back = held[max(1, len(held) - _HEADROOM):]
+    for pid in back:
+        os.close(fds.pop(pid))
+    return back
+
+
 def _open_pidfds(pids: list[int]) -> tuple[dict[int, int], list[int]]:
     """Pidfds of up to ``_CHUNK`` of ``pids`` (those gone are left out), and the pids not
     tried yet.  Out of fds, the chunk ends where the fds did; if not even one could be
@@ -196,14 +223,10 @@ def _open_pidfds(pids: list[int]) -> tuple[dict[int, int], list[int]]:
         except ProcessLookupError:
             continue
         except OSError as e:
-            if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+            if e.errno not in _OUT_OF_FDS:
                 raise
             if not fds:
                 fds[pid] = -1
                 return fds, pids[i + 1:]
-            # leave a few fds for the /proc reads and the cgroup files of this pass
-            opened = list(fds)
-            for back in opened[-_HEADROOM:] if len(opened) > _HEADROOM else []:
-                os.close(fds.pop(back))
-            return fds, [p for p in pids[:i] if p not in fds] + pids[i:]
+            return fds, pids[i:]  # (the listing that follows gives some back: _give_back)
     return fds, pids[_CHUNK:]

@@ -7,10 +7,14 @@ Written to judge mutants (tests/mutation/run_mutation.py): every rule of ``StopS
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import resource
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -380,3 +384,126 @@ def test_out_of_fds_a_process_is_signalled_by_pid_checked_by_its_start_time(
             p.kill()
             p.wait()
         leaf.remove()
+
+
+# ---- third round (issue 12): out of fds for real, a pidfd at fd 0, a gone pid first ------
+
+
+@contextlib.contextmanager
+def only_free_fds(k: int) -> Iterator[None]:
+    """RLIMIT_NOFILE lowered so that exactly ``k`` more fds can be opened (the kernel's own
+    EMFILE, not a stand-in), then put back."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            os.fstat(int(name))
+        except OSError:
+            continue  # (the listing's own fd, closed by now)
+        used.add(int(name))
+    limit, free = 0, 0
+    while free < k:
+        free += limit not in used
+        limit += 1
+    while limit in used:
+        limit += 1
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize(("free", "remember"), [(3, True), (4, False), (6, True), (9, False),
+                                                (12, True), (20, False), (40, True)])
+def test_a_pass_with_few_fds_left_signals_every_process_once(
+        test_cgroup: cgroupfs.Cgroup, free: int, remember: bool) -> None:
+    # The pidfds of a chunk can take the last fds the pass needs for its second listing (and
+    # its /proc reads): the pass gives some back, signals what it holds, goes on; with one
+    # left it signals that one by pid.  Every process is reached, once, and no fd stays open.
+    leaf = test_cgroup.make_child("leaf")
+    n = 30
+    p = spawn_in(leaf, ["sh", "-c", f"i=0; while [ $i -lt {n} ]; do sleep 60 & i=$((i+1)); "
+                                    f"done; wait"])
+    try:
+        pids = wait_listed(leaf, n + 1)
+        fds = len(os.listdir("/proc/self/fd"))
+        keep: dict[int, int] | None = {} if remember else None
+        with only_free_fds(free):
+            found = signal_tree(leaf, (signal.SIGKILL,), p.pid, keep)
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert sorted(x.pid for x in found.processes) == sorted(pids)  # each once
+        assert found.main_listed
+        if keep is not None:
+            assert sorted(keep) == sorted(pids) and all(v > 0 for v in keep.values())
+        assert leaf.wait_unpopulated(30)
+    finally:
+        p.kill()
+        p.wait()
+        leaf.remove()
+
+
+def test_with_no_fd_left_at_all_the_pass_fails_and_leaks_nothing(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    leaf = test_cgroup.make_child("leaf")
+    p = spawn_in(leaf, ["sleep", "60"])
+    try:
+        wait_listed(leaf, 1)
+        fds = len(os.listdir("/proc/self/fd"))
+        with only_free_fds(0), pytest.raises(OSError) as e:
+            signal_tree(leaf, (signal.SIGTERM,), p.pid)
+        assert e.value.errno == errno.EMFILE
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+        leaf.remove()
+
+
+def test_a_pidfd_that_is_fd_0_is_used_and_closed(test_cgroup: cgroupfs.Cgroup) -> None:
+    # (a supervisor started with its stdin closed: the first fd it opens is 0)
+    leaf = test_cgroup.make_child("leaf")
+    p = spawn_in(leaf, ["sleep", "60"])
+    saved = os.dup(0)
+    try:
+        wait_listed(leaf, 1)
+        os.close(0)
+        try:
+            found = signal_tree(leaf, (signal.SIGTERM,), p.pid, {p.pid: 1})
+            with pytest.raises(OSError):
+                os.fstat(0)  # closed again
+        finally:
+            os.dup2(saved, 0)
+        assert [x.pid for x in found.processes] == [p.pid]
+        assert p.wait(10) == -signal.SIGTERM
+    finally:
+        os.close(saved)
+        p.kill()
+        p.wait()
+        leaf.remove()
+
+
+def test_a_gone_pid_ahead_of_the_others_does_not_end_the_chunk() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process now
+    b = subprocess.Popen(["sleep", "60"])
+    try:
+        found = signal_tree(Relisting([dead.pid, b.pid], [b.pid]),  # type: ignore[arg-type]
+                            (signal.SIGTERM,))
+        assert [p.pid for p in found.processes] == [b.pid]
+        assert b.wait(10) == -signal.SIGTERM
+    finally:
+        b.kill()
+        b.wait()
+
+
+async def test_a_kill_made_due_but_not_yet_sent_is_not_in_the_record() -> None:
+    s = StopState(15)
+    t0 = trio.current_time()
+    s.request(CANCEL, by_caller=True, force=True)
+    r = s.record(t0)
+    assert r is not None and r.reached == "requested" and r.kill_because is None
+    s.mark("killed", main_alive=True)
+    r = s.record(t0)
+    assert r is not None and r.reached == "killed" and r.kill_because == "force"
