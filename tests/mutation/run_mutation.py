@@ -41,7 +41,8 @@ VENV_BIN = Path(sys.executable).parent
 MODULES = {"_stop": "supervisor/_stop.py", "_drive": "supervisor/_drive.py",
            "_units": "supervisor/_units.py", "_outcome": "supervisor/_outcome.py"}
 TESTS = {
-    "_units": ["tests/test_units.py", "tests/fuzz/test_fuzz_units.py"],
+    "_units": ["tests/test_units.py", "tests/fuzz/test_fuzz_units.py",
+               "tests/mutation/test_mutation_units.py"],
     "_stop": ["tests/mutation"],
     # (hand_over()'s detach is exercised by the core's hand-over test, 2 s)
     "_drive": ["tests/mutation", "tests/core/test_handover.py"],
