@@ -42,18 +42,27 @@ async def test_after_the_end_the_stop_is_gone_and_a_request_changes_nothing(
 
 async def test_a_main_that_exited_before_its_limit_is_not_timed_out_when_seen_late(
         sup: supervisor.Supervisor) -> None:
-    # The main exits at 0.1 s leaving a process behind; the loop is held (a blocking sleep)
-    # until after the 0.4 s limit, so the exit and the limit are seen in the same step: the
-    # exit wins, the leftover is cleaned up, there is no stop.
+    # The main exits leaving a process behind; the loop is held (blocking sleeps) until it
+    # has exited and the 0.4 s limit has passed, so the exit and the limit are seen in the
+    # same step: the exit wins, the leftover is cleaned up, there is no stop.
     async with trio.open_nursery() as nursery:
+        t0 = time.monotonic()
         task = await start(sup, nursery,
                            ["sh", "-c", "sleep 60 >/dev/null 2>&1 & sleep 0.1; exit 0"],
                            time_limit="0.4s", grace=LONG)
-        time.sleep(0.8)  # (blocks trio: nothing is seen until it ends)
+        assert task.pid is not None
+        while proc_state(task.pid) != "Z" or time.monotonic() < t0 + 0.8:
+            assert time.monotonic() < t0 + HANG, "the main did not exit"
+            time.sleep(0.01)  # (blocks trio: nothing is seen until it ends)
         r = await task.wait()
     assert r.outcome == "succeeded" and r.stop is None, (r.outcome, r.stop)
     assert [p.comm for p in r.cleanup.leftovers] == ["sleep"]
     assert r.cleanup.leftovers_ended_by == "stop signal"
+
+
+def proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 async def test_the_stop_signal_is_repeated_at_its_interval_not_more_often(
