@@ -46,6 +46,7 @@ class SpawnGuard:
         self._leaf_path: str | None = None
         self._since = 0.0
         self._thawed: list[str] = []
+        self._lock = threading.Lock()  # _thawed, between this thread and the event loop's
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="corral-spawn-guard",
                                         daemon=True)
@@ -74,7 +75,8 @@ class SpawnGuard:
         """Notes for the task just spawned: what had to be thawed (usually none)."""
         if not self._thawed:
             return []
-        notes, self._thawed = self._thawed, []
+        with self._lock:
+            notes, self._thawed = self._thawed, []
         return notes
 
     def _watch(self) -> None:
@@ -99,33 +101,46 @@ class SpawnGuard:
 
     def _give_up(self, leaf: str, since: float) -> None:
         """The spawn's child is still frozen, by an ancestor we may not thaw: kill it."""
-        try:
-            with Cgroup.open(leaf) as cg:
-                if not cg.read_events().frozen:
-                    return  # slow, not frozen (a loaded machine): let it be
-                self._given_up = since
-                cg.kill()
-        except CgroupError as e:
-            log.debug("spawn guard: %s", e)
-            return
         above = self._base_path or self._root_path
         note = (f"{leaf} was frozen from above (an ancestor of {above} is, and that is not "
                 f"corral's to thaw) while this task was being started; corral killed it "
                 f"there after {GIVE_UP:g}s")
+        try:
+            with Cgroup.open(leaf) as cg:
+                if not cg.read_events().frozen:
+                    return  # slow, not frozen (a loaded machine): let it be
+                self._note(note)  # first: the kill ends the spawn, whose end() takes the notes
+                self._given_up = since
+                cg.kill()
+        except CgroupError as e:
+            log.debug("spawn guard: %s", e)
+            self._unnote(note)
+            if self._given_up == since:
+                self._given_up = 0.0  # not killed: the next turn tries again
+            return
         log.warning("%s", note)
-        self._thawed.append(note)
 
     def _thaw(self, path: str) -> None:
+        note = (f"{path} was frozen (someone wrote 1 to its cgroup.freeze: a task with write "
+                f"access to corral's cgroups?) while this task was being started; corral "
+                f"thawed it")
         try:
             with Cgroup.open(path) as cg:
                 if cg.read_file("cgroup.freeze").strip() != "1":
                     return
+                self._note(note)  # first: the thaw ends the spawn, whose end() takes the notes
                 cg.write_file("cgroup.freeze", "0")
         except CgroupError as e:  # removed meanwhile: nothing to thaw
             log.debug("spawn guard: %s", e)
+            self._unnote(note)
             return
-        note = (f"{path} was frozen (someone wrote 1 to its cgroup.freeze: a task with write "
-                f"access to corral's cgroups?) while this task was being started; corral "
-                f"thawed it")
         log.warning("%s", note)
-        self._thawed.append(note)
+
+    def _note(self, note: str) -> None:
+        with self._lock:
+            self._thawed.append(note)
+
+    def _unnote(self, note: str) -> None:
+        with self._lock:
+            if note in self._thawed:
+                self._thawed.remove(note)
