@@ -150,9 +150,10 @@ class Driver(Sampled):
 
     def _step(self, now: float) -> None:
         """What happened since the last wait, then the current state's rule."""
+        populated = None  # (what _on_main_exit read last, if nothing has been sent since)
         if not self.exited and self.main.has_exited():
-            self._on_main_exit(now)
-        if self.exited and not self._populated():
+            populated = self._on_main_exit(now)
+        if self.exited and not (self._populated() if populated is None else populated):
             self.phase = DONE
         elif self.phase == RUNNING:
             self._step_running(now)
@@ -292,23 +293,31 @@ class Driver(Sampled):
                               for r in thawed)
             self.notes += (f"the task had frozen {where}; corral thawed it to stop it",)
 
-    def _on_main_exit(self, now: float) -> None:
+    def _on_main_exit(self, now: float) -> bool | None:
+        """The main process has exited: reap it, and deal with what it left behind.  Returns
+        whether the subtree was populated when last read, if nothing was sent since (None:
+        read it again)."""
         if not self.main.adopted:
-            self.tracker.main_exiting()  # before the reap: a zombie keeps its cgroup
+            # before the reap: a zombie keeps its cgroup
+            self.tracker.main_exiting(self.main.cgroup_id())
         self.exit = self.main.reap()
         self.exited, self.exited_at = True, now
         self._leave_running(now)
         killed = (self.exit is not None and self.exit.signal == signal.SIGKILL
                   and self.killed_tree)
         self.tracker.main_ended(killed)
-        if self.phase != KILL and self._populated() and (
-                self._evict_self() or self._populated()):
-            # (after a kill, what is still listed is dying with the main process, not left
-            # behind by it; corral itself, moved in by the task, is no leftover)
-            if self.phase == TERM:
-                # a process forked after the stop signal went out has not had it yet
-                self._send((self.stop.signal, signal.SIGCONT), skip=frozenset(self.tracker.seen))
-            self.tracker.record_leftovers()
+        if self.phase == KILL:
+            return None  # (what is still listed is dying with the main process, not left
+            # behind by it)
+        if not self._populated():
+            return False
+        if not self._evict_self() and not self._populated():
+            return False  # corral itself, moved in by the task, is no leftover
+        if self.phase == TERM:
+            # a process forked after the stop signal went out has not had it yet
+            self._send((self.stop.signal, signal.SIGCONT), skip=frozenset(self.tracker.seen))
+        self.tracker.record_leftovers()
+        return None
 
     # ---- pause, resume, sample: called from outside the loop ------------------------------
 

@@ -26,7 +26,10 @@ __all__ = ["Exit", "MainProcess"]
 # euid, egid, suid, sgid, fsuid, fsgid, s32 exit_code, u32 coredump_mask, u32 spare
 _INFO = struct.Struct("=QQ11IiII")
 _PIDFD_GET_INFO = (3 << 30) | (_INFO.size << 16) | (0xFF << 8) | 11  # _IOWR(0xFF, 11, ...)
+_PIDFD_INFO_CGROUPID = 1 << 1
 _PIDFD_INFO_EXIT = 1 << 3
+_NO_INFO = (errno.ENOTTY, errno.EINVAL, errno.ESRCH, errno.EOPNOTSUPP)
+_cgroup_ids = [True]  # PIDFD_INFO_CGROUPID answers here (False once it did not: Linux < 6.13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +81,38 @@ class MainProcess:
             return Exit(found.si_status, None)
         return Exit(None, found.si_status)
 
+    def cgroup_id(self) -> int | None:
+        """The id (the directory's inode number) of the cgroup v2 the process is in, or, once
+        it has exited unreaped, died in: one ioctl (PIDFD_INFO_CGROUPID, Linux >= 6.13);
+        None where the kernel cannot say."""
+        if not _cgroup_ids[0]:
+            return None
+        try:
+            fields = self._info(_PIDFD_INFO_CGROUPID)
+        except OSError as e:
+            if e.errno not in _NO_INFO:
+                raise
+            if e.errno != errno.ESRCH:  # (ESRCH: reaped, this one; the others: no such ioctl)
+                _cgroup_ids[0] = False
+            return None
+        return int(fields[1]) if fields[0] & _PIDFD_INFO_CGROUPID else None
+
+    def _info(self, mask: int) -> tuple[int, ...]:
+        """PIDFD_GET_INFO asking for ``mask``: struct pidfd_info's fields."""
+        buf = bytearray(_INFO.size)
+        _INFO.pack_into(buf, 0, mask, *([0] * 15))
+        fcntl.ioctl(self.pidfd, _PIDFD_GET_INFO, buf, True)
+        return _INFO.unpack_from(buf)
+
     def exit_info(self) -> Exit | None:
         """PIDFD_INFO_EXIT: how a process that is not our child ended, once reaped; None
         while it is not (or where the kernel cannot say)."""
-        buf = bytearray(_INFO.size)
-        _INFO.pack_into(buf, 0, _PIDFD_INFO_EXIT, *([0] * 15))
         try:
-            fcntl.ioctl(self.pidfd, _PIDFD_GET_INFO, buf, True)
+            fields = self._info(_PIDFD_INFO_EXIT)
         except OSError as e:
-            if e.errno in (errno.ENOTTY, errno.EINVAL, errno.ESRCH, errno.EOPNOTSUPP):
+            if e.errno in _NO_INFO:
                 return None
             raise
-        fields = _INFO.unpack_from(buf)
         if not fields[0] & _PIDFD_INFO_EXIT:
             return None
         return Exit.from_wait_status(fields[13])

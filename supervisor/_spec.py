@@ -28,6 +28,7 @@ __all__ = ["DEFAULT_GRACE", "TaskSpec"]
 
 DEFAULT_GRACE = 5.0
 NO_LIMITS = Limits()
+NO_ISOLATION = Isolation()
 DEFAULT_HEAD = 16 * 1024
 DEFAULT_TAIL = 48 * 1024
 _MAX_KEEP = 1 << 30
@@ -152,7 +153,7 @@ class TaskSpec:
     log_file: str | None = None
     log_max_bytes: int | None = None
     limits: Limits = field(default_factory=lambda: NO_LIMITS)  # (one shared, frozen value)
-    isolation: Isolation = field(default_factory=Isolation)
+    isolation: Isolation = field(default_factory=lambda: NO_ISOLATION)  # (the same)
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -319,11 +320,10 @@ class TaskSpec:
 
         ``argv`` may itself be a TaskSpec: then ``kwargs`` replace some of its fields.
         """
-        known = {f.name for f in dataclasses.fields(cls)} - {"argv"}
         for k in kwargs:
-            if k not in known:
+            if k not in _OPTIONS:
                 raise SpecError(k, f"unknown task option {k!r}; the options are: "
-                                   f"{', '.join(sorted(known))}")
+                                   f"{', '.join(sorted(_OPTIONS))}")
         if isinstance(argv, TaskSpec):
             return dataclasses.replace(argv, **kwargs) if kwargs else argv
         return cls(argv, **kwargs)
@@ -374,3 +374,6 @@ class TaskSpec:
         r = self.stop_signal_repeat
         assert r is None or isinstance(r, float)
         return None if r is None or math.isinf(r) else r
+
+
+_OPTIONS = frozenset(f.name for f in dataclasses.fields(TaskSpec)) - {"argv"}

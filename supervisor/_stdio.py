@@ -145,9 +145,10 @@ async def end(io: TaskIo, reactor: IoReactor) -> list[str]:
     """The leaf is empty: whoever still holds a pipe is outside it and EOF may never come.
     Wait a little for EOF (shielded: the caller's cancellation is the driver's business),
     then take what is buffered and let go.  Returns notes for the record."""
-    with trio.move_on_after(DRAIN_DEADLINE, shield=True):
-        for stream in io.streams:
-            await stream.done.wait()
+    if not all(stream.done.is_set() for stream in io.streams):  # (usually at EOF already)
+        with trio.move_on_after(DRAIN_DEADLINE, shield=True):
+            for stream in io.streams:
+                await stream.done.wait()
     for stream in io.streams:
         reactor.remove(stream)
     if io.feed_stream is not None:

@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import math
 import os
 import re
 import secrets
@@ -31,17 +32,25 @@ import trio
 from cgroupfs import CgroupError
 
 from ._batch import Batch, drive_batch
-from ._errors import ConfigError, InternalError, SpecError, SupervisorError, first_leaf
+from ._errors import ConfigError, SpecError, SupervisorError
 from ._guard import SpawnGuard
 from ._handoff import adopt_all, export_task
 from ._handover import HandOver
 from ._keeper import Keeper
 from ._life import live
-from ._output import IoReactor
+from ._output import IoReactor, Latch
 from ._result import StopReason, TaskResult
 from ._sample import Sampler
 from ._spec import DEFAULT_GRACE, TaskSpec
-from ._task import Incident, Runtime, Task, TaskHandle, finish_unstarted, request_stop
+from ._task import (
+    Incident,
+    Runtime,
+    Task,
+    TaskHandle,
+    final_result,
+    finish_unstarted,
+    request_stop,
+)
 from ._tracking import remember_home
 from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
@@ -76,6 +85,7 @@ class Supervisor:
         self.results: collections.OrderedDict[str, TaskResult] = collections.OrderedDict()
         self._closing = False
         self._handover: HandOver | None = None
+        self._nursery: trio.Nursery  # set by _serving: the supervisor's own nursery
 
     @property
     def cgroup_root(self) -> str:
@@ -180,28 +190,33 @@ class Supervisor:
         kills it now; one KeyboardInterrupt is raised once the record exists.
         """
         task = self._new_task(TaskSpec.from_call(argv, options), task_id)
-        handle = task.handle
+        if trio.current_effective_deadline() == -math.inf:
+            # called in an already cancelled scope: the stop comes before the spawn
+            request_stop(task, StopReason.CANCEL, by_caller=True)
+        life = _Life()
+        self._nursery.start_soon(_life_of, task, life)
         interrupt: KeyboardInterrupt | None = None
         cancelled: trio.Cancelled | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(live, task)
-                while not task.done.is_set():
-                    try:
-                        with trio.CancelScope(shield=cancelled is not None):
-                            await handle.wait()
-                    except KeyboardInterrupt as exc:
-                        interrupt = interrupt or exc
-                        handle.stop()  # the first asks gracefully, the second kills now
-                    except trio.Cancelled as exc:
-                        cancelled = exc  # the life sees it too: its graceful stop
-        except BaseExceptionGroup as group:
-            raise _unwrapped(group) from None
+        while not life.ended.is_set():
+            try:
+                if cancelled is None:
+                    await life.ended.wait()
+                else:
+                    with trio.CancelScope(shield=True):
+                        await life.ended.wait()
+            except KeyboardInterrupt as exc:
+                interrupt = interrupt or exc
+                task.handle.stop()  # the first asks gracefully, the second kills now
+            except trio.Cancelled as exc:
+                cancelled = exc  # the caller's cancellation: a graceful stop by the caller
+                request_stop(task, StopReason.CANCEL, by_caller=True)
+        if life.error is not None:
+            raise life.error
         if interrupt is not None:
             raise interrupt
         if cancelled is not None:
             raise cancelled
-        return await handle.wait()
+        return final_result(task)
 
     def start(self, argv: Sequence[str] | TaskSpec, *, task_id: str | None = None,
               taps: Sequence[str] = (),
@@ -396,14 +411,30 @@ class Supervisor:
         del self._rt.incidents[:-100]  # bounded: the newest hundred
 
 
-def _unwrapped(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """What a caller of run() should see of our own nursery's group: our InternalError or a
-    KeyboardInterrupt as itself; a group of Cancelled as it is (trio knows what to do)."""
-    for kind in (InternalError, KeyboardInterrupt):
-        found, _ = group.split(kind)
-        if found is not None:
-            return first_leaf(found)
-    return group
+class _Life:
+    """A life that ``run`` started in the supervisor's nursery: ended (after its record, and
+    after whatever it raised), and what it raised (our InternalError, for ``run`` to raise)."""
+
+    __slots__ = ("ended", "error")
+
+    def __init__(self) -> None:
+        self.ended = Latch()
+        self.error: Exception | None = None
+
+
+async def _life_of(task: Task, life: _Life) -> None:
+    """``live(task)`` in the supervisor's nursery, for ``run``: a task of its own (never
+    trio's main task, which gets KeyboardInterrupt) without a nursery per call (each costs
+    scheduling rounds).  Shielded: the caller's cancellation reaches it as ``run``'s one stop
+    request (a scope cancelled around the supervisor would otherwise count twice, a kill).
+    What it raises goes to ``run``'s caller, not to our nursery."""
+    try:
+        with trio.CancelScope(shield=True):
+            await live(task)
+    except Exception as exc:
+        life.error = exc
+    finally:
+        life.ended.set()
 
 
 def _config_duration(name: str, value: Any) -> float | None:
@@ -486,6 +517,7 @@ async def _serving(placement: Placement, guard: SpawnGuard, sampler: Sampler,
             nursery.start_soon(reactor.run)
             sup = Supervisor(placement, watcher, reactor, guard, sampler, default, ceiling,
                              retain)
+            sup._nursery = nursery  # where run() starts its tasks' lives
             nursery.start_soon(sup._guard_root)
             nursery.start_soon(sup._guard_keeper, keeper)
             nursery.start_soon(sampler.run)

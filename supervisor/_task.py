@@ -45,8 +45,8 @@ from ._stdio import TaskIo, set_window_size
 from ._stop import StopState
 from ._watch import CgroupWatcher
 
-__all__ = ["HandedOver", "Incident", "Runtime", "Task", "TaskHandle", "finish_unstarted",
-           "record", "request_stop"]
+__all__ = ["HandedOver", "Incident", "Runtime", "Task", "TaskHandle", "final_result",
+           "finish_unstarted", "record", "request_stop"]
 
 EMPTY_OUTPUT = StreamOutput()
 _TIOCSIG = 0x40045436  # _IOW('T', 0x36, int): signal the terminal's foreground process group
@@ -193,13 +193,7 @@ class TaskHandle:
         """Wait for the final record (returns at once once there is one).  HandedOver if the
         task went to another supervisor process (``hand_over()``)."""
         await self._t.done.wait()
-        if self._t.result is None and not self._t.handed_over:
-            raise InternalError(f"task {self._t.id} ended without a record (a bug in corral: "
-                                f"its log says more)")
-        if self._t.result is None:
-            raise HandedOver(f"task {self._t.id} was handed over to another supervisor "
-                             f"process; its record will be written there")
-        return self._t.result
+        return final_result(self._t)
 
     @property
     def result(self) -> TaskResult | None:
@@ -344,6 +338,18 @@ def request_stop(task: Task, reason: StopReason, *, by_caller: bool,
     if task.result is not None or task.handed_over:
         return False
     return task.stop.request(reason, by_caller=by_caller, force=force)
+
+
+def final_result(task: Task) -> TaskResult:
+    """The record of a task that is done: HandedOver if it went to another supervisor
+    process, InternalError if it ended without one (a bug)."""
+    if task.result is None and not task.handed_over:
+        raise InternalError(f"task {task.id} ended without a record (a bug in corral: its log "
+                            f"says more)")
+    if task.result is None:
+        raise HandedOver(f"task {task.id} was handed over to another supervisor process; its "
+                         f"record will be written there")
+    return task.result
 
 
 def finish_unstarted(task: Task) -> TaskResult:

@@ -98,12 +98,22 @@ class Tracker:
             self.leftovers[pid] = ProcessInfo(pid, read_comm(pid))
         self.track(pids)
 
-    def main_exiting(self) -> None:
-        """The main process has exited, unreaped: where did it die?"""
+    def main_exiting(self, cgroup_id: int | None = None) -> None:
+        """The main process has exited, unreaped: where did it die?  ``cgroup_id``: its
+        cgroup's id as its pidfd tells (None: unknown); the leaf's own settles it at once."""
+        if cgroup_id is not None and cgroup_id == self._leaf_id():
+            return
         where = read_cgroup(self.main_pid)
         if where is not None and self.leaf_view is not None and not inside(where,
                                                                            self.leaf_view):
             self.main_escaped(where)
+
+    def _leaf_id(self) -> int | None:
+        """The leaf's cgroup id: its directory's inode number (None: not to be had)."""
+        try:
+            return os.fstat(self.leaf.fd).st_ino
+        except (OSError, ValueError):
+            return None
 
     def main_escaped(self, where: str | None = None) -> None:
         if self.main_pid not in self.escaped:
