@@ -207,7 +207,10 @@ class Shell(Tmux):
         return int(path.read_text())
 
     def record(self, name: str = "run") -> dict[str, object]:
-        data: dict[str, object] = json.loads((self.tmp / f"{name}.json").read_text())
+        text = (self.tmp / f"{name}.json").read_text()
+        err = self.tmp / f"{name}.err"
+        assert text, f"no record; stderr: {err.read_text() if err.exists() else '(on the screen)'}"
+        data: dict[str, object] = json.loads(text)
         return data
 
     def stty(self, name: str) -> str:
