@@ -25,6 +25,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from _common import compile_project
+
 CORRAL = os.path.join(os.path.dirname(sys.executable), "corral")
 HERE = Path(__file__).resolve().parent
 
@@ -55,6 +57,7 @@ def main() -> int:
     ap.add_argument("--no-systemd", action="store_true")
     args = ap.parse_args()
     rounds = 3 if args.quick else args.rounds
+    print(compile_project())
     print(f"corral run start-up, {rounds} rounds, medians")
     compare("host", [CORRAL, "run", "--", "/bin/true"],
             [sys.executable, "-c", "import trio"], 'python -c "import trio"', rounds, "<= 1.25x")

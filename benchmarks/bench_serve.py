@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import fmt_ratio, median, paired_ratio, raise_nofile, scratch_cgroup
+from _common import compile_project, fmt_ratio, median, paired_ratio, raise_nofile, scratch_cgroup
 
 from supervisor.client import Client
 
@@ -289,6 +289,7 @@ def main() -> None:
                    "installed (pip install, not -e) in this virtual environment")
     args = p.parse_args()
     print(raise_nofile(args.held * 8 + 1000))
+    print(compile_project())
     per_client = max(20, args.rounds * 2 // args.clients)
     with daemon("--max-running", str(args.clients)) as (sock, _):
         base_lat, logged_lat, sock_lat = paired_latency(sock, args.rounds)
