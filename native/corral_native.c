@@ -339,6 +339,27 @@ static void child_credentials(const struct child_ctx *c, const struct corral_spa
  * stopped gracefully), except those the caller asks to start ignored (bit N-1 of
  * ``ignored``: what a shell gives a background job, or nohup, when corral itself got them
  * ignored). */
+/* A child that leaves our process group drops what was sent to the group before it left:
+ * the signals are blocked from the clone on, so a terminal's Ctrl-C to corral's foreground
+ * group in that window stayed pending and killed the child when its mask was cleared, before
+ * its exec (a keeper dead before it was armed; a task in its own group dead of a key that was
+ * corral's).  Nobody else knows the child yet: whatever is pending was aimed at the group.
+ * Ignoring a signal discards it; child_default_signals() sets the dispositions after. */
+static void child_discard_pending(void)
+{
+    sigset_t pending;
+    if (sigpending(&pending) < 0)
+        return;
+    for (int sig = 1; sig < _NSIG; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP || sigismember(&pending, sig) != 1)
+            continue;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_IGN;
+        sigaction(sig, &sa, NULL);
+    }
+}
+
 static void child_default_signals(unsigned long long ignored)
 {
     for (int sig = 1; sig < _NSIG; sig++) {
@@ -391,6 +412,8 @@ static int child_main(void *arg)
         child_fail(c, CORRAL_STEP_SETSID, errno);
     else if ((a->flags & CORRAL_SPAWN_SETPGID) && setpgid(0, 0) < 0)
         child_fail(c, CORRAL_STEP_SETPGID, errno);
+    if (a->flags & (CORRAL_SPAWN_SETSID | CORRAL_SPAWN_SETPGID))
+        child_discard_pending();
     child_network(c, a);
     child_mounts(c, a);
 

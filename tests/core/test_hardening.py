@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import trio
@@ -588,6 +589,49 @@ async def test_a_task_leads_its_own_process_group_unless_told_to_share_ours(
         TaskSpec(["true"], process_group="mine")  # type: ignore[arg-type]
     with pytest.raises(supervisor.SpecError, match="session of its own"):
         TaskSpec(["true"], tty=True, process_group="shared")
+
+
+GROUP_FLOODED = """
+import json, sys, trio, supervisor
+
+async def main(root, n):
+    # as corral run: SIGINT blocked from the start (read from a signalfd there; here never)
+    async with supervisor.open_supervisor(cgroup_root=root) as sup:
+        print("open", flush=True)
+        rs = [await sup.run(["true"]) for _ in range(int(n))]
+    print(json.dumps(sorted({(r.outcome, r.signal) for r in rs}, key=str)), flush=True)
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+def test_keys_sent_to_the_supervisors_group_during_a_spawn_are_not_the_childs(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    """A Ctrl-C typed at corral run reaches its whole foreground group, a child just cloned
+    into it as well; the child blocks signals until its exec, so the key stayed pending after
+    it left for a group of its own, and killed it at its exec: the keeper (dead before it was
+    armed: corral could not start) or the task (signaled, of a key that was corral's)."""
+    p = subprocess.Popen([sys.executable, "-c", GROUP_FLOODED, test_cgroup.path, "300"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True,  # (blocked from its exec, as corral's launcher)
+                         preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK,
+                                                                   [signal.SIGINT]))
+    try:
+        deadline = time.monotonic() + HANG
+        while p.poll() is None and time.monotonic() < deadline:
+            try:
+                os.killpg(p.pid, signal.SIGINT)  # the group, as a terminal's key does
+            except ProcessLookupError:
+                break
+            time.sleep(0.0002)
+        out, err = p.communicate(timeout=HANG)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert out.split("\n")[0] == "open" and json.loads(out.split("\n")[1]) == \
+        [["succeeded", None]], (out, err)
 
 
 AT_A_TERMINAL = """
