@@ -162,19 +162,41 @@ class StreamCapture:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
 
-    def droppable(self) -> bool:
-        """Bytes may now be counted and dropped unread (:meth:`drop`): the head is full and
-        nobody else wants every byte (no log file, subscriber or tap)."""
+    def passable(self) -> bool:
+        """Bytes may now pass by unread (:meth:`pass_by`): the head is full and no subscriber
+        or tap wants every byte."""
         return (self.head is not None and len(self.head) >= self.head_limit
-                and self.log_fd is None and not self.subscribers and self.tap is None)
+                and not self.subscribers and self.tap is None)
 
-    def drop(self, n: int) -> None:
-        """``n`` bytes went by unread: the caller saw at least ``tail_limit`` more behind them,
-        which will push everything the tail holds now out of it."""
-        self.total += n
+    def pass_by(self, fd: int, n: int, sink: int) -> int:
+        """Take the next ``n`` bytes of pipe ``fd`` without copying them to us: spliced into
+        the log file while it has room, else into ``sink`` (/dev/null).  The caller saw at
+        least ``tail_limit`` more behind them, which will push everything the tail holds now
+        out of it.  Returns how many were taken; 0 when they cannot be spliced (a terminal,
+        a log file opened to append): read them then."""
+        out = sink
+        if self.log_fd is not None:
+            room = n if self.log_limit is None else self.log_limit - self.log_written
+            if room > 0:
+                out, n = self.log_fd, min(n, room)
+            else:
+                self.log_truncated = True
+        try:
+            moved = os.splice(fd, out, n, flags=os.SPLICE_F_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                return 0
+            if out == sink:
+                raise
+            self._log_failed(e)
+            return 0
+        if out != sink:
+            self.log_written += moved
+        self.total += moved
         self.last_at = trio.current_time()
         if self.tail:
             del self.tail[:]
+        return moved
 
     def _log(self, data: bytes | memoryview) -> None:
         assert self.log_fd is not None
@@ -188,14 +210,18 @@ class StreamCapture:
             try:
                 n = os.write(self.log_fd, view)
             except OSError as e:
-                # a full disk must not stop the task or lose the in-memory capture
-                log.warning("log file %s: %s; writing stops here", self.log_path, e)
-                self.log_truncated = True
-                os.close(self.log_fd)
-                self.log_fd = None
+                self._log_failed(e)
                 return
             self.log_written += n
             view = view[n:]
+
+    def _log_failed(self, e: OSError) -> None:
+        # a full disk must not stop the task or lose the in-memory capture
+        assert self.log_fd is not None
+        log.warning("log file %s: %s; writing stops here", self.log_path, e)
+        self.log_truncated = True
+        os.close(self.log_fd)
+        self.log_fd = None
 
     def subscribe(self) -> trio.MemoryReceiveChannel[bytes]:
         """The stream from its start as far as it is kept, then live.

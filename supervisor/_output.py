@@ -88,10 +88,10 @@ _buffer = _ReadBuffer()
 
 def _read_into(fd: int, capture: StreamCapture, sink: int) -> bool:
     """One read into the shared buffer, fed to ``capture`` (or, past its head, the bytes its
-    tail will never hold spliced unread to ``sink``, /dev/null).  False at EOF (EIO counts: it
+    tail will never hold passed on unread: :func:`_pass_by`).  False at EOF (EIO counts: it
     is what a pseudo-terminal's master reads once every slave fd is closed); raises
     BlockingIOError when there is nothing to read now."""
-    if capture.droppable() and _drop_unread(fd, capture, sink):
+    if capture.passable() and _pass_by(fd, capture, sink):
         return True
     try:
         n = os.readv(fd, [_buffer.buf])
@@ -105,23 +105,14 @@ def _read_into(fd: int, capture: StreamCapture, sink: int) -> bool:
     return True
 
 
-def _drop_unread(fd: int, capture: StreamCapture, sink: int) -> bool:
-    """Splice to ``sink`` what the pipe holds beyond the last ``tail_limit`` bytes: nothing
-    keeps them (the tail keeps only the newest), so they are never copied to us.  False when
+def _pass_by(fd: int, capture: StreamCapture, sink: int) -> bool:
+    """What the pipe holds beyond its last ``tail_limit`` bytes, spliced to the log file or to
+    ``sink`` (/dev/null), never copied to us: the tail keeps only the newest.  False when
     there is no such excess (or ``fd`` is a terminal, which cannot splice)."""
     if capture.mode != "capture":
         return False
     excess = _unread(fd) - capture.tail_limit
-    if excess <= 0:
-        return False
-    try:
-        n = os.splice(fd, sink, excess, flags=os.SPLICE_F_NONBLOCK)
-    except OSError as e:
-        if e.errno == errno.EINVAL:  # not a pipe after all
-            return False
-        raise
-    capture.drop(n)
-    return n > 0
+    return excess > 0 and capture.pass_by(fd, excess, sink) > 0
 
 
 def _unread(fd: int) -> int:

@@ -9,6 +9,8 @@ import fcntl
 import functools
 import os
 import pathlib
+import resource
+import signal
 import sys
 
 import pytest
@@ -85,11 +87,43 @@ async def test_a_log_file_and_a_subscriber_still_get_every_byte(
 async def test_removing_a_stream_a_writer_still_holds_takes_exactly_what_is_buffered() -> None:
     """As at the drain deadline with a grandchild holding the pipe: the writer's end stays
     open, the pipe is full; remove() takes what is buffered, byte-exact, and lets go."""
+    capture = StreamCapture(1000, 70_000)
+    data = pattern(3 << 20)
+    sent = await _capture_a_full_pipe(capture, data)
+    out = capture.result()
+    assert out.total == sent and out.head == data[:1000]
+    assert out.tail == data[:sent][-70_000:] and out.dropped == sent - 71_000
+
+
+async def test_a_log_file_alone_gets_every_byte_and_its_cap_holds(
+        sup: supervisor.Supervisor, tmp_path: pathlib.Path) -> None:
+    size = 7 << 20
+    data = pattern(size)
+    for cap in (None, 3_000_017):
+        log = tmp_path / f"out-{cap}.log"
+        with trio.fail_after(HANG):
+            r = await sup.run(writer(size), log_file=str(log), log_max_bytes=cap)
+        out = r.output_stdout
+        assert out.total == size and out.tail == data[-48 * 1024:]
+        assert log.read_bytes() == data[:cap] and out.log_truncated == (cap is not None)
+
+
+def _fill(w: int, data: bytes, sent: int) -> int:
+    """Write ``data`` from ``sent`` on until the pipe is full; the new ``sent``."""
+    try:
+        while sent < len(data):
+            sent += os.write(w, data[sent:sent + 300_001])
+    except BlockingIOError:
+        pass
+    return sent
+
+
+async def _capture_a_full_pipe(capture: StreamCapture, data: bytes) -> int:
+    """Feed ``capture`` 5000 bytes through a reactor, then fill the pipe and remove() it
+    with the writer's end still open; how many bytes were written."""
     reactor = IoReactor()
     r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     enlarge_pipe(r)
-    capture = StreamCapture(1000, 70_000)
-    data = pattern(3 << 20)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reactor.run)
         stream = reactor.add_reader(r, capture)
@@ -97,18 +131,41 @@ async def test_removing_a_stream_a_writer_still_holds_takes_exactly_what_is_buff
         with trio.fail_after(HANG):
             while capture.total < 5000:
                 await trio.sleep(0.001)
-        # no checkpoint from here to remove(): the reactor cannot read in between
-        sent = 5000
-        try:
-            while sent < len(data):
-                sent += os.write(w, data[sent:sent + 300_001])
-        except BlockingIOError:
-            pass
+        sent = _fill(w, data, 5000)  # no checkpoint from here to remove()
         assert fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) < sent
         reactor.remove(stream)
         assert stream.done.is_set()
         reactor.stop()
     os.close(w)
+    return sent
+
+
+async def test_a_log_reopened_to_append_after_a_hand_over_gets_every_byte(
+        tmp_path: pathlib.Path) -> None:
+    data = pattern(3 << 20)
+    log = tmp_path / "out.log"
+    log.write_bytes(b"before")
+    state = StreamCapture(1000, 70_000).export() | {"log_path": str(log), "log_written": 6}
+    capture = StreamCapture.restore(state)  # (O_APPEND: the kernel will not splice to it)
+    sent = await _capture_a_full_pipe(capture, data)
+    assert log.read_bytes() == b"before" + data[:sent]
+    assert capture.result().tail == data[:sent][-70_000:]
+
+
+async def test_a_failing_log_file_stops_but_the_capture_goes_on(
+        tmp_path: pathlib.Path) -> None:
+    data = pattern(3 << 20)
+    capture = StreamCapture(1000, 70_000, log_path=str(tmp_path / "out.log"))
+    capture.log_fd = os.open(capture.log_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, limit[1]))  # then EFBIG
+    try:
+        sent = await _capture_a_full_pipe(capture, data)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
     out = capture.result()
-    assert out.total == sent and out.head == data[:1000]
-    assert out.tail == data[:sent][-70_000:] and out.dropped == sent - 71_000
+    assert out.log_truncated and capture.log_fd is None
+    assert (tmp_path / "out.log").read_bytes() == data[:200_000]
+    assert out.total == sent and out.tail == data[:sent][-70_000:]
