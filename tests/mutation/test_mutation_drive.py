@@ -518,6 +518,7 @@ async def test_a_leaf_that_does_not_empty_in_time_is_reported(
             task.stop(force=True)
             await trio.sleep(0.6)  # three times the bound
             assert task.result is None  # the main process lives: the driver waits on
+            assert task.stop_level == "killed"
         assert task.cgroup is not None
         with cgroupfs.Cgroup.open(task.cgroup) as leaf:
             leaf.kill()

@@ -207,3 +207,48 @@ async def test_a_running_task_handed_over_runs_on_undisturbed(
     assert r.signal == signal.SIGTERM and r.stop.reached == "signalled"
     assert gone(r) < HANG
     await wait_for(lambda: not test_cgroup.is_populated(), "the adopted task's end")
+
+
+@pytest.mark.parametrize("end", ["stop", "exit"])
+async def test_every_note_is_kept_when_the_task_froze_sub_cgroups_and_moved_corral_in(
+        sup: supervisor.Supervisor, cgroup2_mount: str, tmp_path: object, end: str) -> None:
+    # Two frozen sub-cgroups and corral's own process moved into the leaf (as a root task
+    # could do): a stop thaws, then moves back; a main's exit moves back, then thaws the
+    # leftovers to stop them.  Either way both notes are kept, the thawed ones all named.
+    flag = os.path.join(str(tmp_path), "flag")
+    script = ('cg="$1$(sed -n "s/^0:://p" /proc/self/cgroup)"; for s in a b; do '
+              'mkdir "$cg/$s"; sh -c \'echo 0 > "$1/cgroup.procs"; exec sleep 60\' inner '
+              '"$cg/$s" & done; echo ready; while [ ! -e "$2" ]; do sleep 0.02; done')
+    home = cgroupfs.own_cgroup()
+    async with trio.open_nursery() as nursery:
+        task = await start(sup, nursery, ["sh", "-c", script, "task", cgroup2_mount, flag],
+                           grace=LONG)
+        await ready(task)
+        assert task.cgroup is not None
+        subs = [os.path.join(task.cgroup, s) for s in ("a", "b")]
+        for sub in subs:
+            await wait_for(lambda sub=sub: _populated(sub), f"the process in {sub}")
+            with cgroupfs.Cgroup.open(sub) as cg:
+                cg.freeze()
+                assert cg.wait_frozen(HANG)
+        try:
+            with cgroupfs.Cgroup.open(task.cgroup) as leaf:
+                leaf.add_proc(os.getpid())
+            if end == "stop":
+                task.stop()
+            else:
+                open(flag, "w").close()
+            r = await task.wait()
+        finally:
+            if cgroupfs.own_cgroup() != home:
+                with cgroupfs.Cgroup.open(home) as back:
+                    back.add_proc(os.getpid())
+    assert cgroupfs.own_cgroup() == home
+    thawed = f"the task had frozen {subs[0]}, {subs[1]}; corral thawed it to stop it"
+    moved = [n for n in r.notes if f"moved corral's own process (pid {os.getpid()})" in n]
+    assert thawed in r.notes and len(moved) == 1, r.notes
+
+
+def _populated(path: str) -> bool:
+    with open(os.path.join(path, "cgroup.procs")) as f:
+        return bool(f.read().split())

@@ -414,8 +414,10 @@ def only_free_fds(k: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-@pytest.mark.parametrize(("free", "remember"), [(3, True), (4, False), (6, True), (9, False),
-                                                (12, True), (20, False), (40, True)])
+# (2: what the listing itself needs; a pass then holds one pidfd, then none: by pid)
+@pytest.mark.parametrize(("free", "remember"), [(2, False), (2, True), (3, True), (4, False),
+                                                (6, True), (9, False), (12, True), (20, False),
+                                                (40, True)])
 def test_a_pass_with_few_fds_left_signals_every_process_once(
         test_cgroup: cgroupfs.Cgroup, free: int, remember: bool) -> None:
     # The pidfds of a chunk can take the last fds the pass needs for its second listing (and
