@@ -128,6 +128,8 @@ def prepare_argv(words: list[str]) -> list[str]:
 # Run by the dispatcher before anything else of `corral run`: from here on a Ctrl-C waits on
 # the signalfd (see the module docstring), never a KeyboardInterrupt.
 EARLY = block_job_signals
+# once main() has returned, nothing is left to tear down: the process exits at once (cli/)
+EXIT_AT_ONCE = True
 
 
 def add_parser(sub: Any) -> None:
