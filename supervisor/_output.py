@@ -35,6 +35,7 @@ __all__ = ["IoReactor", "Latch", "StdinFeed", "Stream", "Tap", "enlarge_pipe"]
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 1 << 20
+_SMALL_READ = 1 << 16  # a read past the head when the pipe held no more than the tail
 _PIPE_SIZE = 1 << 20
 _FOUR_ZEROS = bytes(4)  # FIONREAD's int
 STDIN_BUFFER = 1 << 20  # bytes write_stdin() may queue before it waits for the task to read
@@ -87,14 +88,20 @@ _buffer = _ReadBuffer()
 
 
 def _read_into(fd: int, capture: StreamCapture, sink: int) -> bool:
-    """One read into the shared buffer, fed to ``capture`` (or, past its head, the bytes its
-    tail will never hold passed on unread: :func:`_pass_by`).  False at EOF (EIO counts: it
-    is what a pseudo-terminal's master reads once every slave fd is closed); raises
-    BlockingIOError when there is nothing to read now."""
-    if capture.passable() and _pass_by(fd, capture, sink):
-        return True
+    """One read into the shared buffer, fed to ``capture``; past its head, the bytes its tail
+    will never hold are passed on unread instead (:func:`_pass_by`).  False at EOF (EIO
+    counts: it is what a pseudo-terminal's master reads once every slave fd is closed);
+    raises BlockingIOError when there is nothing to read now."""
+    buf = _buffer.view
+    if capture.passable():
+        passed = _pass_by(fd, capture, sink)
+        if passed:
+            return True
+        if passed is not None:
+            # at most a tail's worth waited: what came since is the next call's to pass by
+            buf = buf[:max(capture.tail_limit, _SMALL_READ)]
     try:
-        n = os.readv(fd, [_buffer.buf])
+        n = os.readv(fd, [buf])
     except OSError as e:
         if e.errno == errno.EIO:
             return False
@@ -105,14 +112,17 @@ def _read_into(fd: int, capture: StreamCapture, sink: int) -> bool:
     return True
 
 
-def _pass_by(fd: int, capture: StreamCapture, sink: int) -> bool:
+def _pass_by(fd: int, capture: StreamCapture, sink: int) -> bool | None:
     """What the pipe holds beyond its last ``tail_limit`` bytes, spliced to the log file or to
-    ``sink`` (/dev/null), never copied to us: the tail keeps only the newest.  False when
-    there is no such excess (or ``fd`` is a terminal, which cannot splice)."""
+    ``sink`` (/dev/null), never copied to us: the tail keeps only the newest.  True if some
+    was; False if the pipe held no more than the tail; None if it cannot splice (a terminal,
+    a log file opened to append)."""
     if capture.mode != "capture":
-        return False
+        return None
     excess = _unread(fd) - capture.tail_limit
-    return excess > 0 and capture.pass_by(fd, excess, sink) > 0
+    if excess <= 0:
+        return False
+    return capture.pass_by(fd, excess, sink) > 0 or None
 
 
 def _unread(fd: int) -> int:
