@@ -31,17 +31,25 @@ def build(compiler: Any, dest_dir: str | os.PathLike[str], build_temp: str) -> p
     """Compile and link the keeper with ``compiler`` (a distutils ``CCompiler``, customized)
     into ``dest_dir/corral-keeper``, mode 0755, atomically; returns its path."""
     objects = compiler.compile([str(SOURCE)], output_dir=build_temp, extra_postargs=CFLAGS)
+    return link(compiler, objects, dest_dir, KEEPER)
+
+
+def link(compiler: Any, objects: list[str], dest_dir: str | os.PathLike[str],
+         name: str) -> pathlib.Path:
+    """Link ``objects`` into the executable ``dest_dir/name``, mode 0755, atomically (a
+    temporary name there, then renamed over an old one); returns its path.  (The launcher's
+    build uses it too.)"""
     dest = pathlib.Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
-    staged = f".{KEEPER}.{os.getpid()}.tmp"
+    staged = f".{name}.{os.getpid()}.tmp"
     try:
         compiler.link_executable(objects, staged, output_dir=str(dest))
         os.chmod(dest / staged, 0o755)
-        os.replace(dest / staged, dest / KEEPER)
+        os.replace(dest / staged, dest / name)
     finally:
         if (dest / staged).exists():
             os.unlink(dest / staged)
-    return dest / KEEPER
+    return dest / name
 
 
 def install(built: pathlib.Path, dest_dir: str | os.PathLike[str]) -> pathlib.Path:

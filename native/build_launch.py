@@ -30,17 +30,19 @@ def build(compiler: Any, dest_dir: str | os.PathLike[str], build_temp: str,
     literal = '"' + python.replace("\\", "\\\\").replace('"', '\\"') + '"'
     objects = compiler.compile([str(SOURCE)], output_dir=build_temp,
                                macros=[("CORRAL_PYTHON", literal)], extra_postargs=CFLAGS)
-    dest = pathlib.Path(dest_dir)
-    dest.mkdir(parents=True, exist_ok=True)
-    staged = f".{NAME}.{os.getpid()}.tmp"
-    try:
-        compiler.link_executable(objects, staged, output_dir=str(dest))
-        os.chmod(dest / staged, 0o755)
-        os.replace(dest / staged, dest / NAME)
-    finally:
-        if (dest / staged).exists():
-            os.unlink(dest / staged)
-    return dest / NAME
+    return _build_keeper().link(compiler, objects, dest_dir, NAME)
+
+
+def _build_keeper() -> Any:
+    """native/build_keeper.py, by path (setup.py loads this file by path too: native/ is not
+    on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("corral_build_keeper", HERE / "build_keeper.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":
