@@ -463,6 +463,31 @@ def _open_sinks(args: argparse.Namespace) -> list[_Sink]:
     return sinks
 
 
+def _blocking_fds(fds: tuple[int, ...]) -> list[int]:
+    """Which of ``fds`` are open and blocking now, before the task runs."""
+    found = []
+    for fd in dict.fromkeys(fds):
+        try:
+            if os.get_blocking(fd):
+                found.append(fd)
+        except OSError:
+            pass
+    return found
+
+
+def _block_again(fds: list[int]) -> None:
+    """The task shared these open descriptions with us (stdout, stderr, a --json-fd) and may
+    have set O_NONBLOCK on them (node does, for a pipe): make them blocking again, as we found
+    them, so that the record and the summary wait for a slow reader instead of being lost to
+    EAGAIN."""
+    for fd in fds:
+        try:
+            if not os.get_blocking(fd):
+                os.set_blocking(fd, True)
+        except OSError:
+            pass
+
+
 def _write_json(sinks: list[_Sink], result: TaskResult, status: int) -> None:
     """Write the record to every sink; a failure is one line on stderr, never a traceback."""
     import json
@@ -613,6 +638,7 @@ def main(args: argparse.Namespace) -> int:
     terminal = Terminal.open()
     control = Control(_signalfd(), args.quiet, said, pty)
     held = False  # the task left the terminal's modes changed
+    blocking = _blocking_fds((1, 2, *(s.fd for s in sinks)))
     try:
         result, error = _supervise(spec, args, control)
     finally:
@@ -623,6 +649,7 @@ def main(args: argparse.Namespace) -> int:
         if terminal is not None:
             held = terminal.restore()  # before anything is printed: the summary in sane modes
             terminal.close()
+        _block_again(blocking)
     if result is None:
         die(str(error))
     if held and pty is None:
