@@ -87,13 +87,14 @@ class _ReadBuffer(threading.local):
 _buffer = _ReadBuffer()
 
 
-def _read_into(fd: int, capture: StreamCapture, sink: int) -> bool:
+def _read_into(fd: int, capture: StreamCapture, sink: int, pass_by: bool = True) -> bool:
     """One read into the shared buffer, fed to ``capture``; past its head, the bytes its tail
-    will never hold are passed on unread instead (:func:`_pass_by`).  False at EOF (EIO
+    will never hold are passed on unread instead (:func:`_pass_by`; not with ``pass_by``
+    False: the last read of a stream, which must leave its tail filled).  False at EOF (EIO
     counts: it is what a pseudo-terminal's master reads once every slave fd is closed);
     raises BlockingIOError when there is nothing to read now."""
     buf = _buffer.view
-    if capture.passable():
+    if pass_by and capture.passable():
         passed = _pass_by(fd, capture, sink)
         if passed:
             return True
@@ -256,9 +257,11 @@ class IoReactor:
             # a terminal's or a tapped stream's last bytes are all read (nobody writes any
             # more once the task is gone); a pipe held outside the leaf gets a few reads
             rounds = 64 if stream.hold or stream.capture.tap is not None else self._ROUND
-            for _ in range(rounds):
+            for i in range(rounds, 0, -1):
                 try:
-                    if not _read_into(stream.fd, stream.capture, self._sink):
+                    # (the last round reads: a pass-by there, with a writer outside the leaf
+                    # still writing, would leave the tail empty for good)
+                    if not _read_into(stream.fd, stream.capture, self._sink, i > 1):
                         break
                 except OSError:  # BlockingIOError: nothing more now
                     break
