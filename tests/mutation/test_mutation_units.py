@@ -38,6 +38,9 @@ MESSAGES: list[tuple[Callable[..., object], tuple[Any, ...], dict[str, Any], str
     (parse_duration, (math.nan, 'time_limit'), {},
      'time_limit must be a positive duration like "30s", "5min" or "1h 30min", got '
      'nan; NaN is not a duration'),
+    (parse_duration, (-math.inf, 'time_limit'), {},  # (no hint: not NaN)
+     'time_limit must be a positive duration like "30s", "5min" or "1h 30min", got '
+     '-inf'),
     (parse_duration, (-1.0, 'time_limit'), {},
      'time_limit must be a positive duration like "30s", "5min" or "1h 30min", got '
      '-1.0'),
