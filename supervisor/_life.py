@@ -73,11 +73,17 @@ class Started:
     started_at: float
 
 
+@trio.lowlevel.enable_ki_protection  # (a Ctrl-C goes to the main task: see the docstring)
 async def live(task: Task,
                task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED, *,
                slot: QueueSlot | None = None) -> TaskResult | None:
     """The whole life: queue, start, drive, finish; hands ``task`` to ``task_status`` once it
-    runs (or once it is known that it never will)."""
+    runs (or once it is known that it never will).
+
+    KeyboardInterrupt-protected: trio raises a Ctrl-C right where unprotected code happens to
+    run, which may be any task's; raised inside a life it skipped the stop and left the task
+    ``lost`` with its processes running.  Protected, it reaches the main task, where the
+    caller waits (``run``, the supervisor's exit) and turns it into a stop."""
     if task.result is not None:  # recorded already: the supervisor closed before it ran
         task_status.started(task.handle)
         return task.result

@@ -324,6 +324,7 @@ class IoReactor:
             else:
                 self._epoll.modify(stream.fd, 0)  # nothing to write: wait for poke()
 
+    @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the main task, not here
     async def run(self) -> None:
         try:
             with self._scope:

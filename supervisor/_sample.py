@@ -166,6 +166,7 @@ class Sampler:
     def remove(self, task: Sampled) -> None:
         self._tasks.discard(task)
 
+    @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the main task, not here
     async def run(self) -> None:
         """Sample until cancelled (the supervisor cancels it when it closes)."""
         if self.interval is None:

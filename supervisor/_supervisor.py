@@ -361,6 +361,7 @@ class Supervisor:
         if interrupt is not None:
             raise interrupt
 
+    @trio.lowlevel.enable_ki_protection  # (a Ctrl-C goes to the main task: see live())
     async def _guard_root(self) -> None:
         """A task with write access to our cgroups may freeze our root: thaw it at once, and
         say so in the records of the tasks running meanwhile.  Woken by writes to the root's
@@ -387,6 +388,7 @@ class Supervisor:
                            f"cgroup.freeze: a task with write access to corral's cgroups?) "
                            f"while this task ran; corral thawed it")
 
+    @trio.lowlevel.enable_ki_protection  # (a Ctrl-C goes to the main task: see live())
     async def _guard_keeper(self, keeper: Keeper) -> None:
         """The keeper may die before us (an operator's kill, the OOM killer): then nothing
         would end our tasks should we die too.  Start another at once, and say so in the

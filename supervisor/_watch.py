@@ -11,6 +11,14 @@ removed, and ``max_user_watches`` (shared by every process of the user) would ru
 A task running as our user can use up ``max_user_watches`` itself (ENOSPC).  Then a waiter
 polls the file instead (every 10 ms at first, backing off to ``POLL_MAX``): slower to notice,
 never wrong, and the watcher says so once in the log.
+
+The kernel sends at most one notification per cgroup.events file every 10 ms (more with a
+coarse tick): a change that comes within that of the last one is reported when the interval
+ends.  A freeze sends one (``frozen 1``), and each process a kill takes out of the freezer
+another, so after a kill of a frozen leaf ``populated 0`` came ~4 ms late on average, whatever
+the watch.  A caller that has just set such changes going says so (:meth:`expect_late`):
+waiters on that cgroup then also read the file every millisecond or so (an eighth of the time
+since, at least 1 ms) until polling would be no faster than the notification (``LATE_FOR``).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ __all__ = ["CgroupWatcher"]
 log = logging.getLogger(__name__)
 
 POLL_MAX = 0.25  # seconds between polls at most, where no watch can be had
+LATE_FOR = 0.08  # after expect_late(): polls every max(1 ms, 1/8 of the time since) until then
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
 _IN_IGNORED = 0x8000
 _IN_Q_OVERFLOW = 0x4000
@@ -55,12 +64,21 @@ class CgroupWatcher:
         self._watches: dict[int, _Watch] = {}
         self._closed = False
         self._polling_said = False
+        self._late: dict[str, float] = {}  # cgroup.events path -> when expect_late() was said
         self._scope = trio.CancelScope(shield=True)
 
     @property
     def watch_count(self) -> int:
         """Watches held now (each is an inotify watch the kernel counts)."""
         return len(self._watches)
+
+    def expect_late(self, cg: Cgroup) -> None:
+        """``cg``'s state has just been set changing fast (a kill of a frozen leaf): for the next
+        ``LATE_FOR`` s, waiters on it read its cgroup.events now and then too, not only when
+        the kernel's rate-limited notification comes."""
+        now = trio.current_time()
+        self._late = {path: t for path, t in self._late.items() if now - t < LATE_FOR}
+        self._late[cg.events_path] = now
 
     async def wait_empty(self, cg: Cgroup) -> None:
         """Return once ``cg`` has ``populated 0`` (at once if it has already, or is gone)."""
@@ -99,11 +117,23 @@ class CgroupWatcher:
                     raise RuntimeError("the cgroup watcher is closed; the supervisor is gone")
                 if watch.changed is None:
                     watch.changed = trio.Event()
-                await watch.changed.wait()
+                await self._changed(path, watch.changed)
         finally:
             watch.users -= 1
             if watch.users == 0:
                 self._release(wd)
+
+    async def _changed(self, path: str, changed: trio.Event) -> None:
+        """Until ``changed`` is set; or for a while, after :meth:`expect_late` on ``path``."""
+        since = self._late.get(path)
+        if since is not None:
+            elapsed = trio.current_time() - since
+            if elapsed < LATE_FOR:
+                with trio.move_on_after(max(0.001, elapsed / 8)):
+                    await changed.wait()
+                return
+            del self._late[path]
+        await changed.wait()
 
     async def _poll(self, path: str, condition: Callable[[], bool]) -> None:
         if not self._polling_said:
@@ -127,6 +157,7 @@ class CgroupWatcher:
             if e.errno != errno.EINVAL:  # EINVAL: the kernel dropped it already
                 raise
 
+    @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the main task, not here
     async def run(self) -> None:
         """Dispatch inotify events until :meth:`stop`; then release the fd.
 
