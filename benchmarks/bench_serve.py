@@ -1,6 +1,7 @@
 """``corral serve`` against the library in-process, ratios in one run.
 
     python benchmarks/bench_serve.py [--rounds N] [--held N] [--clients N] [--venv DIR]
+                                     [--only latency,rate,records,startup,rss]
 
 1. submit-to-result of /bin/true over the socket (submit + wait, the Python client) against
    ``sup.run(["/bin/true"])`` in-process; target <= 1.5x + 1 ms.  Also against
@@ -287,28 +288,52 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--venv", metavar="DIR", help="also time `corral ps` of the corral "
                    "installed (pip install, not -e) in this virtual environment")
+    p.add_argument("--only", metavar="PARTS", default=",".join(PARTS),
+                   help=f"comma-separated parts to run (default all): {', '.join(PARTS)}")
     args = p.parse_args()
+    only = set(args.only.split(","))
+    if only - set(PARTS):
+        p.error(f"--only: unknown parts {sorted(only - set(PARTS))}; known: {PARTS}")
+    run_parts(args, only)
+
+
+PARTS = ("latency", "rate", "records", "startup", "rss")
+
+
+def run_parts(args: argparse.Namespace, only: set[str]) -> None:
     print(raise_nofile(args.held * 8 + 1000))
     print(compile_project())
     per_client = max(20, args.rounds * 2 // args.clients)
+    starts = {}
     with daemon("--max-running", str(args.clients)) as (sock, _):
-        base_lat, logged_lat, sock_lat = paired_latency(sock, args.rounds)
-        rate = throughput(sock, args.clients, per_client)
-        base_rate = in_process_rate(args.clients, per_client * args.clients)
-        starts = {"checkout": startup(sock, 30)}
-        if args.venv:
-            starts["installed"] = startup(sock, 30, args.venv)
-    report_latency(base_lat, logged_lat, sock_lat)
-    print(f"tasks/s at {args.clients} concurrent: socket {rate:.0f}/s, in-process "
-          f"{base_rate:.0f}/s: {fmt_ratio(rate, base_rate)}")
-    report_records(records_cost(max(64, args.rounds)))
+        if "latency" in only:
+            lat = paired_latency(sock, args.rounds)
+        if "rate" in only:
+            rate = throughput(sock, args.clients, per_client)
+            base_rate = in_process_rate(args.clients, per_client * args.clients)
+        if "startup" in only:
+            starts["checkout"] = startup(sock, 30)
+            if args.venv:
+                starts["installed"] = startup(sock, 30, args.venv)
+    if "latency" in only:
+        report_latency(*lat)
+    if "rate" in only:
+        print(f"tasks/s at {args.clients} concurrent: socket {rate:.0f}/s, in-process "
+              f"{base_rate:.0f}/s: {fmt_ratio(rate, base_rate)}")
+    if "records" in only:
+        report_records(records_cost(max(64, args.rounds)))
     for where, (ps, py, req) in starts.items():
         print(f"corral ps start-up ({where}) {ps * 1e3:.1f} ms; python -c pass {py * 1e3:.1f} "
               f"ms + request {req * 1e3:.2f} ms = {(py + req) * 1e3:.1f} ms: "
               f"{fmt_ratio(ps, py + req)} (target 1.3x)")
-    idle, full = held_rss(args.held)
-    print(f"daemon RSS: idle {idle / 1024:.1f} MiB, holding {args.held} running tasks "
-          f"{full / 1024:.1f} MiB ({(full - idle) / args.held:.1f} KiB per task); target "
+    if "rss" in only:
+        report_rss(args.held)
+
+
+def report_rss(held: int) -> None:
+    idle, full = held_rss(held)
+    print(f"daemon RSS: idle {idle / 1024:.1f} MiB, holding {held} running tasks "
+          f"{full / 1024:.1f} MiB ({(full - idle) / held:.1f} KiB per task); target "
           f"64 MiB: {'met' if full <= 64 * 1024 else 'NOT met'}")
 
 
