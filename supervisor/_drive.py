@@ -235,10 +235,10 @@ class Driver(Sampled):
         else:
             self.snapshot = self.snapshot or take_snapshot(self.leaf, now - self.t0)
             try:
-                self.leaf.kill()
-                self.leaf.thaw_tree()  # the snapshot's freeze: let the dying exit
+                self.leaf.kill()  # (frozen by the snapshot: SIGKILL needs no thaw)
             except CgroupNotFound:
                 pass  # the leaf itself was removed: nothing in it to kill
+            self.watcher.expect_late(self.leaf)  # (the freeze's notifications delay its end's)
         if main_alive and self.main.pid in self.tracker.escaped:
             self.main.signal(signal.SIGKILL)
         if self.stop.reason is not None:

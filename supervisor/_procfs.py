@@ -65,15 +65,19 @@ def read_state(pid: int) -> str | None:
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def read_stat(pid: int) -> tuple[str, int, float] | None:
-    """State letter, parent pid and CPU seconds (user + system) of the process, or None."""
+def read_stat(pid: int) -> tuple[str, int, float, str] | None:
+    """State letter, parent pid, CPU seconds (user + system) and name of the process, or None:
+    one read of /proc/PID/stat, whose name (in parentheses, raw) is what /proc/PID/comm holds
+    (decoded with replacement, like :func:`read_comm`)."""
     data = _read(f"/proc/{pid}/stat")
     if data is None:
         return None
-    fields = data.rpartition(b")")[2].split()
+    head, _, rest = data.rpartition(b")")  # comm may hold spaces and parentheses
+    fields = rest.split()
     try:
         return (fields[0].decode("ascii", "replace"), int(fields[1]),
-                (int(fields[11]) + int(fields[12])) / _TICKS)
+                (int(fields[11]) + int(fields[12])) / _TICKS,
+                head.partition(b"(")[2].rstrip(b"\n").decode("utf-8", "replace"))
     except (IndexError, ValueError):
         return None
 

@@ -66,6 +66,63 @@ async def test_one_kill_ends_an_escaping_tree_and_inotify_sees_it_empty(
     leaf.remove()
 
 
+async def test_a_frozen_leaf_empties_on_cgroup_kill_without_a_thaw(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    # What the kill after a snapshot relies on (the kernel's doing): SIGKILL takes frozen
+    # processes out of the freezer; the leaf empties and is removed still asked to freeze.
+    leaf = test_cgroup.make_child("frozen")
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    sp = spawn(["sh", "-c", "sleep 600 & sleep 600 & wait"], cgroup_fd=leaf.fd, stdin=devnull,
+               stdout=devnull, stderr=devnull)
+    os.close(devnull)
+    await wait_for(lambda: len(leaf.procs()) == 3, what="three processes")
+    pids = leaf.procs()
+    leaf.freeze()
+    await wait_for(lambda: leaf.read_events().frozen, what="frozen")
+    watcher = CgroupWatcher()
+    async with trio.open_nursery() as n:
+        n.start_soon(watcher.run)
+        with trio.fail_after(HANG):
+            assert leaf.kill() == "cgroup.kill"
+            watcher.expect_late(leaf)
+            await watcher.wait_empty(leaf)
+        watcher.stop()
+    assert not leaf.is_populated() and leaf.read_events().frozen
+    os.waitid(os.P_PIDFD, sp.pidfd, os.WEXITED)
+    os.close(sp.pidfd)
+    await wait_for(lambda: not any(alive(p) for p in pids), what="every process gone")
+    leaf.remove()
+
+
+async def test_after_expect_late_a_waiter_reads_again_for_a_while_only(
+        test_cgroup: cgroupfs.Cgroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A notification the kernel holds back is not waited for: the waiter reads the file again
+    # now and then, for LATE_FOR after expect_late(), and after that only on a notification.
+    import supervisor._watch as watch
+
+    monkeypatch.setattr(watch, "LATE_FOR", 0.2)
+    leaf = test_cgroup.make_child("late")
+    reads = [0]
+
+    def never(_ev: cgroupfs.CgroupEvents) -> bool:
+        reads[0] += 1
+        return False
+
+    watcher = CgroupWatcher()
+    async with trio.open_nursery() as n:
+        n.start_soon(watcher.run)
+        watcher.expect_late(leaf)
+        with trio.move_on_after(0.5):
+            await watcher.wait_until(leaf, never)
+        polled, reads[0] = reads[0], 0
+        with trio.move_on_after(0.3):
+            await watcher.wait_until(leaf, never)
+        watcher.stop()
+    assert 5 <= polled <= 60, polled  # ~1 ms apart at first, then an eighth of the time since
+    assert reads[0] == 1  # past the window: read once, then only when notified
+    leaf.remove()
+
+
 async def test_wait_empty_returns_at_once_for_an_empty_or_removed_leaf(
         test_cgroup: cgroupfs.Cgroup) -> None:
     leaf = test_cgroup.make_child("empty")

@@ -89,6 +89,54 @@ async def test_a_killed_task_keeps_a_snapshot_of_what_hung(sup: supervisor.Super
     json.dumps(r.to_dict()["kill_snapshot"])
 
 
+BUSY_NAMED = ("import ctypes; ctypes.CDLL(None).prctl(15, b'a) (b c', 0, 0, 0); "
+              "print('ready', flush=True)\nwhile True: pass")
+
+
+async def test_the_snapshot_reads_each_state_and_name_before_its_freeze(
+        sup: supervisor.Supervisor) -> None:
+    # A busy loop is running (R) when the snapshot is taken; frozen it would read as sleeping.
+    # Its name holds a space and parentheses: the one read of /proc/PID/stat must not trip.
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(
+            sup.start, ["sh", "-c", 'python3 -c "$1" & wait', "sh", BUSY_NAMED], grace="60s"))
+        await wait_for(lambda: b"ready" in task.output().head, what="ready")
+        task.stop(force=True)
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.stop is not None and r.stop.reached == "killed" and r.cleanup == "clean"
+    snap = r.kill_snapshot
+    assert snap is not None and snap.more == 0
+    by_name = {p.comm: p for p in snap.processes}
+    assert set(by_name) == {"sh", "a) (b c"}, by_name
+    busy = by_name["a) (b c"]
+    assert busy.state == "R" and busy.ppid == by_name["sh"].pid
+    assert busy.cmdline is not None and "python3 -c import ctypes;" in busy.cmdline
+
+
+async def test_a_kill_while_the_task_is_paused_records_it_and_empties_the_leaf(
+        sup: supervisor.Supervisor) -> None:
+    # Frozen by pause(), then frozen again by the snapshot, and killed without a thaw after:
+    # SIGKILL takes frozen processes out of the freezer, and the leaf empties.
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(
+            sup.start, ["sh", "-c", "sleep 600 & sleep 600 & echo ready; wait"], grace="60s"))
+        await wait_for(lambda: b"ready" in task.output().head, what="ready")
+        assert task.pause()
+        assert task.cgroup is not None
+        with cgroupfs.Cgroup.open(task.cgroup) as leaf:
+            await wait_for(lambda: leaf.read_events().frozen, what="frozen")
+        task.stop(force=True)
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "cancelled" and r.signal == 9 and r.cleanup == "clean"
+    assert r.stop is not None and r.stop.reached == "killed" and r.stop.kill_because == "force"
+    snap = r.kill_snapshot
+    assert snap is not None and len(snap.processes) == 3 and snap.more == 0
+    assert sorted(p.comm for p in snap.processes) == ["sh", "sleep", "sleep"]
+    assert not any("had frozen" in note for note in r.notes)  # our pause is not the task's
+
+
 async def test_a_task_that_ends_on_the_stop_signal_has_no_snapshot(
         sup: supervisor.Supervisor) -> None:
     r = await sup.run(["sleep", "60"], time_limit="0.2s")
