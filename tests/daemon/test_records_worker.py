@@ -1,0 +1,82 @@
+"""The records' own thread (records._Worker): every call off the trio thread, in one thread, one
+at a time; errors come back to the caller; a call once handed over is never abandoned."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import trio
+
+from supervisor.serve.records import _Worker
+
+
+def test_calls_run_in_one_thread_not_the_trio_one() -> None:
+    async def main() -> set[int]:
+        w = _Worker()
+        try:
+            return {await w.run(threading.get_ident) for _ in range(5)}
+        finally:
+            w.stop()
+
+    seen = trio.run(main)
+    assert len(seen) == 1 and threading.get_ident() not in seen
+
+
+def test_an_error_is_raised_to_its_caller_and_the_thread_goes_on() -> None:
+    async def main() -> int:
+        w = _Worker()
+        try:
+            with pytest.raises(ZeroDivisionError):
+                await w.run(lambda: 1 // 0)
+            return await w.run(lambda: 42)
+        finally:
+            w.stop()
+
+    assert trio.run(main) == 42
+
+
+def test_one_call_at_a_time() -> None:
+    running: list[int] = []
+    overlap: list[int] = []
+
+    def call() -> None:
+        running.append(1)
+        overlap.append(len(running))
+        time.sleep(0.01)
+        running.pop()
+
+    async def main() -> None:
+        w = _Worker()
+        try:
+            async with trio.open_nursery() as n:
+                for _ in range(8):
+                    n.start_soon(w.run, call)
+        finally:
+            w.stop()
+
+    trio.run(main)
+    assert overlap == [1] * 8
+
+
+def test_a_cancelled_caller_waits_for_its_call_to_end() -> None:
+    done: list[str] = []
+
+    def slow() -> None:
+        time.sleep(0.2)
+        done.append("written")
+
+    async def main() -> None:
+        w = _Worker()
+        try:
+            with trio.move_on_after(0.02) as scope:
+                await w.run(slow)
+                await trio.sleep(0)  # (the cancellation takes effect here)
+            assert scope.cancelled_caught
+            assert done == ["written"]  # not abandoned half way
+            assert await w.run(lambda: "next") == "next"  # and the next call is not confused
+        finally:
+            w.stop()
+
+    trio.run(main)
