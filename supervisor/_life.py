@@ -251,7 +251,8 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
         _delegate(leaf)
         if not spec.limits.is_empty():
             leaf.set_limits(spec.limits)
-        stdio, io = plumb(spec, task.stdout, task.stderr, undo, child_ends)
+        stdio, io = plumb(spec, task.stdout, task.stderr, undo, child_ends,
+                          rt.reactor.null_input)
         rt.guard.begin(leaf)
         try:
             with spec.isolation.prepare() as options:

@@ -193,6 +193,9 @@ class IoReactor:
     def __init__(self) -> None:
         self._epoll = select.epoll()
         self._sink = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)  # what no capture keeps
+        # every task's stdin when given none: one read-only open file description (a task can
+        # change only its flags, which no read of /dev/null heeds), not an open per task
+        self.null_input = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self._streams: dict[int, Stream] = {}
         self._held: dict[int, Stream] = {}  # ended, fd kept open until remove()
         self._scope = trio.CancelScope(shield=True)
@@ -266,6 +269,14 @@ class IoReactor:
                 except OSError:  # BlockingIOError: nothing more now
                     break
         self._close(stream)
+
+    def serve_now(self, stream: Stream) -> None:
+        """Serve a reader now, as the next round would: a pipe at EOF ends here (its task is
+        waiting for that, and the reactor's own round may come only after it).  Nothing
+        happens to a stream already let go of, a terminal's or a tapped one."""
+        if (self._streams.get(stream.fd) is stream and not stream.hold
+                and stream.capture is not None and stream.capture.tap is None):
+            self._serve_reader(stream)
 
     def _close(self, stream: Stream, *, ended: bool = False) -> None:
         """Let go of ``stream``; ``ended``: at its end (EOF, hang-up, error), when a held
@@ -345,6 +356,7 @@ class IoReactor:
                 self.remove(stream)
             self._epoll.close()
             os.close(self._sink)
+            os.close(self.null_input)
 
     def stop(self) -> None:
         self._scope.cancel()

@@ -47,11 +47,12 @@ class TaskIo:
 
 
 def plumb(spec: TaskSpec, stdout: StreamCapture, stderr: StreamCapture,
-          undo: contextlib.ExitStack,
-          child_ends: contextlib.ExitStack) -> tuple[list[int], TaskIo]:
+          undo: contextlib.ExitStack, child_ends: contextlib.ExitStack,
+          null_input: int) -> tuple[list[int], TaskIo]:
     """The child's fds 0, 1, 2, and our ends of them (registered once the spawn succeeded).
     Fds opened for the child go on ``child_ends`` (closed right after the spawn, whatever
-    happens: EOF never comes while we hold a writer); ours on ``undo``."""
+    happens: EOF never comes while we hold a writer); ours on ``undo``.  ``null_input`` is
+    the supervisor's /dev/null, the stdin of a task given none (shared, never closed here)."""
     def ours(fd: int) -> int:
         undo.callback(os.close, fd)
         return fd
@@ -63,7 +64,7 @@ def plumb(spec: TaskSpec, stdout: StreamCapture, stderr: StreamCapture,
     if spec.tty:
         return _plumb_tty(spec, stdout, stderr, ours, theirs, undo)
     io = TaskIo()
-    stdin = _plumb_stdin(spec, io, ours, theirs)
+    stdin = null_input if spec.stdin is None else _plumb_stdin(spec, io, ours, theirs)
     outs = []
     for name, inherited, cap in (("stdout", 1, stdout), ("stderr", 2, stderr)):
         if getattr(spec, name) == "inherit":
@@ -84,8 +85,6 @@ def _plumb_stdin(spec: TaskSpec, io: TaskIo, ours: Callable[[int], int],
                  theirs: Callable[[int], int]) -> int:
     if spec.stdin == "inherit":
         return 0
-    if spec.stdin is None:
-        return theirs(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
     r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     os.set_blocking(r, True)  # the child's end: blocking, as any program expects
     data = spec.stdin if isinstance(spec.stdin, bytes) else b""
@@ -145,7 +144,10 @@ async def end(io: TaskIo, reactor: IoReactor) -> list[str]:
     """The leaf is empty: whoever still holds a pipe is outside it and EOF may never come.
     Wait a little for EOF (shielded: the caller's cancellation is the driver's business),
     then take what is buffered and let go.  Returns notes for the record."""
-    if not all(stream.done.is_set() for stream in io.streams):  # (usually at EOF already)
+    for stream in io.streams:
+        if not stream.done.is_set():
+            reactor.serve_now(stream)  # at EOF already, usually: no round to wait for it
+    if not all(stream.done.is_set() for stream in io.streams):
         with trio.move_on_after(DRAIN_DEADLINE, shield=True):
             for stream in io.streams:
                 await stream.done.wait()

@@ -169,3 +169,27 @@ async def test_a_failing_log_file_stops_but_the_capture_goes_on(
     assert out.log_truncated and capture.log_fd is None
     assert (tmp_path / "out.log").read_bytes() == data[:200_000]
     assert out.total == sent and out.tail == data[:sent][-70_000:]
+
+
+async def test_serve_now_ends_a_pipe_at_eof_and_only_reads_a_live_one() -> None:
+    # What a task's end does before it waits for the reactor: a pipe whose writers are all
+    # gone ends at once (all of it read); one still held elsewhere is read, not ended.
+    reactor = IoReactor()
+    ended, live = StreamCapture(100, 100), StreamCapture(100, 100)
+    r1, w1 = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    r2, w2 = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reactor.run)
+        s1, s2 = reactor.add_reader(r1, ended), reactor.add_reader(r2, live)
+        os.write(w1, b"all of it")
+        os.close(w1)
+        os.write(w2, b"so far")
+        reactor.serve_now(s1)  # (no checkpoint since the writes: the reactor has not run)
+        reactor.serve_now(s2)
+        assert s1.done.is_set() and ended.result().head == b"all of it"
+        assert not s2.done.is_set() and live.total == len(b"so far")
+        reactor.serve_now(s1)  # let go of already: nothing happens
+        reactor.remove(s2)
+        assert s2.done.is_set()
+        reactor.stop()
+    os.close(w2)

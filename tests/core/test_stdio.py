@@ -64,6 +64,26 @@ async def test_stdin_of_a_task_without_a_pipe_cannot_be_written(
         task.stop()
 
 
+SPOIL_STDIN = ("import fcntl, os, sys; fcntl.fcntl(0, fcntl.F_SETFL, os.O_APPEND | os.O_NONBLOCK); "
+               "sys.stdout.write(str(len(sys.stdin.buffer.read())))")
+
+
+async def test_stdin_given_none_is_one_read_only_dev_null_no_task_can_spoil(
+        sup: supervisor.Supervisor) -> None:
+    # One /dev/null per supervisor serves every task's stdin: a task that changes its flags
+    # (O_APPEND would make a splice into it fail) changes nothing for the next task, nor for
+    # the output passed by unread to the reactor's own /dev/null.
+    with trio.fail_after(HANG):
+        first = await sup.run(["python3", "-c", SPOIL_STDIN])
+        written = await sup.run(["sh", "-c", "echo x >&0"])
+        big = await sup.run(["sh", "-c", "head -c 3000000 /dev/zero; cat; echo end"],
+                            output_head=16, output_tail=16)
+    assert first.outcome == "succeeded" and first.stdout == b"0", first
+    assert written.outcome == "failed"  # read-only, as it always was
+    assert big.outcome == "succeeded" and big.output_stdout.total == 3_000_004, big
+    assert big.stdout.endswith(b"end\n")
+
+
 async def test_a_tty_task_sees_a_terminal_and_its_output_is_captured(
         sup: supervisor.Supervisor) -> None:
     r = await sup.run(["sh", "-c", "test -t 0 && test -t 1 && test -t 2 && echo tty; "
