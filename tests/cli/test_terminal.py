@@ -128,8 +128,11 @@ class Tmux:
         return self.tmux("display", "-p", fmt).strip()
 
     def wait_screen(self, pattern: str, timeout: float = DEADLINE) -> None:
-        wait_until(lambda: re.search(pattern, self.screen(), re.M),
-                   f"{pattern!r} on the screen", timeout)
+        try:
+            wait_until(lambda: re.search(pattern, self.screen(), re.M),
+                       f"{pattern!r} on the screen", timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the screen:\n{self.screen()}") from None
 
     @property
     def pane_pid(self) -> int:
@@ -411,7 +414,7 @@ def test_a_signal_from_another_process_stops_first_then_kills(shell: Shell, sig:
     shell.corral("--summary --grace 1h -- sh -c \"trap 'echo got-term' TERM; "
                  "while :; do sleep 600 & wait; done\"")
     corral = shell.corral_pid()
-    shell.task_pid(corral, "sh")
+    shell.task_pid(corral, "sleep")  # (not sh: its trap may not be set yet)
     os.kill(corral, sig)
     shell.wait_screen(r"^got-term$")  # the first: the stop signal, gracefully
     os.kill(corral, sig)  # the second: kill now
