@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -14,6 +15,14 @@ import cgroupfs
 # never the checkout they run in: a non-editable install (CI) has no compiled module there.
 # PYTHONSAFEPATH keeps the working directory (and a script's) off their sys.path.
 os.environ["PYTHONSAFEPATH"] = "1"
+
+# Started in the background by a non-interactive shell (`pytest ... &`, nohup), we inherit
+# SIGINT and SIGQUIT ignored, and so would every program the tests start (an ignored signal
+# stays ignored across exec): the Ctrl-C tests would test nothing.  Back to the defaults.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")
