@@ -112,7 +112,8 @@ def _std_fds_open() -> None:
 def _launched(early: object) -> bool:
     """The launcher (native/corral_launch.c) started Python with the job signals blocked, so
     that a Ctrl-C while Python starts is never a traceback.  A verb with an ``EARLY`` hook
-    (``corral run``: it reads them from a signalfd) keeps them blocked; every other verb gets
+    decides for itself (``corral run`` keeps them blocked and reads them from a signalfd;
+    ``corral serve`` keeps its stop signals until its receiver is open); every other verb gets
     them back, as a plain Python program has them.  The marker goes from the environment, so
     that no task inherits it.  The process is named ``corral`` again (the exec of Python named
     it python3), as ps, top and pgrep knew it.  True if the launcher started us."""
