@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -255,26 +256,35 @@ CONFINE = ('grep -qx "0::/" /proc/self/cgroup || { echo "not confined: $(grep ^0
            'mount -t cgroup2 cgroup2 "$1" && shift && exec "$@"')
 
 
+def run_confined(scratch: str, mount: str, command: list[str],
+                 **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    """subprocess.run(``command``) in the cgroup ``scratch`` (entered before exec), inside a
+    cgroup namespace over it with cgroup2 mounted again at ``mount`` (:data:`CONFINE`):
+    whatever it makes lands in the scratch cgroup, never at the top of the host's tree."""
+    procs = os.path.join(scratch, "cgroup.procs")
+
+    def enter() -> None:  # in the child, before exec: into the scratch cgroup
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+    argv = ["unshare", "--cgroup", "--mount", "--propagation", "private", "--", "sh", "-c",
+            CONFINE, "confine", mount, *command]
+    return subprocess.run(argv, preexec_fn=enter, **kwargs)
+
+
 def run_one(name: str, size: str, mount: str, timeout: float) -> tuple[int, str, float]:
     """Run bench_NAME.py confined to a scratch cgroup; (status, output, seconds)."""
     script = HERE / f"bench_{name}.py"
     args = SIZES[size].get(name, [])
     with scratch_cgroup(mount) as scratch:
-        procs = os.path.join(scratch, "cgroup.procs")
-
-        def enter() -> None:  # in the child, before exec: into the scratch cgroup
-            fd = os.open(procs, os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
-
-        argv = ["unshare", "--cgroup", "--mount", "--propagation", "private", "--", "sh", "-c",
-                CONFINE, "confine", mount, sys.executable, str(script), *args]
         t0 = time.monotonic()
         try:
-            r = subprocess.run(argv, preexec_fn=enter, stdin=subprocess.DEVNULL,
-                               capture_output=True, text=True, timeout=timeout, cwd=HERE.parent)
+            r = run_confined(scratch, mount, [sys.executable, str(script), *args],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=timeout, cwd=HERE.parent)
             status, out = r.returncode, r.stdout + (f"\n[stderr]\n{r.stderr}" if r.stderr else "")
         except subprocess.TimeoutExpired as e:
             status = 124

@@ -13,6 +13,7 @@ because the kill fallback and ``Cgroup`` both need them on a bare directory fd.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -151,6 +152,17 @@ def walk(dir_fd: int) -> Iterator[tuple[str, int]]:
     what it opened, also when abandoned.  Sub-cgroups removed meanwhile are skipped.
     """
     yield ".", dir_fd
+    with contextlib.closing(_descend(dir_fd)) as steps:
+        for entered, names, fd in steps:
+            if entered:
+                yield "/".join(names), fd
+
+
+def _descend(dir_fd: int) -> Iterator[tuple[bool, list[str], int]]:
+    """Depth-first over the sub-cgroups below ``dir_fd`` (see :func:`walk`):
+    ``(True, names, fd)`` on entering one (``fd``: its own), ``(False, names, fd)`` once its
+    children are done (``fd``: its parent's, ``names[-1]`` its name there).  ``names`` is
+    the path from ``dir_fd``, a list the walk goes on changing."""
     levels: list[Iterator[str]] = [iter(list_children(dir_fd) or [])]
     names: list[str] = []
     cur = dir_fd
@@ -160,8 +172,9 @@ def walk(dir_fd: int) -> Iterator[tuple[str, int]]:
             if name is None:
                 levels.pop()
                 if names:
+                    cur = _up(cur, dir_fd, depth=len(names) - 1)
+                    yield False, names, cur
                     names.pop()
-                    cur = _up(cur, dir_fd, depth=len(names))
                 continue
             try:
                 child = os.open(name, _O_DIRECTORY, dir_fd=cur)
@@ -172,7 +185,7 @@ def walk(dir_fd: int) -> Iterator[tuple[str, int]]:
             cur = child
             names.append(name)
             levels.append(iter(list_children(cur) or []))
-            yield "/".join(names), cur
+            yield True, names, cur
     finally:
         if cur != dir_fd:
             os.close(cur)
@@ -196,38 +209,17 @@ def remove_subtree(dir_fd: int, path: str) -> None:
     relative to its parent's fd: no path handed to the kernel is longer than one name, no
     recursion, at most two fds of its own open (as :func:`walk`): any depth.  EBUSY (processes
     still there) raises at once; a sub-cgroup already gone is fine."""
-    levels: list[Iterator[str]] = [iter(list_children(dir_fd) or [])]
-    names: list[str] = []
-    cur = dir_fd
-    try:
-        while levels:
-            name = next(levels[-1], None)
-            if name is not None:
-                try:
-                    child = os.open(name, _O_DIRECTORY, dir_fd=cur)
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                if cur != dir_fd:
-                    os.close(cur)
-                cur = child
-                names.append(name)
-                levels.append(iter(list_children(cur) or []))
+    with contextlib.closing(_descend(dir_fd)) as steps:
+        for entered, names, parent in steps:
+            if entered:
                 continue
-            levels.pop()
-            if not names:
-                return
-            done = names.pop()
-            cur = _up(cur, dir_fd, depth=len(names))
             try:
-                os.rmdir(done, dir_fd=cur)
+                os.rmdir(names[-1], dir_fd=parent)
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                where = "/".join([path, *names, done])
-                raise os_error(exc, action="removing directory", path=where) from exc
-    finally:
-        if cur != dir_fd:
-            os.close(cur)
+                raise os_error(exc, action="removing directory",
+                               path="/".join([path, *names])) from exc
 
 
 def poll_until(condition: Callable[[], bool], timeout: float) -> bool:

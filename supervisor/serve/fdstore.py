@@ -131,13 +131,18 @@ def adopt_from(passed: Passed, supported: bool) -> Any:
             why = f"the parked hand-over is unusable: {e}"
     log.warning("not adopting the %d parked fds of the earlier run: %s; its tasks will be "
                 "recorded lost", len(passed.fds), why)
+    _close_all(passed)
+    return None
+
+
+def _close_all(passed: Passed) -> None:
+    """Close every fd taken from the store (their tasks are not ours to adopt)."""
     for fd in passed.fds.values():
         try:
             os.close(fd)
         except OSError:
             pass
     passed.fds.clear()
-    return None
 
 
 def release(notifier: Notifier, passed: Passed) -> None:
@@ -166,12 +171,7 @@ def abandon(notifier: Notifier, passed: Passed) -> None:
                       len(passed.fds), root, "" if done.error is None else f" ({done.error})")
         except CgroupError as e:
             log.error("could not take the parked tasks over, nor kill them: %s", e)
-    for fd in passed.fds.values():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    passed.fds.clear()
+    _close_all(passed)
     release(notifier, passed)
 
 

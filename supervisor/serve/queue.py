@@ -61,11 +61,16 @@ class Scheduler(Generic[T]):
                            f"tasks, its limit (max_queued={lim.max_queued}); retry later")
 
     def enqueue(self, task: T) -> None:
+        self._put(task, front=False)
+
+    def _put(self, task: T, *, front: bool) -> None:
+        """Queue ``task`` at the back of its uid's queue (at the head with ``front``); a uid
+        with nothing queued takes a turn at the back of the rotation (at its head)."""
         waiting = self._waiting.get(task.uid)
         if waiting is None:
             waiting = self._waiting[task.uid] = collections.deque()
-            self._turns.append(task.uid)
-        waiting.append(task)
+            (self._turns.appendleft if front else self._turns.append)(task.uid)
+        (waiting.appendleft if front else waiting.append)(task)
         self.total_queued += 1
 
     def remove(self, task: T) -> bool:
@@ -125,12 +130,7 @@ class Scheduler(Generic[T]):
         """A task that :meth:`next_ready` handed out could not start: back to the head of its
         uid's queue (it is no longer counted as running)."""
         self.finished(task.uid)
-        waiting = self._waiting.get(task.uid)
-        if waiting is None:
-            waiting = self._waiting[task.uid] = collections.deque()
-            self._turns.appendleft(task.uid)
-        waiting.appendleft(task)
-        self.total_queued += 1
+        self._put(task, front=True)
 
     def finished(self, uid: int) -> None:
         """A task that ``next_ready`` handed out has ended."""

@@ -299,8 +299,9 @@ def test_ctrl_c_in_the_first_50ms_never_prints_a_traceback(shell: Shell) -> None
         assert_complete(err, shell.record(name), status)
 
 
-def test_a_repl_owns_its_ctrl_c_and_exits_on_ctrl_d(shell: Shell) -> None:
-    shell.corral(f"--summary -- {PYTHON} -q")
+def interrupt_and_leave_the_repl(shell: Shell) -> None:
+    """In a Python REPL run by corral: Ctrl-C a running statement, go on, Ctrl-D; corral
+    exits 0."""
     shell.wait_screen(r"^>>> $")
     shell.line("import time; time.sleep(60)")
     corral = shell.corral_pid()
@@ -311,6 +312,11 @@ def test_a_repl_owns_its_ctrl_c_and_exits_on_ctrl_d(shell: Shell) -> None:
     shell.wait_screen(r"^42$")
     shell.keys("C-d")
     assert shell.status() == 0
+
+
+def test_a_repl_owns_its_ctrl_c_and_exits_on_ctrl_d(shell: Shell) -> None:
+    shell.corral(f"--summary -- {PYTHON} -q")
+    interrupt_and_leave_the_repl(shell)
     screen = shell.screen()
     assert "finished with result: succeeded" in screen and "Traceback (most recent" not in \
         screen.split("KeyboardInterrupt")[1]
@@ -554,16 +560,7 @@ def test_pty_colours_at_the_terminal_and_the_record_keeps_it(shell: Shell) -> No
 def test_pty_a_repl_survives_ctrl_c_exits_on_ctrl_d_and_the_modes_come_back(shell: Shell) -> None:
     before = shell.stty("before")
     shell.corral(f"--pty -- {PYTHON} -q")
-    shell.wait_screen(r"^>>> $")
-    shell.line("import time; time.sleep(60)")
-    corral = shell.corral_pid()
-    wait_until(lambda: proc_state(shell.task_pid(corral, "python3")) == "S", "the sleep")
-    shell.keys("C-c")
-    shell.wait_screen(r"^KeyboardInterrupt$")
-    shell.line("print(6 * 7)")
-    shell.wait_screen(r"^42$")
-    shell.keys("C-d")
-    assert shell.status() == 0
+    interrupt_and_leave_the_repl(shell)
     assert shell.record()["outcome"] == "succeeded"
     assert shell.stty("after") == before
 

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.report import CONFINE, cgroup2_mount, scratch_cgroup
+from benchmarks.report import cgroup2_mount, run_confined, scratch_cgroup
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -139,20 +139,9 @@ def main() -> int:
     mount = cgroup2_mount()
     try:
         with scratch_cgroup(mount, prefix="corral-mutation") as scratch:
-            procs = os.path.join(scratch, "cgroup.procs")
-
-            def enter() -> None:  # in the child, before exec: into the scratch cgroup
-                fd = os.open(procs, os.O_WRONLY)
-                try:
-                    os.write(fd, b"0")
-                finally:
-                    os.close(fd)
-
-            run = subprocess.run(["unshare", "--cgroup", "--mount", "--propagation", "private",
-                                  "--", "sh", "-c", CONFINE, "confine", mount,
-                                  str(VENV_BIN / "mutmut"), "run", "--max-children",
-                                  str(args.max_children)], cwd=copy, env=env,
-                                 preexec_fn=enter)
+            run = run_confined(scratch, mount, [str(VENV_BIN / "mutmut"), "run",
+                                                "--max-children", str(args.max_children)],
+                               cwd=copy, env=env)
         if run.returncode != 0:
             print(f"mutmut run exited {run.returncode}", file=sys.stderr)
         return score(copy, args.module)
