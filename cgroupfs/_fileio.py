@@ -17,7 +17,7 @@ import contextlib
 import errno
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from ._errors import CgroupOSError, os_error
 
@@ -158,7 +158,7 @@ def walk(dir_fd: int) -> Iterator[tuple[str, int]]:
                 yield "/".join(names), fd
 
 
-def _descend(dir_fd: int) -> Iterator[tuple[bool, list[str], int]]:
+def _descend(dir_fd: int) -> Generator[tuple[bool, list[str], int], None, None]:
     """Depth-first over the sub-cgroups below ``dir_fd`` (see :func:`walk`):
     ``(True, names, fd)`` on entering one (``fd``: its own), ``(False, names, fd)`` once its
     children are done (``fd``: its parent's, ``names[-1]`` its name there).  ``names`` is

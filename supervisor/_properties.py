@@ -148,7 +148,7 @@ def parse_properties(items: Iterable[str]) -> Collected:
     isolation: list[tuple[str, str]] = []
     for item in items:
         name, eq, value = item.partition("=")
-        name = name.strip()
+        name = name.strip(" \t")  # (ASCII blanks only: "\u00a0User" names no property)
         if not eq:
             raise SpecError("property", f'property must be NAME=VALUE like "MemoryMax=512M", '
                                         f'got "{item}"')

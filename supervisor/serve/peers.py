@@ -8,13 +8,12 @@ and groups, unless root submitted it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import socket
 import struct
 from typing import Any, NamedTuple
-
-from .protocol import ApiError
 
 __all__ = ["Peer", "peer_of", "run_as_isolation", "task_environment"]
 
@@ -67,31 +66,18 @@ def allowed(peer: Peer, allow_gid: int | None) -> bool:
 
 def run_as_isolation(peer: Peer, asked: Any = None) -> Any:
     """The ``supervisor.Isolation`` a non-root submitter's task runs with: what it ``asked``
-    for (its properties' Isolation: PrivateNetwork=, Limit*=...), run as its uid, gid and
-    groups; ``asked`` as it is for root.  None (nothing to add) for root without ``asked``,
-    or when this core has no ``Isolation(user=)`` (the daemon then falls back to ``setpriv``,
-    see :func:`setpriv_prefix`).
-    """
+    for (its properties' Isolation: PrivateNetwork=, Limit*=..., already checked by
+    ``policy.check_tenant``), run as its uid, gid and groups; ``asked`` as it is for root."""
     if peer.is_root:
         return asked
     import supervisor
 
-    fields = getattr(supervisor.Isolation, "__dataclass_fields__", {})
-    if "user" not in fields:
-        return None
     kept = {} if asked is None else {
-        name: getattr(asked, name) for name in fields
-        if not name.startswith("_") and name not in ("user", "group", "supplementary_groups")}
+        f.name: getattr(asked, f.name) for f in dataclasses.fields(asked)
+        if not f.name.startswith("_") and f.name not in ("user", "group",
+                                                         "supplementary_groups")}
     return supervisor.Isolation(user=peer.uid, group=peer.gid,
                                 supplementary_groups=tuple(peer.groups), **kept)
-
-
-def setpriv_prefix(peer: Peer) -> list[str]:
-    """argv prefix that drops to the submitter's uid, gid and groups (util-linux setpriv):
-    the stand-in until the core's Isolation(user=) lands."""
-    groups = ",".join(str(g) for g in peer.groups)
-    return ["setpriv", f"--reuid={peer.uid}", f"--regid={peer.gid}",
-            f"--groups={groups}" if groups else "--clear-groups", "--"]
 
 
 def task_environment(peer: Peer, env: dict[str, str]) -> dict[str, str]:
@@ -108,8 +94,3 @@ def task_environment(peer: Peer, env: dict[str, str]) -> dict[str, str]:
         base["HOME"] = "/"
     base.update(env)
     return base
-
-
-def forbidden_group(name: str) -> ApiError:
-    return ApiError(403, "forbidden", f"uid is not in the group {name!r} that --allow-group "
-                    f"admits; ask the host's administrator to add you to it")

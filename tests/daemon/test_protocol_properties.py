@@ -161,3 +161,90 @@ def test_any_bytes_on_a_connection_get_http_answers_and_never_crash_it(data: byt
         if line.startswith(b"HTTP/1.1 "):
             status = int(line.split()[1])
             assert status == 200 or 400 <= status < 500, answer
+
+
+# ---- what a non-root submitter may have: checked on the parsed spec --------------------------
+
+TENANT = Peer(2, 4242, 4242, (4242,))
+ROOT_ONLY = ("User", "Group", "SupplementaryGroups", "AmbientCapabilities")
+PADDING = ["", " ", "  ", "\t", "\n", "\r", "\u00a0", "\u3000", "\u2003", "\ufeff", "\x0b"]
+names = st.builds(lambda pad1, name, pad2, upper: pad1 + (name.upper() if upper else name) + pad2,
+                  st.sampled_from(PADDING), st.sampled_from([
+                      *ROOT_ONLY, "CapabilityBoundingSet", "NoNewPrivileges", "PrivateNetwork",
+                      "PrivateTmp", "ProtectControlGroups", "UMask", "LimitNOFILE",
+                      "LimitRTPRIO", "LimitNICE", "LimitMEMLOCK", "LimitCORE", "CPUWeight",
+                      "IOWeight", "MemoryMax", "TasksMax", "RuntimeMaxSec", "DynamicUser"]),
+                  st.sampled_from(PADDING), st.booleans())
+values = st.sampled_from([
+    "", "root", "0", "nobody", "65534", "CAP_SETUID CAP_SETGID CAP_DAC_OVERRIDE CAP_SYS_ADMIN",
+    "~CAP_SYS_ADMIN", "~", "CAP_NET_BIND_SERVICE", "yes", "no", "0022", "1024", "1024:4096",
+    "infinity", "99", "10000", "1", "100", "101", "10s", " CAP_SYS_ADMIN ", "\u00a0CAP_SETUID"])
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=400)
+@given(st.dictionaries(names, values, max_size=4))
+def test_a_non_root_submitters_task_never_gets_more_than_it_has(props: dict[str, str]) -> None:
+    """Whatever the property names look like (padded with any blank, Unicode's included) and
+    whatever their values, a non-root submitter's spec runs as exactly that submitter, with no
+    capability raised, no resource limit above the daemon's own hard limit and no share above
+    the default: or the request is refused with a 4xx."""
+    import resource
+
+    from supervisor._isovalues import INFINITY, RLIMITS
+
+    request = parse_submit({"argv": ["true"], "properties": props})
+    try:
+        spec = build_spec(TENANT, request, controllers=frozenset({"cpu", "io", "memory",
+                                                                  "pids"}),
+                          root="/sys/fs/cgroup/x", output_cap=1 << 20, stdin_pipes=True)
+    except ApiError as e:
+        _is_refusal(e)
+        return
+    iso = spec.isolation
+    assert (iso.user, iso.group, tuple(iso.supplementary_groups)) == (4242, 4242, (4242,))
+    assert iso.ambient_capabilities == ()
+    for name, (soft, hard) in iso.rlimits.items():
+        ours = resource.getrlimit(RLIMITS[name][0])[1]
+        ceiling = INFINITY if ours == resource.RLIM_INFINITY else ours
+        assert max(soft, hard) <= ceiling, (name, soft, hard)
+    for weight in (spec.limits.cpu_weight, spec.limits.io_weight):
+        assert weight is None or weight <= 100
+    # a root-only property that the parser read as itself, with a value, was never accepted
+    for raw, value in props.items():
+        assert not (raw.strip(" \t") in ROOT_ONLY and value.strip()), (raw, value)
+
+
+@settings(deadline=None)
+@given(st.sampled_from(ROOT_ONLY), st.sampled_from(PADDING), st.sampled_from(PADDING))
+def test_a_padded_root_only_name_is_refused_for_a_user(name: str, before: str,
+                                                       after: str) -> None:
+    value = {"User": "root", "Group": "root", "SupplementaryGroups": "root",
+             "AmbientCapabilities": "CAP_SETUID CAP_SYS_ADMIN"}[name]
+    request = parse_submit({"argv": ["true"], "properties": {before + name + after: value}})
+    try:
+        build_spec(TENANT, request, controllers=frozenset(), root="/sys/fs/cgroup/x",
+                   output_cap=1 << 20, stdin_pipes=True)
+    except ApiError as e:
+        # read as the name it spells: refused (403) for a user; not a name at all: 400
+        assert (e.status, e.code) in ((403, "forbidden"), (400, "invalid")), e.to_json()
+        assert e.status == 403 or (before + after).strip(" \t"), e.to_json()
+        return
+    raise AssertionError(f"{before + name + after!r}={value!r} was accepted for a user")
+
+
+def test_every_field_a_tenant_could_set_has_a_rule_and_unknown_ones_are_refused() -> None:
+    """Deny by default: a value with no rule (a field the core learns later) is root's."""
+    import dataclasses
+
+    import supervisor
+    from supervisor.serve.policy import RULES, denied_paths
+
+    iso_fields = {f"isolation.{f.name}" for f in dataclasses.fields(supervisor.Isolation)
+                  if not f.name.startswith("_")}
+    limit_fields = {f"limits.{f.name}" for f in dataclasses.fields(supervisor.Limits)}
+    assert iso_fields | limit_fields <= set(RULES), sorted((iso_fields | limit_fields)
+                                                           - set(RULES))
+    assert list(denied_paths(iter([("isolation.bind_paths", ("/", "/mnt"))]))) == [
+        ("isolation.bind_paths", "it is not known to be harmless for a task of another user "
+                                 "(only root may set it)")]
+    assert list(denied_paths(iter([("limits.memory_max", 1 << 20), ("env", {})]))) == []
