@@ -32,6 +32,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
@@ -57,6 +58,12 @@
 #endif
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
+#endif
+#ifndef SYS_kcmp
+#define SYS_kcmp 312
+#endif
+#ifndef KCMP_VM
+#define KCMP_VM 1
 #endif
 #ifndef SYS_close_range
 #define SYS_close_range 436
@@ -605,7 +612,39 @@ static int spawn_vfork_join(const struct corral_spawn_args *a, struct corral_spa
     return 0;
 }
 
+/* One spawn at a time in the whole process.  A child that shares our memory and changes its
+ * uid makes that memory not dumpable (commit_creds()), which is what keeps a process of the
+ * task's user from ptrace-attaching to it, or reading and writing it through /proc/PID/mem or
+ * process_vm_writev(2), before it execs: our memory, root's.  Each spawn gives the flag back
+ * once its child has exec'd; a second spawn running at the same time would give it back while
+ * the first one's child still shares our memory under the user's uid.  Spawns also run in
+ * more than one thread: the event loop's (CORRAL_SPAWN_TRYLOCK: it never waits here) and a
+ * worker's, for a child that another uid could stop before exec (SIGSTOP) while the spawning
+ * thread waits for it. */
+static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int spawn_locked(const struct corral_spawn_args *a, struct corral_spawn_result *r);
+
 int corral_spawn(const struct corral_spawn_args *a, struct corral_spawn_result *r)
+{
+    if (a->flags & CORRAL_SPAWN_TRYLOCK) {
+        if (pthread_mutex_trylock(&spawn_lock) != 0) {
+            memset(r, 0, sizeof *r);
+            r->pid = -1;
+            r->pidfd = -1;
+            r->step = CORRAL_STEP_BUSY;
+            r->err = EBUSY;
+            return -EBUSY;
+        }
+    } else {
+        pthread_mutex_lock(&spawn_lock);
+    }
+    int ret = spawn_locked(a, r);
+    pthread_mutex_unlock(&spawn_lock);
+    return ret;
+}
+
+static int spawn_locked(const struct corral_spawn_args *a, struct corral_spawn_result *r)
 {
     struct child_report rep = { CORRAL_STEP_NONE, 0, 0 };
     struct child_ctx c = { a, &rep, -1, -1 };
@@ -696,4 +735,12 @@ int corral_unshare(int flags)
 int corral_setns(int fd, int nstype)
 {
     return setns(fd, nstype) < 0 ? -errno : 0;
+}
+
+int corral_shares_our_memory(int pid)
+{
+    long r = syscall(SYS_kcmp, (pid_t)getpid(), (pid_t)pid, KCMP_VM, 0UL, 0UL);
+    if (r < 0)
+        return -errno;
+    return r == 0;
 }

@@ -40,7 +40,7 @@ def open_log(path: str, *, append: bool = False) -> int:
                f"corral's writes); give the path of a plain file")
     try:
         # (O_NONBLOCK: a FIFO without a reader says ENXIO)
-        fd = open_output(path, flags, "log_file", 0o640)
+        fd = open_output(path, flags, "log_file", 0o600)
     except OSError as e:
         if e.errno == errno.ENXIO:
             raise OSError(errno.EINVAL, refusal) from None

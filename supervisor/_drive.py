@@ -117,9 +117,11 @@ class Driver(Sampled):
     async def run(self) -> None:
         """Drive to DONE.  Raises only for our own bugs (the caller kills the leaf then)."""
         try:
-            # (nothing to step before the first wait: the spawn had no checkpoint, so no stop
-            # request and no deadline can have come; an exit already shows on the pidfd)
-            while True:
+            # A stop request can have come while the spawn ran in a worker thread (otherwise
+            # it had no checkpoint); a deadline cannot have passed, an exit shows on the pidfd
+            if self.stop.reason is not None:
+                self._step(trio.current_time())
+            while self.phase != DONE:
                 # One wait at a time (written out here, not in a helper coroutine: every
                 # frame a held task waits in costs memory): the main process while it lives,
                 # then the leaf emptying; the deadline; the waker a stop request cancels.
@@ -141,8 +143,6 @@ class Driver(Sampled):
                 if self.detaching:
                     return  # handed over: the task runs on, another supervisor drives it
                 self._step(trio.current_time())
-                if self.phase == DONE:
-                    break
             self.tracker.check_seen()
         finally:
             if not self.detaching:

@@ -1,52 +1,76 @@
-"""Nothing a task does may block the supervisor's event loop: the spawn guard.
+"""Nothing a task does may hold a spawn for long: the spawn guard.
 
-A task with write access to corral's cgroups (root, cgroupfs writable: prevented by
-``ProtectControlGroups=`` or ``User=``) can write 1 into the supervisor's root's
-``cgroup.freeze``, or into a new leaf's.  A child born there by ``clone3(CLONE_INTO_CGROUP |
-CLONE_VFORK)`` is frozen before it can exec, and the spawning thread, our event loop's, waits
-for that exec in the kernel, with its signals blocked: every other task's time limit would wait
-too.  So a thread watches each spawn: one that takes longer than ``STALL`` gets the leaf, the
-root and the base (the cgroup given to corral, which a task may freeze as well) thawed (only a
-``cgroup.freeze`` that reads 1 is written), as often as needed, and the task's record says so.
-A freeze from further up (an ancestor of the base: not corral's to undo) would still hold the
-child: after ``GIVE_UP`` the leaf is killed (a frozen process dies of SIGKILL), the spawn fails
-and its record says why.  Cost per spawn: two attribute writes; the thread wakes ten times a
-second and takes the GIL only to compare two numbers.
+A child made by ``clone3(CLONE_VM | CLONE_VFORK)`` shares our memory until it execs, and the
+thread that spawned it waits for that exec in the kernel, with its signals blocked.  Two
+things can hold the child before its exec:
+
+- **a freeze**: a task with write access to corral's cgroups (root, cgroupfs writable:
+  prevented by ``ProtectControlGroups=`` or ``User=``) can write 1 into the supervisor's
+  root's ``cgroup.freeze``, or into a new leaf's, and a child born there never runs;
+- **SIGSTOP**: a child that runs as another user (``User=``; every task of a non-root
+  ``corral serve`` tenant) takes that uid a few syscalls before its exec, and from then on
+  every process of that uid may stop it (kill(2) checks the uids, nothing else), as a
+  ``kill(-1, SIGSTOP)`` loop does.
+
+So a thread watches every spawn in flight.  One slower than ``STALL`` gets the leaf, the root
+and the base (the cgroup given to corral, which a task may freeze as well) thawed (only a
+``cgroup.freeze`` that reads 1 is written), as often as needed, and the task's record says so;
+a child stopped by a signal is killed in its leaf at once (a stopped process dies of SIGKILL)
+and the spawn fails with step ``stopped``.  A freeze from further up (an ancestor of the base:
+not corral's to undo) would still hold the child: after ``GIVE_UP`` it is killed the same way
+and the spawn fails with step ``frozen``.  Either way the thread waiting for the child is
+released.  The spawns a stop could hold run in a worker thread (``_life.py``), so the event
+loop never waits for them; a freeze holds the event loop's thread for at most ``GIVE_UP``.
+
+Cost per spawn: a dict entry; the thread wakes ten times a second and takes the GIL only to
+look at the spawns in flight (usually none).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
 from cgroupfs import Cgroup, CgroupError
 
-__all__ = ["SpawnGuard"]
+from ._spawn import shares_our_memory
+
+__all__ = ["GIVE_UP", "STALL", "SpawnGuard", "Spawning"]
 
 log = logging.getLogger(__name__)
 
-STALL = 0.1  # a spawn slower than this gets its cgroups checked for a freeze
+STALL = 0.1  # a spawn slower than this gets its cgroups checked for a freeze or a stop
 GIVE_UP = 2.0  # a spawn still frozen this long after it began: its child is killed
 _PERIOD = 0.1
 
 
+class Spawning:
+    """One spawn in flight: its leaf, when it began, what the guard did about it."""
+
+    __slots__ = ("killed", "leaf", "notes", "since")
+
+    def __init__(self, leaf: str, since: float) -> None:
+        self.leaf = leaf
+        self.since = since
+        self.notes: list[str] = []  # what had to be thawed (usually nothing)
+        self.killed: str | None = None  # "frozen" or "stopped": the guard killed its child
+
+
 class SpawnGuard:
-    """Thaws ``root`` and the leaf being spawned into when a spawn stalls.  ``start()`` it,
-    ``close()`` it before ``root`` is closed.
+    """Thaws ``root`` and the leaves being spawned into when a spawn stalls, and kills a
+    child held before its exec.  ``start()`` it, ``close()`` it before ``root`` is closed.
 
     The thread never touches the event loop's ``Cgroup`` objects (their fds may be closed, and
-    the numbers reused, under it): it opens the two directories by path when it acts, and
+    the numbers reused, under it): it opens the directories by path when it acts, and
     nothing it meets may end it."""
 
     def __init__(self, root: Cgroup, base: str | None = None) -> None:
         self._root_path = root.path
         self._base_path = base or None
-        self._given_up = 0.0  # the ``since`` of the spawn abandoned last
-        self._leaf_path: str | None = None
-        self._since = 0.0
-        self._thawed: list[str] = []
-        self._lock = threading.Lock()  # _thawed, between this thread and the event loop's
+        self._spawning: dict[int, Spawning] = {}
+        self._lock = threading.Lock()  # _spawning and each one's notes
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="corral-spawn-guard",
                                         daemon=True)
@@ -59,68 +83,98 @@ class SpawnGuard:
         if self._thread.is_alive():
             self._thread.join()
 
-    def begin(self, leaf: Cgroup) -> None:
-        """A spawn into ``leaf`` starts (on the event loop's thread); :meth:`end` after it,
-        in a ``finally`` (plain calls, not a context manager: this is on every spawn)."""
-        self._leaf_path, self._since = leaf.path, time.monotonic()
-
-    def end(self) -> bool:
-        """The spawn returned; True if it was given up (its child killed, frozen from above:
-        the spawn has failed)."""
-        gave_up = self._given_up == self._since != 0.0
-        self._since, self._leaf_path = 0.0, None
-        return gave_up
-
-    def take_thawed(self) -> list[str]:
-        """Notes for the task just spawned: what had to be thawed (usually none)."""
-        if not self._thawed:
-            return []
+    def begin(self, leaf: Cgroup) -> Spawning:
+        """A spawn into ``leaf`` starts; :meth:`end` it in a ``finally`` (plain calls, not a
+        context manager: this is on every spawn).  Any thread."""
+        spawning = Spawning(leaf.path, time.monotonic())
         with self._lock:
-            notes, self._thawed = self._thawed, []
-        return notes
+            self._spawning[id(spawning)] = spawning
+        return spawning
+
+    def end(self, spawning: Spawning) -> tuple[str | None, list[str]]:
+        """The spawn returned: whether the guard killed its child (``"frozen"``,
+        ``"stopped"``: the spawn has failed), and the notes for the task's record."""
+        with self._lock:
+            self._spawning.pop(id(spawning), None)
+            return spawning.killed, list(spawning.notes)
 
     def _watch(self) -> None:
         while not self._closing.wait(_PERIOD):
-            since, leaf = self._since, self._leaf_path
-            if not since or leaf is None:
+            if not self._spawning:
                 continue
-            stalled = time.monotonic() - since
-            if stalled <= STALL:
-                continue
-            for path in (self._base_path, self._root_path, leaf):
+            now = time.monotonic()
+            with self._lock:
+                stalled = [s for s in self._spawning.values()
+                           if now - s.since > STALL and s.killed is None]
+            for s in stalled:
                 try:
-                    if path is not None:
-                        self._thaw(path)
+                    self._look_after(s, now - s.since)
                 except Exception:  # never die: the next stall needs this thread
-                    log.exception("spawn guard: thawing %s", path)
-            if stalled > GIVE_UP and self._given_up != since:
-                try:
-                    self._give_up(leaf, since)
-                except Exception:
-                    log.exception("spawn guard: giving up the spawn into %s", leaf)
+                    log.exception("spawn guard: the spawn into %s", s.leaf)
 
-    def _give_up(self, leaf: str, since: float) -> None:
-        """The spawn's child is still frozen, by an ancestor we may not thaw: kill it."""
-        above = self._base_path or self._root_path
-        note = (f"{leaf} was frozen from above (an ancestor of {above} is, and that is not "
-                f"corral's to thaw) while this task was being started; corral killed it "
-                f"there after {GIVE_UP:g}s")
+    def _look_after(self, s: Spawning, stalled: float) -> None:
+        if self._stopped_before_exec(s.leaf):
+            self._kill(s, "stopped", f"its new process was stopped by a signal before it "
+                       f"could run (SIGSTOP: any process of the user it runs as may send "
+                       f"it); corral killed it in {s.leaf}")
+            return
+        for path in (self._base_path, self._root_path, s.leaf):
+            if path is not None:
+                self._thaw(s, path)
+        if stalled > GIVE_UP:
+            self._give_up(s)
+
+    def _stopped_before_exec(self, leaf: str) -> bool:
+        """Whether the child in ``leaf`` is stopped and has not exec'd (it still shares our
+        memory): it cannot exec until someone continues it.  One stopped after its exec is
+        the task's own business, and its spawn is over."""
         try:
             with Cgroup.open(leaf) as cg:
+                pids = cg.procs()
+        except CgroupError:
+            return False
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    state = f.read().rpartition(b")")[2].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state in (b"T", b"t") and shares_our_memory(pid):
+                return True
+        return False
+
+    def _give_up(self, s: Spawning) -> None:
+        """The spawn's child is still frozen, by an ancestor we may not thaw: kill it."""
+        above = self._base_path or self._root_path
+        try:
+            with Cgroup.open(s.leaf) as cg:
                 if not cg.read_events().frozen:
                     return  # slow, not frozen (a loaded machine): let it be
-                self._note(note)  # first: the kill ends the spawn, whose end() takes the notes
-                self._given_up = since
-                cg.kill()
         except CgroupError as e:
             log.debug("spawn guard: %s", e)
-            self._unnote(note)
-            if self._given_up == since:
-                self._given_up = 0.0  # not killed: the next turn tries again
             return
+        self._kill(s, "frozen", f"{s.leaf} was frozen from above (an ancestor of {above} is, "
+                   f"and that is not corral's to thaw) while this task was being started; "
+                   f"corral killed it there after {GIVE_UP:g}s")
+
+    def _kill(self, s: Spawning, why: str, note: str) -> None:
+        """Kill the held child in its leaf (which holds nothing else yet), if its spawn is
+        still in flight: under the lock, so that :meth:`end` (which the kill lets come) sees
+        ``why`` and the note."""
+        with self._lock:
+            if id(s) not in self._spawning:
+                return  # the spawn is over (exec'd): nothing of ours to end
+            try:
+                with Cgroup.open(s.leaf) as cg:
+                    cg.kill()
+            except CgroupError as e:
+                log.debug("spawn guard: %s", e)
+                return  # not killed: the next turn tries again
+            s.notes.append(note)
+            s.killed = why
         log.warning("%s", note)
 
-    def _thaw(self, path: str) -> None:
+    def _thaw(self, s: Spawning, path: str) -> None:
         note = (f"{path} was frozen (someone wrote 1 to its cgroup.freeze: a task with write "
                 f"access to corral's cgroups?) while this task was being started; corral "
                 f"thawed it")
@@ -128,19 +182,20 @@ class SpawnGuard:
             with Cgroup.open(path) as cg:
                 if cg.read_file("cgroup.freeze").strip() != "1":
                     return
-                self._note(note)  # first: the thaw ends the spawn, whose end() takes the notes
+                with self._lock:
+                    s.notes.append(note)  # first: the thaw ends the spawn, whose end() reads it
                 cg.write_file("cgroup.freeze", "0")
         except CgroupError as e:  # removed meanwhile: nothing to thaw
             log.debug("spawn guard: %s", e)
-            self._unnote(note)
+            with self._lock:
+                if note in s.notes:
+                    s.notes.remove(note)
             return
         log.warning("%s", note)
 
-    def _note(self, note: str) -> None:
-        with self._lock:
-            self._thawed.append(note)
 
-    def _unnote(self, note: str) -> None:
-        with self._lock:
-            if note in self._thawed:
-                self._thawed.remove(note)
+def runs_as_another_user(options: dict[str, object]) -> bool:
+    """Whether a spawn with these keywords makes a child that takes another uid before its
+    exec (so that the processes of that uid may stop it: spawn it in a worker thread)."""
+    uid = options.get("uid")
+    return uid is not None and uid != os.geteuid()

@@ -5,10 +5,10 @@
 Its steps:
 
 1. ``_queue``: a batch's place in line; a stop requested meanwhile means it never starts.
-2. ``_start`` (synchronous: no checkpoint between the leaf and the spawn): make the leaf,
-   write its limits, plumb its stdio, spawn the child straight into the leaf.  Everything
-   opened on the way is handed over only once the spawn succeeded; a failure undoes it all
-   and records ``spawn_failed``.
+2. ``_start``: make the leaf, write its limits, plumb its stdio, spawn the child straight
+   into the leaf (no checkpoint on the way, except a spawn that runs in a worker thread:
+   see ``_spawn``).  Everything opened on the way is handed over only once the spawn
+   succeeded; a failure undoes it all and records ``spawn_failed``.
 3. ``drive``: the main process, the time limit and stop requests, as named states
    (``_drive.py``), until the main process has exited and the leaf is empty; or until the
    supervisor hands the task over to another process (``_handoff.py``).
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import math
 import os
@@ -39,11 +40,12 @@ from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats, Destroyed
 from ._capture import StreamCapture
 from ._drive import Driver, terms
 from ._errors import InternalError
+from ._guard import runs_as_another_user
 from ._main import MainProcess
 from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
 from ._result import Cleanup, Containment, Outcome, StopReason, TaskResult
 from ._sample import read_pressure
-from ._spawn import Spawned, SpawnError, spawn
+from ._spawn import SpawnBusy, Spawned, SpawnError, spawn
 from ._stdio import end, plumb, register
 from ._task import Task, TaskHandle, close_captures, finish_unstarted, record, request_stop
 
@@ -103,7 +105,7 @@ async def live(task: Task,
                 slot.limiter.release_on_behalf_of(task)
         # (one coroutine frame less per held task than awaiting _run: a supervisor may hold
         # thousands, and each waiting frame costs a few hundred bytes)
-        launched = _launch(task, task_status)
+        launched = await _launch(task, task_status)
         if isinstance(launched, Launched):
             return await drive(task, *launched)
         return launched
@@ -159,21 +161,22 @@ class Launched(tuple):  # type: ignore[type-arg]
 
 
 async def _run(task: Task, task_status: trio.TaskStatus[TaskHandle]) -> TaskResult | None:
-    launched = _launch(task, task_status)
+    launched = await _launch(task, task_status)
     if isinstance(launched, Launched):
         return await drive(task, *launched)
     return launched
 
 
-def _launch(task: Task, task_status: trio.TaskStatus[TaskHandle]) -> TaskResult | Launched:
-    """Start the task (synchronously): what ``drive`` needs, or the record of a task that
-    never started (stopped first, or its spawn failed)."""
+async def _launch(task: Task,
+                  task_status: trio.TaskStatus[TaskHandle]) -> TaskResult | Launched:
+    """Start the task: what ``drive`` needs, or the record of a task that never started
+    (stopped first, or its spawn failed)."""
     if task.stop.reason is not None:
         task_status.started(task.handle)
         return finish_unstarted(task)
     task.state = "starting"
     try:
-        leaf, spawned = _start(task)
+        leaf, spawned = await _start(task)
     except Exception as e:
         task_status.started(task.handle)
         step = getattr(e, "step", "cgroup" if isinstance(e, CgroupError) else "prepare")
@@ -234,9 +237,11 @@ async def drive(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
     return result
 
 
-def _start(task: Task) -> tuple[Cgroup, Spawned]:
-    """Leaf, limits, stdio, spawn; synchronous.  On failure everything made is undone (the
-    captures are closed so that subscribers see the end) and the error raised."""
+async def _start(task: Task) -> tuple[Cgroup, Spawned]:
+    """Leaf, limits, stdio, spawn.  On failure everything made is undone (the captures are
+    closed so that subscribers see the end) and the error raised.  Synchronous up to the
+    spawn, which has a checkpoint only when it runs in a worker thread (:func:`_spawn`): a
+    stop request that comes then is the driver's first step."""
     spec, rt = task.spec, task.rt
     with contextlib.ExitStack() as undo, contextlib.ExitStack() as child_ends:
         task.stdout = StreamCapture(spec.output_head, spec.output_tail)
@@ -253,22 +258,13 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
             leaf.set_limits(spec.limits)
         stdio, io = plumb(spec, task.stdout, task.stderr, undo, child_ends,
                           rt.reactor.null_input)
-        rt.guard.begin(leaf)
-        try:
-            with spec.isolation.prepare() as options:
-                spawned = spawn(spec.argv, env=spec.environment_or_none(), cgroup_fd=leaf.fd,
-                                stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
-                                cwd=spec.cwd, new_session=spec.tty,
-                                controlling_tty=spec.tty,
-                                new_process_group=not spec.tty and spec.own_process_group(),
-                                ignored_signals=spec.ignored_signal_numbers, **options)
-        finally:
-            gave_up = rt.guard.end()
-            for thawed in rt.guard.take_thawed():
-                task.notes = (*task.notes, thawed)
-        if gave_up:  # frozen from above: the guard killed the child before it could run
-            _reap(spawned)
-            raise SpawnError(errno.EBUSY, "frozen", leaf.path)
+        with spec.isolation.prepare() as options:
+            kwargs = dict(env=spec.environment_or_none(), cgroup_fd=leaf.fd, stdin=stdio[0],
+                          stdout=stdio[1], stderr=stdio[2], cwd=spec.cwd,
+                          new_session=spec.tty, controlling_tty=spec.tty,
+                          new_process_group=not spec.tty and spec.own_process_group(),
+                          ignored_signals=spec.ignored_signal_numbers, **options)
+            spawned = await _spawn(task, leaf, kwargs, in_thread=runs_as_another_user(options))
         undo.pop_all()
     register(io, rt.reactor, tty=spec.tty)
     for stream in io.streams:
@@ -276,6 +272,42 @@ def _start(task: Task) -> tuple[Cgroup, Spawned]:
             rt.reactor.watch_tap(stream)
     task.io = io
     return leaf, spawned
+
+
+async def _spawn(task: Task, leaf: Cgroup, kwargs: dict[str, Any], *,
+                 in_thread: bool) -> Spawned:
+    """The spawn, watched by the spawn guard.  On the event loop's thread unless the child
+    takes another uid before its exec (then any process of that uid may stop it there, and
+    the spawning thread waits for it), or another thread is spawning now (one spawn at a time
+    in the process): then in a worker thread, waited for whatever happens (shielded: the
+    child is ours to hold once it exists)."""
+    rt = task.rt
+    spawning = rt.guard.begin(leaf)
+    try:
+        now = None if in_thread else _spawn_now(task.spec.argv, kwargs)
+        if now is not None:
+            spawned = now
+        else:
+            with trio.CancelScope(shield=True):
+                spawned = await trio.to_thread.run_sync(
+                    functools.partial(spawn, task.spec.argv, **kwargs))
+    finally:
+        killed, notes = rt.guard.end(spawning)
+        if notes:
+            task.notes = (*task.notes, *notes)
+    if killed is not None:  # frozen from above, or stopped: the guard killed the child
+        _reap(spawned)
+        raise SpawnError(errno.EBUSY if killed == "frozen" else errno.ECANCELED, killed,
+                         leaf.path)
+    return spawned
+
+
+def _spawn_now(argv: tuple[str, ...], kwargs: dict[str, Any]) -> Spawned | None:
+    """The spawn on this thread, or None if another thread is spawning (never waited for)."""
+    try:
+        return spawn(argv, trylock=True, **kwargs)
+    except SpawnBusy:
+        return None
 
 
 def _delegate(leaf: Cgroup) -> None:

@@ -30,6 +30,7 @@ ffi: Any = _ffi
 lib: Any = _lib
 
 __all__ = [
+    "SpawnBusy",
     "SpawnError",
     "SpawnMethod",
     "Spawned",
@@ -38,6 +39,7 @@ __all__ = [
     "inotify_rm_watch",
     "resolve_executable",
     "setns",
+    "shares_our_memory",
     "signalfd",
     "spawn",
     "unshare",
@@ -69,6 +71,7 @@ _STEPS = {
     lib.CORRAL_STEP_NO_NEW_PRIVS: "no_new_privs",
     lib.CORRAL_STEP_SETPGID: "setpgid",
     lib.CORRAL_STEP_SECCOMP: "seccomp",
+    lib.CORRAL_STEP_BUSY: "busy",
 }
 
 # What each step did, for SpawnError's message ("cannot <what> <target>: [Errno ...]").
@@ -94,7 +97,14 @@ _WHAT = {
     "seccomp": "cannot install the seccomp filter that refuses clone3",
     "frozen": "the new process was frozen before it could run (an ancestor of the cgroup "
               "given to corral is frozen); corral killed it in",
+    "stopped": "the new process was stopped by a signal before it could run (SIGSTOP: any "
+               "process of the user it runs as may send it); corral killed it in",
 }
+
+
+class SpawnBusy(Exception):
+    """``spawn(trylock=True)``: another thread is spawning right now (one spawn at a time in
+    the process: see native/corral_native.c); nothing was started."""
 
 
 class SpawnMethod:
@@ -250,7 +260,7 @@ def spawn(
     rlimits: Sequence[tuple[int, int, int]] = (),
     uid: int | None = None, gid: int | None = None, groups: Sequence[int] | None = None,
     drop_bounding_caps: int = 0, ambient_caps: int = 0, no_new_privs: bool = False,
-    no_clone3: bool = False, ignored_signals: Sequence[int] = (),
+    no_clone3: bool = False, ignored_signals: Sequence[int] = (), trylock: bool = False,
 ) -> Spawned:
     """Start ``argv`` with fds ``stdin``/``stdout``/``stderr`` as 0/1/2, in cgroup ``cgroup_fd``.
 
@@ -271,6 +281,10 @@ def spawn(
     ``no_new_privs``; ``no_clone3`` (a seccomp filter: clone3 answers ENOSYS, so that no
     child can be born in another cgroup with CLONE_INTO_CGROUP).
 
+    One spawn at a time in the process: a call waits for another thread's, or with
+    ``trylock`` raises :class:`SpawnBusy` at once (an event loop must not wait: the other
+    spawn's child may be held before its exec).
+
     Returns once the child has exec'd: a :class:`SpawnError` says the exec did not happen and
     no child remains.
     """
@@ -285,9 +299,13 @@ def spawn(
                       ignored_signals, keep)
     a.flags = iso.fill(a, keep) | _process_flags(new_session, controlling_tty,
                                                  new_process_group, force_fallback)
+    if trylock:
+        a.flags |= lib.CORRAL_SPAWN_TRYLOCK
     r = ffi.new("struct corral_spawn_result *")
     rc = lib.corral_spawn(a, r)
     if rc < 0:
+        if r.step == lib.CORRAL_STEP_BUSY:
+            raise SpawnBusy()
         raise _spawn_error(-rc, r, bargv[0], cwd, iso)
     return Spawned(r.pid, r.pidfd, _METHODS[r.method], r.fallback_errno)
 
@@ -441,6 +459,13 @@ def setns(fd: int, nstype: int = 0) -> None:
         raise OSError(-rc, os.strerror(-rc), "setns")
 
 
+def shares_our_memory(pid: int) -> bool:
+    """Whether process ``pid`` shares our address space (kcmp(2)): a child of ours that has
+    not exec'd yet.  False when it cannot be told (gone, not ours to compare)."""
+    rc: int = lib.corral_shares_our_memory(pid)
+    return rc == 1
+
+
 def inotify_init() -> int:
     """A non-blocking, close-on-exec inotify fd."""
     fd: int = lib.corral_inotify_init()
@@ -457,9 +482,6 @@ def inotify_rm_watch(fd: int, wd: int) -> None:
     rc: int = lib.corral_inotify_rm_watch(fd, wd)
     if rc < 0:
         raise OSError(-rc, os.strerror(-rc), "inotify_rm_watch")
-
-
-SIGNALFD_SIGINFO_SIZE = 128
 
 
 def signalfd(signals: Sequence[int]) -> int:

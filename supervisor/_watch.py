@@ -67,11 +67,6 @@ class CgroupWatcher:
         self._late: dict[str, float] = {}  # cgroup.events path -> when expect_late() was said
         self._scope = trio.CancelScope(shield=True)
 
-    @property
-    def watch_count(self) -> int:
-        """Watches held now (each is an inotify watch the kernel counts)."""
-        return len(self._watches)
-
     def expect_late(self, cg: Cgroup) -> None:
         """``cg``'s state has just been set changing fast (a kill of a frozen leaf): for the next
         ``LATE_FOR`` s, waiters on it read its cgroup.events now and then too, not only when

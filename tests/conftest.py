@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -60,3 +63,41 @@ def test_cgroup(cgroup2_mount: str) -> Iterator[cgroupfs.Cgroup]:
                 assert leftover.wait_unpopulated(5.0), f"{path} still populated after kill"
                 leftover.remove(recursive=True, busy_timeout=2.0)
         assert not os.path.exists(path), f"{path} was not removed"
+
+
+STOPPER_C = r"""
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+/* stopper SECONDS: kill(-1, SIGSTOP) for that long (every process this uid may signal, but
+ * this one), then SIGCONT them all, and exit. */
+int main(int argc, char **argv)
+{
+    time_t end = time(NULL) + (argc > 1 ? atoi(argv[1]) : 10);
+    while (time(NULL) < end)
+        kill(-1, SIGSTOP);
+    kill(-1, SIGCONT);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def stopper() -> Iterator[str]:
+    """A program, ``stopper SECONDS``, that any uid may run: ``kill(-1, SIGSTOP)`` in a tight
+    loop for that long, then SIGCONT to the same processes.  What a tenant runs to stop its
+    own processes the moment they take its uid.  In C: a Python loop is too slow to hit the
+    few microseconds between a child's uid change and its exec often enough."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the SIGSTOP loop (a Python loop rarely hits the few "
+                    "microseconds before a task's exec)")
+    where = tempfile.mkdtemp(prefix="corral-test-stopper-")
+    os.chmod(where, 0o755)
+    src = os.path.join(where, "stopper.c")
+    with open(src, "w") as f:
+        f.write(STOPPER_C)
+    subprocess.run(["gcc", "-O2", "-o", os.path.join(where, "stopper"), src], check=True)
+    try:
+        yield os.path.join(where, "stopper")
+    finally:
+        shutil.rmtree(where, ignore_errors=True)

@@ -1,15 +1,16 @@
 """One HTTP/1.1 connection over h11: read requests within limits, send JSON or NDJSON.
 
 Limits, each ending in a clear 4xx or a closed connection, never in unbounded memory:
-- the request head must fit ``max_header_bytes`` (h11's ``max_incomplete_event_size``: 431)
-  and arrive within ``header_timeout`` of its first byte (408, then close);
+- the request head must fit ``max_header_bytes`` (431), and the whole request (head and body)
+  arrive within ``header_timeout`` of its first byte (408, then close);
 - a body above ``max_body`` is refused on its Content-Length, or as soon as a chunked body
   passes it (413);
 - an idle keep-alive connection is closed after ``idle_timeout``;
 - a response that cannot be sent within ``send_timeout`` (a client that stopped reading a
   followed stream) ends the connection.
 Long responses (long polls, followed streams) watch the connection for EOF and stop as soon as
-the client is gone.
+the client is gone; what a client sends meanwhile is held up to one request's worth, and a
+client that sends more is disconnected.
 """
 
 from __future__ import annotations
@@ -91,11 +92,12 @@ class Connection:
         self.on_answer = on_answer
         self.shed_reason: str | None = None  # why the daemon gave up on this client
 
-    async def _receive(self, deadline: float) -> None:
+    async def _receive(self, deadline: float) -> int:
+        """One read into h11 (b"" marks EOF) before ``deadline``; how many bytes came."""
         with trio.move_on_at(deadline):
             data = await self.stream.receive_some(65536)
-            self.h11.receive_data(data)  # b"" marks EOF
-            return
+            self.h11.receive_data(data)
+            return len(data)
         raise _Closed("timeout")
 
     async def _next_event(self, deadline: float) -> Any:
@@ -106,30 +108,44 @@ class Connection:
             await self._receive(deadline)
 
     async def read_request(self) -> Request | None:
-        """The next request, or None when the client closed; raises ApiError (4xx)."""
-        now = trio.current_time()
-        event = None
-        while event is None or event is h11.NEED_DATA:
+        """The next request, or None when the client closed; raises ApiError (4xx).
+
+        Idle (nothing of a request yet) for up to ``idle_timeout``; from its first byte on,
+        the whole request (head and body) has ``header_timeout``.  The head may be at most
+        ``max_header_bytes``, however it arrives (h11's own bound only holds a head that
+        comes in pieces)."""
+        held = len(self.h11.trailing_data[0])  # bytes of it already here (pipelined)
+        first: float | None = trio.current_time() if held else None
+        came = 0
+        while True:
             event = self.h11.next_event()
-            if event is h11.NEED_DATA:
-                # idle until the first byte, then header_timeout for the rest of the head
-                started = bool(self.h11.trailing_data[0])
-                deadline = now + (self.limits.header_timeout if started
-                                  else self.limits.idle_timeout)
-                try:
-                    await self._receive(deadline)
-                except _Closed:
-                    self.shed_reason = None if started else "idle_timeout"
-                    if started:
-                        self.shed_reason = "header_timeout"
-                        raise ApiError(408, "timeout", f"the request head did not arrive "
-                                       f"within {self.limits.header_timeout:g}s") from None
+            if event is not h11.NEED_DATA:
+                break
+            deadline = (first + self.limits.header_timeout if first is not None
+                        else trio.current_time() + self.limits.idle_timeout)
+            try:
+                got = await self._receive(deadline)
+            except _Closed:
+                if first is None:
+                    self.shed_reason = "idle_timeout"
                     return None
+                self.shed_reason = "header_timeout"
+                raise ApiError(408, "timeout", f"the request head did not arrive within "
+                               f"{self.limits.header_timeout:g}s of its first byte") from None
+            came += got
+            if first is None and got:
+                first = trio.current_time()
         if isinstance(event, h11.ConnectionClosed):
             return None
         if not isinstance(event, h11.Request):
             raise ApiError(400, "bad_request", f"expected a request, got {type(event).__name__}")
-        body = await self._read_body(event, now + self.limits.header_timeout)
+        head = held + came - len(self.h11.trailing_data[0])
+        if head > self.limits.max_header_bytes:
+            raise ApiError(431, "headers_too_large", f"the request head is {head} bytes, above "
+                           f"the daemon's limit of {self.limits.max_header_bytes} bytes; send "
+                           f"fewer or shorter headers")
+        start = trio.current_time() if first is None else first
+        body = await self._read_body(event, start + self.limits.header_timeout)
         url = urlsplit(event.target.decode("ascii", "replace"))
         query = dict(parse_qsl(url.query, keep_blank_values=True))
         return Request(event.method.decode("ascii", "replace"), unquote(url.path), query, body,
@@ -189,7 +205,11 @@ class Connection:
         await self.send_bytes(self.h11.send(h11.EndOfMessage()))
 
     async def watch_eof(self, scope: trio.CancelScope) -> None:
-        """Cancel ``scope`` when the client closes its end (while a long answer is made)."""
+        """Cancel ``scope`` when the client closes its end (while a long answer is made).
+        What the client sends meanwhile is kept for later (a pipelined request), up to one
+        request's worth (the head and body limits): a client that sends more while it waits
+        is disconnected, never buffered without bound."""
+        room = self.limits.max_header_bytes + self.limits.max_body
         while True:
             try:
                 data = await self.stream.receive_some(65536)
@@ -198,7 +218,11 @@ class Connection:
             if not data:
                 scope.cancel()
                 return
-            self.h11.receive_data(data)  # a pipelined request: kept for later
+            self.h11.receive_data(data)
+            if len(self.h11.trailing_data[0]) > room:
+                self.shed_reason = "flood"
+                scope.cancel()
+                return
 
 
 def _too_large(size: int, cap: int) -> ApiError:

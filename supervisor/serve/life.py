@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -276,7 +277,9 @@ def _write_tail(path: str, tail: bytes) -> None:
     """The kept tail of a stream whose file hit the cap, beside it (``<file>.tail``), so that
     the last bytes outlive the task's place in memory.  At most the tail size (48 KiB)."""
     try:
-        with open(path + ".tail", "wb") as f:
+        fd = os.open(path + ".tail", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as f:
             f.write(tail)
     except OSError as e:
         log.warning("keeping the output tail at %s.tail: %s", path, e)

@@ -37,6 +37,7 @@ import trio
 from . import rows
 from .rows import Retention
 from .schema import SCHEMA_VERSION, SchemaError, migrate
+from .statedir import StateDirError, make_private
 
 __all__ = ["LAZY_DELAY", "SCHEMA_VERSION", "Records", "RecordsError", "Retention"]
 
@@ -354,14 +355,15 @@ def _transaction(db: sqlite3.Connection, writes: list[_Write]) -> None:
 
 
 def lock_state_dir(state_dir: str) -> int:
-    """Make the state directory (0700) and lock it for this daemon's life (``lock``, flock,
-    with our pid in it); the lock's fd.  RecordsError when it cannot be made or another daemon
-    holds it."""
+    """Make the state directory private (``statedir.make_private``: 0700, ours, nothing
+    planted) and lock it for this daemon's life (``lock``, flock, with our pid in it); the
+    lock's fd.  RecordsError when it cannot be made or trusted, or another daemon holds it."""
     lock = os.path.join(state_dir, "lock")
     try:
-        for path in (state_dir, os.path.join(state_dir, "output")):
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        make_private(state_dir)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except StateDirError as e:
+        raise RecordsError(str(e)) from None
     except OSError as e:
         raise explain(e, os.path.join(state_dir, "state.db"), "preparing") from e
     try:
@@ -397,7 +399,6 @@ def _connect(path: str, state_dir: str, synchronous: str) -> sqlite3.Connection:
         if check != "ok":
             raise sqlite3.DatabaseError(f"database disk image is malformed ({check})")
         migrate(db, path, state_dir)
-        os.chmod(path, 0o600)  # specs hold environments: root only
         return db
     except SchemaError as e:
         _close(db)

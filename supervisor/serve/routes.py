@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .http import Handler, Request, Router
 from .protocol import ApiError
+from .state import not_found
 from .verbs import (
     events,
     limits,
@@ -24,9 +25,10 @@ from .verbs import (
 if TYPE_CHECKING:
     from .state import Daemon
 
-__all__ = ["ROUTES", "make_router"]
+__all__ = ["ROUTES", "canonical_id", "make_router"]
 
 _ID = r"(?P<id>[0-9A-Za-z_.-]{1,64})"
+MAX_ID_DIGITS = 18  # below 2**63: what SQLite's INTEGER holds
 
 # method, path pattern, verb module, long (a long poll or a stream: abandoned when the client
 # leaves)
@@ -45,6 +47,13 @@ ROUTES: list[tuple[str, str, Any, bool]] = [
 _COMPILED = [(m, re.compile(p), v, long) for m, p, v, long in ROUTES]
 
 
+def canonical_id(task_id: str) -> bool:
+    """Whether ``task_id`` is a task id as the daemon writes them: a decimal number without
+    leading zeros, of at most :data:`MAX_ID_DIGITS` digits."""
+    return (task_id.isascii() and task_id.isdigit() and len(task_id) <= MAX_ID_DIGITS
+            and task_id[0] != "0")
+
+
 def make_router(d: Daemon) -> Router:
     def route(req: Request) -> tuple[Handler, bool, str]:
         allowed = []
@@ -56,6 +65,9 @@ def make_router(d: Daemon) -> Router:
                 allowed.append(method)
                 continue
             name = verb.__name__.rpartition(".")[2]
+            task_id = match.groupdict().get("id")
+            if task_id is not None and not canonical_id(task_id):
+                raise not_found(task_id)  # (one spelling per task: "0123" is no task)
             return functools.partial(verb.handle, d, **match.groupdict()), long, name
         if allowed:
             raise ApiError(405, "method_not_allowed", f"{req.method} is not allowed on "

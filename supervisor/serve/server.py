@@ -25,6 +25,7 @@ from .http import serve_connection
 from .peers import allowed, peer_of
 from .routes import make_router
 from .state import Config, Daemon
+from .statedir import StateDirError, check_ancestors
 
 __all__ = ["Bound", "accept_loop", "bind_listeners"]
 
@@ -75,7 +76,14 @@ def _name(sock: socket.socket) -> str:
 
 def _bind(config: Config) -> socket.socket:
     path = config.socket
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        check_ancestors(os.path.dirname(directory), f"the socket {path}", "--socket")
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        _no_other_writers(directory)
+        check_ancestors(directory, f"the socket {path}", "--socket")
+    except StateDirError as e:
+        raise OSError(errno.EPERM, str(e)) from None
     _remove_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -88,6 +96,17 @@ def _bind(config: Config) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _no_other_writers(directory: str) -> None:
+    """The socket's directory, if ours, writable by us alone (an emptyDir shared by a pod's
+    containers is 0777: another uid could replace the socket with its own listener)."""
+    st = os.stat(directory)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        os.chmod(directory, stat.S_IMODE(st.st_mode) & ~0o022)
+        log.warning("%s was writable by other users (mode %04o): made %04o, so that nobody "
+                    "else can replace the socket", directory, stat.S_IMODE(st.st_mode),
+                    stat.S_IMODE(st.st_mode) & ~0o022)
 
 
 def _remove_stale_socket(path: str) -> None:

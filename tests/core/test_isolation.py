@@ -541,3 +541,47 @@ async def test_numeric_ids_are_used_as_given(sup: supervisor.Supervisor) -> None
     assert r.stdout.decode().split() == ["4000000000", "4000000001", "4000000001",
                                          "4000000002"]
     assert iso.describe()["user"] is None
+
+
+async def test_a_user_task_stopped_before_its_exec_fails_alone_and_holds_nothing_else(
+        sup: supervisor.Supervisor, test_user: User, stopper: str) -> None:
+    """From its uid change to its exec the child runs as the user, and any process of that
+    user may SIGSTOP it there (here a loop of ``kill(-1, SIGSTOP)``, with a PATH of 300
+    missing directories to widen the window: each failed execve is a moment for it to land).
+    The thread that spawned it waits for that exec: it was the event loop's, so nothing else
+    ran until someone sent SIGCONT.  Now such a spawn runs in a worker thread, the guard
+    kills a child it finds stopped before its exec (spawn_failed, step ``stopped``), and the
+    event loop, a root task's spawn among it, goes on."""
+    path = ":".join([f"/nonexistent/{i}" for i in range(300)] + ["/usr/bin", "/bin"])
+    spec = supervisor.TaskSpec(["true"], isolation=Isolation(user=test_user.name),
+                               env={"PATH": path}, time_limit="2s", grace="0.5s")
+    worst = 0.0
+
+    async def beat() -> None:
+        nonlocal worst
+        while True:
+            t = time.monotonic()
+            await trio.sleep(0.01)
+            worst = max(worst, time.monotonic() - t)
+
+    stopping = subprocess.Popen(["setpriv", f"--reuid={test_user.uid}",
+                                 f"--regid={test_user.gid}", "--clear-groups", "--", stopper,
+                                 "20"])
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(beat)
+            rs = await sup.run_batch([spec] * 12, max_concurrency=4)
+            root = await sup.run(["true"])
+            nursery.cancel_scope.cancel()
+    finally:
+        stopping.kill()
+        stopping.wait()
+    steps = {(str(r.outcome), r.error_step) for r in rs}
+    assert steps <= {("spawn_failed", "stopped"), ("timed_out", None), ("succeeded", None)}
+    assert ("spawn_failed", "stopped") in steps, steps  # (the attack landed)
+    failed = next(r for r in rs if r.outcome == "spawn_failed")
+    assert "stopped by a signal before it could run" in str(failed.to_dict()["error"])
+    assert sum("stopped by a signal" in n for n in failed.notes) == 1
+    assert root.outcome == "succeeded"
+    # the loop was never held until the stopper's end (20 s): at most a guard's round or two
+    assert worst < 5.0, worst

@@ -155,15 +155,17 @@ def answering(sock: str) -> bool:
 @pytest.fixture
 def start_daemon(test_cgroup: cgroupfs.Cgroup, tmp_path: Path,
                  ) -> Iterator[Callable[..., RunningDaemon]]:
-    """``start(*args, env=, wrap=, like=, expect_exit=)``: a daemon; ``like``: another
-    daemon's socket and state directory (a restart); ``wrap``: a command prefix (e.g. a
-    private mount namespace); ``expect_exit``: it is expected to fail at start (returned
-    with its exit status, not waited for)."""
+    """``start(*args, env=, wrap=, like=, expect_exit=, socket=, state_dir=)``: a daemon;
+    ``like``: another daemon's socket and state directory (a restart); ``wrap``: a command
+    prefix (e.g. a private mount namespace); ``expect_exit``: it is expected to fail at start
+    (returned with its exit status, not waited for); ``socket``, ``state_dir``: paths of the
+    test's own instead of fresh ones."""
     started: list[RunningDaemon] = []
     sockdirs: list[str] = []
 
     def start(*extra: str, env: dict[str, str] | None = None, wrap: list[str] | None = None,
-              like: RunningDaemon | None = None, expect_exit: bool = False) -> RunningDaemon:
+              like: RunningDaemon | None = None, expect_exit: bool = False,
+              socket: str | None = None, state_dir: str | None = None) -> RunningDaemon:
         if like is None:
             sockdir = tempfile.mkdtemp(prefix="corral-test-sock-")
             os.chmod(sockdir, 0o755)
@@ -171,6 +173,8 @@ def start_daemon(test_cgroup: cgroupfs.Cgroup, tmp_path: Path,
             sock, state = os.path.join(sockdir, "corral.sock"), tmp_path / f"state{len(started)}"
         else:
             sock, state = like.socket, like.state
+        sock = socket or sock
+        state = Path(state_dir) if state_dir is not None else state
         log = tmp_path / f"daemon{len(started)}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
@@ -284,3 +288,32 @@ def _collect(pid: int, r: int, user: User | None, timeout: float) -> Any:
     if "error" in out:
         raise AssertionError(f"as {user}: {out['error']}")
     return out["ok"]
+
+
+def raw(d: RunningDaemon, data: bytes, *, read_timeout: float = 10) -> tuple[int, dict]:
+    """Send ``data`` on a fresh connection; the status and JSON body of the answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(read_timeout)
+        s.connect(d.socket)
+        s.sendall(data)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(
+                answer):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body) if body.strip() else {}
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0
+
+
+def post(body: bytes, path: bytes = b"/v1/tasks", extra: bytes = b"") -> bytes:
+    return (b"POST " + path + b" HTTP/1.1\r\nhost: x\r\ncontent-length: " +
+            str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)

@@ -3,46 +3,16 @@ serving everyone else."""
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Callable
 
 import pytest
-from daemon_util import RunningDaemon, wait_for
+from daemon_util import RunningDaemon, post, raw, wait_for
 
 from supervisor.client import ApiError
 
 Start = Callable[..., RunningDaemon]
-
-
-def raw(d: RunningDaemon, data: bytes, *, read_timeout: float = 10) -> tuple[int, dict]:
-    """Send ``data`` on a fresh connection; the status and JSON body of the answer."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(read_timeout)
-        s.connect(d.socket)
-        s.sendall(data)
-        answer = b""
-        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _length(
-                answer):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body) if body.strip() else {}
-
-
-def _length(answer: bytes) -> int:
-    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            return int(line.split(b":")[1])
-    return 0
-
-
-def post(body: bytes, path: bytes = b"/v1/tasks", extra: bytes = b"") -> bytes:
-    return (b"POST " + path + b" HTTP/1.1\r\nhost: x\r\ncontent-length: " +
-            str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
 
 
 def still_serving(d: RunningDaemon) -> None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import resource
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import trio
@@ -389,6 +391,33 @@ def test_out_of_fds_a_process_is_signalled_by_pid_checked_by_its_start_time(
 # ---- third round (issue 12): out of fds for real, a pidfd at fd 0, a gone pid first ------
 
 
+def alone(fn: Callable[[], Any]) -> Any:
+    """``fn()`` in a forked child, the only thread there: no other thread of the test process
+    (a trio worker, a guard left by an earlier test) may open or close an fd while ``fn``
+    counts them.  Its JSON-able return value, or its exception re-raised as an
+    AssertionError."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            try:
+                out = {"ok": fn()}
+            except BaseException as e:
+                out = {"error": f"{type(e).__name__}: {e}"}
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    answer = json.loads(data or b'{"error": "the child said nothing"}')
+    if "error" in answer:
+        raise AssertionError(answer["error"])
+    return answer["ok"]
+
+
 @contextlib.contextmanager
 def only_free_fds(k: int) -> Iterator[None]:
     """RLIMIT_NOFILE lowered so that exactly ``k`` more fds can be opened (the kernel's own
@@ -429,15 +458,23 @@ def test_a_pass_with_few_fds_left_signals_every_process_once(
                                     f"done; wait"])
     try:
         pids = wait_listed(leaf, n + 1)
-        fds = len(os.listdir("/proc/self/fd"))
-        keep: dict[int, int] | None = {} if remember else None
-        with only_free_fds(free):
-            found = signal_tree(leaf, (signal.SIGKILL,), p.pid, keep)
-        assert len(os.listdir("/proc/self/fd")) == fds
-        assert sorted(x.pid for x in found.processes) == sorted(pids)  # each once
-        assert found.main_listed
-        if keep is not None:
-            assert sorted(keep) == sorted(pids) and all(v > 0 for v in keep.values())
+
+        def pass_with_few_fds() -> Any:
+            fds = len(os.listdir("/proc/self/fd"))
+            keep: dict[int, int] | None = {} if remember else None
+            with only_free_fds(free):
+                found = signal_tree(leaf, (signal.SIGKILL,), p.pid, keep)
+            return {"fds": [fds, len(os.listdir("/proc/self/fd"))], "main": found.main_listed,
+                    "signalled": [x.pid for x in found.processes],
+                    "keep": None if keep is None else list(keep.items())}
+
+        out = alone(pass_with_few_fds)
+        assert out["fds"][0] == out["fds"][1]
+        assert sorted(out["signalled"]) == sorted(pids)  # each once
+        assert out["main"]
+        if remember:
+            assert sorted(k for k, _ in out["keep"]) == sorted(pids)
+            assert all(v > 0 for _, v in out["keep"])
         assert leaf.wait_unpopulated(30)
     finally:
         p.kill()
@@ -451,11 +488,19 @@ def test_with_no_fd_left_at_all_the_pass_fails_and_leaks_nothing(
     p = spawn_in(leaf, ["sleep", "60"])
     try:
         wait_listed(leaf, 1)
-        fds = len(os.listdir("/proc/self/fd"))
-        with only_free_fds(0), pytest.raises(OSError) as e:
-            signal_tree(leaf, (signal.SIGTERM,), p.pid)
-        assert e.value.errno == errno.EMFILE
-        assert len(os.listdir("/proc/self/fd")) == fds
+
+        def pass_with_no_fd() -> Any:
+            fds = len(os.listdir("/proc/self/fd"))
+            try:
+                with only_free_fds(0):
+                    signal_tree(leaf, (signal.SIGTERM,), p.pid)
+            except OSError as e:
+                return [e.errno, fds, len(os.listdir("/proc/self/fd"))]
+            return None
+
+        out = alone(pass_with_no_fd)
+        assert out is not None and out[0] == errno.EMFILE
+        assert out[1] == out[2]
         assert p.poll() is None
     finally:
         p.kill()
