@@ -64,6 +64,20 @@ def _no_nul(name: str, value: str) -> None:
                               f"{e.start}; pass bytes decoded with os.fsdecode()") from None
 
 
+def _no_nul_in_any(name: str, values: Sequence[str]) -> None:
+    """:func:`_no_nul` for each of ``values``, in one pass over all of them (a command may
+    have tens of thousands of arguments): the item at fault is looked for only on failure."""
+    joined = "\n".join(values)
+    try:
+        if "\0" not in joined:
+            os.fsencode(joined)
+            return
+    except UnicodeEncodeError:
+        pass
+    for value in values:
+        _no_nul(name, value)
+
+
 def _window_size(size: Any) -> tuple[int, int]:
     ok = isinstance(size, tuple | list) and len(size) == 2 and all(
         isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 65535 for n in size)
@@ -192,7 +206,7 @@ class TaskSpec:
             if not isinstance(a, str):
                 raise SpecError("argv", f"argv items must be strings, got {a!r} in {argv!r}: "
                                         f"convert it with str()")
-            _no_nul("argv", a)
+        _no_nul_in_any("argv", argv)
         if not argv[0]:
             raise SpecError("argv", "argv[0] must name the command, got an empty string")
         object.__setattr__(self, "argv", tuple(argv))
@@ -212,9 +226,9 @@ class TaskSpec:
             if not isinstance(v, str):
                 raise SpecError("env", f"env[{k!r}] must be a string, got {v!r}: convert it "
                                        f"with str()")
-            _no_nul("env", k)
-            _no_nul("env", v)
-        object.__setattr__(self, "env", dict(self.env))
+        env = dict(self.env)
+        _no_nul_in_any("env", [*env, *env.values()])
+        object.__setattr__(self, "env", env)
 
     def _check_paths(self) -> None:
         for name, what in (("cwd", "a directory path"), ("log_file", "a file path")):

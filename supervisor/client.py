@@ -159,22 +159,29 @@ class Client:
         self._reader = io.BufferedReader(_SocketReader(sock))
 
     def _request(self, method: str, path: str, body: bytes | None = None,
-                 content_type: str = "application/json") -> _Response:
+                 content_type: str = "application/json", *,
+                 resend: bool = False) -> _Response:
+        """Send one request and read its answer's head.  A kept-alive connection the daemon
+        has closed meanwhile is found before anything is sent (a peek) and replaced.  Once
+        sent, a request is sent again on a new connection only if that is safe (``resend``:
+        a read, or a submission with its idempotency key): a connection lost after a stop or
+        a stdin write may have carried it, and doing it twice is not the same."""
         for attempt in (0, 1):
+            if self._sock is not None and _hung_up(self._sock.fileno()):
+                self.close()
             if self._sock is None:
                 self._connect()
             assert self._sock is not None
-            head = f"{method} {path} HTTP/1.1\r\nhost: corral\r\n"
-            if body is not None:
-                head += f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
             try:
-                self._sock.sendall(head.encode() + b"\r\n" + (body or b""))
+                self._sock.sendall(_request_bytes(method, path, body, content_type))
                 return self._read_head()
             except (ConnectionError, _Stale):
-                self.close()  # a kept-alive connection the daemon had closed: once more
-                if attempt:
-                    raise DaemonUnavailable(f"the corral daemon at {self.socket_path} "
-                                            f"closed the connection") from None
+                self.close()
+                if attempt or not resend:
+                    raise DaemonUnavailable(
+                        f"the corral daemon at {self.socket_path} closed the connection "
+                        f"before it answered {method} {path}" + ("" if resend else
+                        "; it may or may not have been done (corral show tells)")) from None
         raise AssertionError("unreachable")
 
     def _read_head(self) -> _Response:
@@ -194,16 +201,18 @@ class Client:
         return resp
 
     def _call(self, method: str, path: str, obj: Any = None, *,
-              ok: tuple[int, ...] = (200, 201)) -> tuple[int, Any]:
+              ok: tuple[int, ...] = (200, 201), resend: bool | None = None,
+              ) -> tuple[int, Any]:
         body = None if obj is None else json.dumps(obj).encode()
-        resp = self._request(method, path, body)
+        resp = self._request(method, path, body, resend=method == "GET" if resend is None
+                             else resend)
         data = resp.read()
         if resp.status not in ok:
             raise ApiError.from_response(resp.status, data)
         return resp.status, json.loads(data)
 
     def _stream(self, path: str) -> Iterator[bytes]:
-        resp = self._request("GET", path)
+        resp = self._request("GET", path, resend=True)
         if resp.status != 200:
             raise ApiError.from_response(resp.status, resp.read())
         try:
@@ -216,17 +225,13 @@ class Client:
 
     def submit(self, argv: list[str], **options: Any) -> TaskInfo:
         """Submit a task; options are the fields of ``POST /v1/tasks`` (``time_limit``,
-        ``properties={"MemoryMax": "1G"}``, ``stdin=b"..."`` or ``"pipe"``, ...)."""
-        stdin = options.pop("stdin", None)
-        if isinstance(stdin, bytes):
-            options["stdin_data"] = stdin
-        elif stdin is not None:
-            options["stdin"] = stdin
-        request = SubmitRequest(list(argv), **options)
-        # (503 restarting: nothing was accepted, so asking again cannot make a second task;
-        # a connection lost mid-request is not retried: it may have been accepted)
-        _, obj = self._again(RECONNECT, self._call, "POST", "/v1/tasks", request.to_json(),
-                             unreachable=False)
+        ``properties={"MemoryMax": "1G"}``, ``stdin=b"..."`` or ``"pipe"``, ...).
+
+        Every submission carries an idempotency key (one of the caller's, or one made here),
+        so that asking again after a lost answer (a connection dropped, a daemon restarting)
+        gives the same task back and never runs the command twice."""
+        _, obj = self._again(RECONNECT, self._call, "POST", "/v1/tasks",
+                             submission(argv, options), resend=True)
         return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
 
     def list(self, state: str | None = None, limit: int = 100) -> list[TaskInfo]:
@@ -275,9 +280,10 @@ class Client:
                 pause = min(pause * 2, 1.0)
 
     def _passing(self, e: Exception, unreachable: bool = True) -> bool:
-        """Whether ``e`` is a restart's doing (worth another try)."""
+        """Whether ``e`` is a restart's doing, or a submission still being accepted (worth
+        another try)."""
         if isinstance(e, ApiError):
-            return e.code == "restarting"
+            return e.code in ("restarting", "in_progress")
         return unreachable and self._reached
 
     def follow(self, task_id: str, stream: str = "stdout", offset: int = 0, *,
@@ -332,7 +338,7 @@ class Client:
         self._again(RECONNECT, self._post_bytes, path, data, unreachable=False)
 
     def _post_bytes(self, path: str, data: bytes) -> None:
-        resp = self._request("POST", path, data, "application/octet-stream")
+        resp = self._request("POST", path, data, "application/octet-stream", resend=False)
         body = resp.read()
         if resp.status != 200:
             raise ApiError.from_response(resp.status, body)
@@ -345,7 +351,7 @@ class Client:
         return self._call("GET", "/v1/limits")[1]  # type: ignore[no-any-return]
 
     def metrics(self) -> str:
-        resp = self._request("GET", "/metrics")
+        resp = self._request("GET", "/metrics", resend=True)
         return resp.read().decode()
 
 
@@ -366,6 +372,36 @@ class _SocketReader(io.RawIOBase):
 
 class _Stale(Exception):
     """A kept-alive connection was closed by the daemon before our request."""
+
+
+def _hung_up(fd: int) -> bool:
+    """Whether the daemon has closed this kept-alive connection (its idle timeout, a
+    restart): seen at once (poll, no wait), without reading anything of an answer."""
+    import select
+
+    poll = select.poll()
+    poll.register(fd, select.POLLIN | select.POLLRDHUP)
+    return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+               for _, ev in poll.poll(0))
+
+
+def new_key() -> str:
+    """An idempotency key for a submission that came without one: 128 random bits."""
+    return "corral-" + os.urandom(16).hex()
+
+
+def submission(argv: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """``POST /v1/tasks``'s body for ``argv`` and the client's keyword options, with an
+    idempotency key (:func:`new_key` unless the caller gave one)."""
+    options = dict(options)
+    stdin = options.pop("stdin", None)
+    if isinstance(stdin, bytes):
+        options["stdin_data"] = stdin
+    elif stdin is not None:
+        options["stdin"] = stdin
+    if options.get("idempotency_key") is None:
+        options["idempotency_key"] = new_key()
+    return SubmitRequest(list(argv), **options).to_json()
 
 
 def _head(line: bytes, header_lines: list[bytes]) -> tuple[int, dict[str, str]]:
@@ -457,7 +493,9 @@ class AsyncClient:
         return data
 
     async def _request(self, method: str, path: str, body: bytes | None = None,
-                       content_type: str = "application/json") -> tuple[int, dict[str, str]]:
+                       content_type: str = "application/json", *,
+                       resend: bool = False) -> tuple[int, dict[str, str]]:
+        """:meth:`Client._request` for trio (the same rule for sending again)."""
         import trio
 
         if self._streaming is not None:
@@ -466,6 +504,8 @@ class AsyncClient:
             self._drop()
             self._streaming = None
         for attempt in (0, 1):
+            if self._stream is not None and _hung_up(self._stream.socket.fileno()):
+                self._drop()
             stream = self._stream or await self._connect()
             try:
                 await stream.send_all(_request_bytes(method, path, body, content_type))
@@ -477,9 +517,11 @@ class AsyncClient:
                 return _head(first, lines)
             except (_Stale, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._drop()
-                if attempt:
-                    raise DaemonUnavailable(f"the corral daemon at {self.socket_path} "
-                                            f"closed the connection") from None
+                if attempt or not resend:
+                    raise DaemonUnavailable(
+                        f"the corral daemon at {self.socket_path} closed the connection "
+                        f"before it answered {method} {path}" + ("" if resend else
+                        "; it may or may not have been done (corral show tells)")) from None
             except BaseException:
                 self._drop()
                 raise
@@ -501,9 +543,11 @@ class AsyncClient:
         return b"".join([c async for c in self._chunks(headers)])
 
     async def _call(self, method: str, path: str, obj: Any = None, *,
-                    ok: tuple[int, ...] = (200, 201)) -> tuple[int, Any]:
+                    ok: tuple[int, ...] = (200, 201), resend: bool | None = None,
+                    ) -> tuple[int, Any]:
         body = None if obj is None else json.dumps(obj).encode()
-        status, headers = await self._request(method, path, body)
+        status, headers = await self._request(method, path, body, resend=method == "GET"
+                                              if resend is None else resend)
         try:
             data = await self._body(headers)
         except BaseException:
@@ -514,7 +558,7 @@ class AsyncClient:
         return status, json.loads(data)
 
     async def _lines(self, path: str) -> AsyncIterator[bytes]:
-        status, headers = await self._request("GET", path)
+        status, headers = await self._request("GET", path, resend=True)
         if status != 200:
             raise ApiError.from_response(status, await self._body(headers))
         pending = b""
@@ -540,14 +584,9 @@ class AsyncClient:
     # ---- the verbs (as Client's) --------------------------------------------------------
 
     async def submit(self, argv: list[str], **options: Any) -> TaskInfo:
-        stdin = options.pop("stdin", None)
-        if isinstance(stdin, bytes):
-            options["stdin_data"] = stdin
-        elif stdin is not None:
-            options["stdin"] = stdin
-        request = SubmitRequest(list(argv), **options)
-        _, obj = await self._again(self._call, "POST", "/v1/tasks", request.to_json(),
-                                   unreachable=False)
+        """:meth:`Client.submit`: with an idempotency key, asked again safely."""
+        _, obj = await self._again(self._call, "POST", "/v1/tasks",
+                                   submission(argv, options), resend=True)
         return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
 
     async def _again(self, call: Any, *args: Any, unreachable: bool = True,
@@ -563,8 +602,8 @@ class AsyncClient:
             try:
                 return await call(*args, **kwargs)
             except (DaemonUnavailable, ApiError) as e:
-                passing = e.code == "restarting" if isinstance(e, ApiError) else \
-                    unreachable and self._reached
+                passing = e.code in ("restarting", "in_progress") if isinstance(
+                    e, ApiError) else unreachable and self._reached
                 if not passing or trio.current_time() + pause > give_up:
                     raise
             self._drop()
@@ -635,7 +674,8 @@ class AsyncClient:
         await self._again(self._post_bytes, path, data, unreachable=False)
 
     async def _post_bytes(self, path: str, data: bytes) -> None:
-        status, headers = await self._request("POST", path, data, "application/octet-stream")
+        status, headers = await self._request("POST", path, data, "application/octet-stream",
+                                              resend=False)
         body = await self._body(headers)
         if status != 200:
             raise ApiError.from_response(status, body)

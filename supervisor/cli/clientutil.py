@@ -16,6 +16,8 @@ TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init_
 if TYPE_CHECKING:
     from typing import Any
 
+    from .printable import TerminalFilter
+
 __all__ = ["add_socket", "run_client"]
 
 
@@ -40,16 +42,26 @@ def run_client(args: argparse.Namespace, body: Callable[[Client], int]) -> int:
     return EXIT_FAILURE
 
 
-def write_frames(frames: Any, out: Any, stream: str) -> Any:
-    """Write data frames' bytes to ``out`` (binary), gaps as notes on stderr; the end frame
-    (None if the stream ended without one, or the task has not finished)."""
+def write_frames(frames: Any, out: Any, stream: str,
+                 terminal: TerminalFilter | None = None) -> Any:
+    """Write data frames' bytes to ``out`` (binary), through ``terminal`` if given, gaps as
+    notes on stderr; the end frame (None if the stream ended without one, or the task has not
+    finished)."""
+    end = None
     for frame in frames:
         if frame.kind == "data":
-            out.write(frame.data)
+            out.write(terminal.feed(frame.data) if terminal else frame.data)
             out.flush()
         elif frame.kind == "gap":
+            if terminal:  # the bytes either side of a gap were never adjacent
+                out.write(terminal.flush())
+                out.flush()
             print(f"corral: {stream} bytes {frame.offset}..{frame.end} are no longer held "
                   f"(past the daemon's --output-cap)", file=sys.stderr)
         elif frame.kind == "end":
-            return frame if frame.finished else None
-    return None
+            end = frame
+            break
+    if terminal:
+        out.write(terminal.flush())
+        out.flush()
+    return end if end is not None and end.finished else None

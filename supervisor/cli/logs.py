@@ -1,9 +1,17 @@
-"""``corral logs [-f] [--stderr] [--offset N] ID``: a task's output, from the daemon's files.
+"""``corral logs [-f] [--stderr] [--offset N] [--raw] ID``: a task's output, from the daemon's
+files.
 
-The bytes go to stdout as the task wrote them; with ``-f`` it follows until the task ends,
-then exits with the task's status (as ``corral run``), reconnecting (from the next byte) if
-the daemon restarts meanwhile.  Bytes past the daemon's output cap are
-named on stderr (``bytes A..B are no longer held``), never silently skipped.
+The bytes go to stdout as the task wrote them, unless stdout is a terminal: the task may be
+another tenant's, and a control sequence in its output would act on the reader's terminal
+(OSC 52 writes the clipboard, a report request types text back, cursor moves forge lines).
+There newline, carriage return, tab, backspace and SGR colours go through, and every other
+control character or escape sequence is shown escaped (``\\x1b]52;c;...``, see
+printable.TerminalFilter); ``--raw`` writes the bytes as they are even there.
+
+With ``-f`` it follows until the task ends, then exits with the task's status (as ``corral
+run``), reconnecting (from the next byte) if the daemon restarts meanwhile.  Bytes past the
+daemon's output cap are named on stderr (``bytes A..B are no longer held``), never silently
+skipped.
 """
 
 from __future__ import annotations
@@ -28,6 +36,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
     p.add_argument("--offset", type=int, default=0, metavar="N",
                    help="start at byte N (resume where an earlier read stopped)")
+    p.add_argument("--raw", action="store_true",
+                   help="write the bytes as they are even to a terminal (there, by default, "
+                        "control characters and escape sequences other than colours are "
+                        "shown escaped, so that the task's output cannot act on the "
+                        "terminal)")
     add_socket(p)
 
 
@@ -37,7 +50,12 @@ def main(args: argparse.Namespace) -> int:
     def body(client: Any) -> int:
         frames = client.follow(args.id, stream, args.offset) if args.follow else \
             client.output(args.id, stream, args.offset)
-        end = write_frames(frames, sys.stdout.buffer, stream)
+        terminal = None
+        if sys.stdout.isatty() and not args.raw:
+            from .printable import TerminalFilter  # (not at the top: a pipe never needs it)
+
+            terminal = TerminalFilter()
+        end = write_frames(frames, sys.stdout.buffer, stream, terminal)
         if args.follow and end is not None:
             return report(end.result.get("outcome"), end.exit_status, quiet=True)
         return 0

@@ -53,15 +53,23 @@ def add_parser(sub: Any) -> None:
                         "0660 root:GROUP)")
     p.add_argument("--max-running", type=int, default=16, metavar="N")
     p.add_argument("--max-running-per-uid", type=int, default=None, metavar="N",
-                   help="default: --max-running")
+                   help="default: half of --max-running (one uid never holds every slot)")
     p.add_argument("--max-queued", type=int, default=10000, metavar="N")
     p.add_argument("--max-queued-per-uid", type=int, default=1000, metavar="N")
+    p.add_argument("--max-queued-bytes", default="64M", metavar="SIZE",
+                   help="requests (as sent) the queued tasks may hold in all (default 64M; "
+                        "a queued task holds about five times its request in memory)")
+    p.add_argument("--max-queued-bytes-per-uid", default="16M", metavar="SIZE")
     p.add_argument("--max-body", default="1M", metavar="SIZE",
                    help="largest request body (default 1M; 413 above)")
     p.add_argument("--output-cap", default="64M", metavar="SIZE",
                    help="output kept on disk per stream and task (default 64M); past it "
                         "the head and tail stay")
-    p.add_argument("--max-connections", type=int, default=4096, metavar="N")
+    p.add_argument("--max-connections", type=int, default=4096, metavar="N",
+                   help="in all; when full, the uid holding the most gives one up")
+    p.add_argument("--max-connections-per-uid", type=int, default=256, metavar="N")
+    p.add_argument("--max-body-bytes-per-uid", default="8M", metavar="SIZE",
+                   help="request bodies one uid's connections may hold at once (default 8M)")
     p.add_argument("--keep-finished", type=int, default=256, metavar="N",
                    help="finished tasks answered from memory (default 256); older ones are "
                         "answered from the records")
@@ -104,7 +112,7 @@ def _config(args: argparse.Namespace) -> Any:
     from ..serve.state import Config
 
     for name in ("max_running", "max_queued", "max_queued_per_uid", "max_connections",
-                 "keep_finished"):
+                 "max_connections_per_uid", "keep_finished"):
         if getattr(args, name) < 1:
             die(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     import os
@@ -121,8 +129,12 @@ def _config(args: argparse.Namespace) -> Any:
         header_timeout=parse_duration(args.header_timeout, "--header-timeout"),
         idle_timeout=parse_duration(args.idle_timeout, "--idle-timeout"),
         send_timeout=parse_duration(args.send_timeout, "--send-timeout"))
-    queue = QueueLimits(args.max_running, args.max_running_per_uid or args.max_running,
-                        args.max_queued, args.max_queued_per_uid)
+    per_uid = args.max_running_per_uid or max(1, args.max_running // 2)
+    if per_uid < 1:
+        die(f"--max-running-per-uid must be at least 1, got {per_uid}")
+    queue = QueueLimits(args.max_running, per_uid, args.max_queued, args.max_queued_per_uid,
+                        _size(args.max_queued_bytes, "--max-queued-bytes"),
+                        _size(args.max_queued_bytes_per_uid, "--max-queued-bytes-per-uid"))
     if (args.on_finish_url is None) != (args.on_finish_socket is None):
         die("--on-finish-url and --on-finish-socket go together: the URL is POSTed over the "
             "socket (as curl --unix-socket SOCKET URL)")
@@ -134,7 +146,10 @@ def _config(args: argparse.Namespace) -> Any:
         default_time_limit=args.default_time_limit, max_time_limit=args.max_time_limit,
         allow_gid=allow_gid, socket_mode=0o666 if allow_gid is None else 0o660,
         queue=queue, http=http, output_cap=_size(args.output_cap, "--output-cap"),
-        max_connections=args.max_connections, keep_finished=args.keep_finished,
+        max_connections=args.max_connections,
+        max_connections_per_uid=args.max_connections_per_uid,
+        body_bytes_per_uid=_size(args.max_body_bytes_per_uid, "--max-body-bytes-per-uid"),
+        keep_finished=args.keep_finished,
         retention=_retention(args), on_finish_exec=args.on_finish_exec,
         on_finish_url=args.on_finish_url, on_finish_socket=args.on_finish_socket,
         hand_over=args.hand_over)

@@ -52,7 +52,8 @@ from .retention import retention_loop
 from .sdjob import restart_queued
 from .sdnotify import Notifier, listen_fds
 from .server import Bound, accept_loop, bind_listeners
-from .state import Config, Daemon
+from .state import Config, Daemon, OutputDisk
+from .task import served_result
 
 if TYPE_CHECKING:
     from .. import Supervisor
@@ -92,14 +93,18 @@ async def serve(config: Config, *,
             await records.set_run_root(run, sup.cgroup_root)
             adopted = {h.id: h for h in sup.tasks}  # (nothing else has started yet)
             hooks = Hooks(records, program=config.on_finish_exec, url=config.on_finish_url,
-                          socket=config.on_finish_socket)
+                          socket=config.on_finish_socket,
+                          output_dir=os.path.join(config.state_dir, "output"))
             with bind_listeners(config, passed.listeners, passed.own) as bound:
                 async with trio.open_nursery() as tasks_nursery:
-                    d = Daemon(config, sup, records, tasks_nursery, notifier, hooks, run)
+                    disk = OutputDisk.measure(config, await records.held_bytes())
+                    d = Daemon(config, sup, records, tasks_nursery, notifier, hooks, run, disk)
                     summary = await recover(d, runs, adopted)
                     log.info("started (run %d, cgroup root %s): from earlier runs %d task(s) "
                              "queued again, %d adopted, %d recorded lost; %d orphan output "
-                             "file(s) removed", run, sup.cgroup_root, *summary)
+                             "file(s) removed; output may take %d bytes of the state "
+                             "filesystem, %d per stream of a task", run, sup.cgroup_root,
+                             *summary, disk.budget, disk.stream_cap)
                     ended = await run_server(d, bound, task_status)
                     bound.keep = ended == "handed_over"
     finally:
@@ -268,12 +273,13 @@ async def _await_unrecorded(d: Daemon) -> None:
     with trio.move_on_after(UNRECORDED_WAIT):
         while d.unrecorded:
             await trio.sleep(0.1)
-    d.retries.cancel()
+    for scope in d.retrying:
+        scope.cancel()
     for task_id in sorted(d.unrecorded):
         t = d.tasks.get(task_id)
         log.error("task %s: its end record could not be written before the daemon exited "
                   "(the next start records it lost); its result: %s", task_id,
-                  None if t is None else json.dumps(t.result_json))
+                  None if t is None else json.dumps(served_result(t.result_json, t.output)))
 
 
 def kill_all(d: Daemon) -> None:

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 import trio
 
 from .records import Records, RecordsError
+from .task import served_result
 
 if TYPE_CHECKING:
     from .. import Supervisor
@@ -52,8 +53,10 @@ class Hooks:
     """The completion callbacks of one daemon; ``finished(id)`` queues a delivery."""
 
     def __init__(self, records: Records, *, program: str | None = None,
-                 url: str | None = None, socket: str | None = None) -> None:
+                 url: str | None = None, socket: str | None = None,
+                 output_dir: str = "") -> None:
         self.records = records
+        self.output_dir = output_dir  # (the results' head and tail are read from there)
         self.program = program
         self.url = url
         self.socket = socket
@@ -114,7 +117,7 @@ class Hooks:
         row = await self._row(task_id)
         if row is None:
             return  # expired meanwhile: nothing left to tell
-        event = _event(row)
+        event = _event(row, self.output_dir)
         done: set[str] = set()
         wait = 1.0
         while True:
@@ -185,10 +188,11 @@ class Hooks:
         return True
 
 
-def _event(row: dict[str, Any]) -> dict[str, Any]:
+def _event(row: dict[str, Any], output_dir: str) -> dict[str, Any]:
     return {"id": row["id"], "uid": row["uid"], "name": row["name"], "state": "finished",
             "outcome": row["outcome"], "exit_status": row["exit_status"],
-            "at": row["ended_at"] or time.time(), "result": row["result"]}
+            "at": row["ended_at"] or time.time(),
+            "result": served_result(row["result"], os.path.join(output_dir, row["id"]))}
 
 
 async def post_json(socket_path: str | None, url: str, obj: Any) -> int:

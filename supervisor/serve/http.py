@@ -26,6 +26,7 @@ import trio
 
 from .peers import Peer
 from .protocol import ApiError
+from .shares import Held, Shares
 
 __all__ = ["HttpLimits", "Request", "Response", "Streaming", "json_response", "serve_connection"]
 
@@ -84,13 +85,17 @@ class _Closed(Exception):
 
 class Connection:
     def __init__(self, stream: trio.SocketStream, peer: Peer, limits: HttpLimits,
-                 on_answer: Callable[[str, int], None]) -> None:
+                 on_answer: Callable[[str, int], None], held: Held | None = None,
+                 shares: Shares | None = None) -> None:
         self.stream = stream
         self.peer = peer
         self.limits = limits
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         self.on_answer = on_answer
         self.shed_reason: str | None = None  # why the daemon gave up on this client
+        self.held = held or Held(peer.uid)  # (its uid's share: idle or not)
+        self.shares = shares
+        self.body_taken = 0  # bytes of the current request's body counted in its uid's share
 
     async def _receive(self, deadline: float) -> int:
         """One read into h11 (b"" marks EOF) before ``deadline``; how many bytes came."""
@@ -116,6 +121,7 @@ class Connection:
         comes in pieces)."""
         held = len(self.h11.trailing_data[0])  # bytes of it already here (pipelined)
         first: float | None = trio.current_time() if held else None
+        self.held.idle = first is None
         came = 0
         while True:
             event = self.h11.next_event()
@@ -135,6 +141,7 @@ class Connection:
             came += got
             if first is None and got:
                 first = trio.current_time()
+                self.held.idle = False
         if isinstance(event, h11.ConnectionClosed):
             return None
         if not isinstance(event, h11.Request):
@@ -154,8 +161,10 @@ class Connection:
     async def _read_body(self, request: h11.Request, deadline: float) -> bytes:
         cap = self.limits.max_body
         for name, value in request.headers:
-            if name == b"content-length" and int(value) > cap:
-                raise _too_large(int(value), cap)
+            if name == b"content-length":
+                if int(value) > cap:
+                    raise _too_large(int(value), cap)
+                self._take_body(int(value))  # (the whole body, before a byte of it is read)
         parts: list[bytes] = []
         size = 0
         while True:
@@ -172,7 +181,27 @@ class Connection:
                 size += len(event.data)
                 if size > cap:
                     raise _too_large(size, cap)
+                if size > self.body_taken:  # (chunked: counted as it comes)
+                    self._take_body(size - self.body_taken)
                 parts.append(bytes(event.data))
+
+    def _take_body(self, size: int) -> None:
+        """Count ``size`` more bytes of this request's body in its uid's share; ApiError 429
+        past it (see ``shares.py``)."""
+        if self.shares is None or not size:
+            return
+        if not self.shares.take_body(self.peer.uid, size):
+            raise ApiError(429, "busy", f"the requests your uid's connections are sending "
+                           f"hold {self.shares.bodies[self.peer.uid]} bytes, and this one "
+                           f"{size} more: above your share "
+                           f"({self.shares.body_bytes} bytes); send them one after another")
+        self.body_taken += size
+
+    def give_back_body(self) -> None:
+        """The request is answered: its body leaves its uid's share."""
+        if self.shares is not None and self.body_taken:
+            self.shares.give_body(self.peer.uid, self.body_taken)
+        self.body_taken = 0
 
     async def send_bytes(self, data: bytes) -> None:
         with trio.move_on_after(self.limits.send_timeout):
@@ -285,11 +314,17 @@ async def _answer(conn: Connection, req: Request, router: Router) -> bool:
 
 
 async def serve_connection(stream: trio.SocketStream, peer: Peer, limits: HttpLimits,
-                           router: Router, on_answer: Callable[[str, int], None]) -> str | None:
+                           router: Router, on_answer: Callable[[str, int], None],
+                           held: Held | None = None,
+                           shares: Shares | None = None) -> str | None:
     """Answer requests on one connection until it closes or breaks a limit; why the daemon
-    ended it (``send_timeout``, ``idle_timeout``, ...), or None if the client did."""
-    conn = Connection(stream, peer, limits, on_answer)
-    await _serve(conn, stream, router)
+    ended it (``send_timeout``, ``idle_timeout``, ...), or None if the client did.
+    ``held``/``shares``: its place in its uid's share of the daemon (``shares.py``)."""
+    conn = Connection(stream, peer, limits, on_answer, held, shares)
+    try:
+        await _serve(conn, stream, router)
+    finally:
+        conn.give_back_body()
     return conn.shed_reason
 
 
@@ -311,8 +346,11 @@ async def _serve(conn: Connection, stream: trio.SocketStream, router: Router) ->
                     return
                 if req is None:
                     return
-                if not await _answer(conn, req, router):
-                    return
+                try:
+                    if not await _answer(conn, req, router):
+                        return
+                finally:
+                    conn.give_back_body()
                 if conn.h11.our_state is not h11.DONE or conn.h11.their_state is not h11.DONE:
                     return
                 conn.h11.start_next_cycle()

@@ -35,7 +35,7 @@ from .protocol import exit_status
 from .records import RecordsError
 from .schema import output_bytes
 from .state import Daemon
-from .task import DaemonTask
+from .task import DaemonTask, kept_result, stream_path
 
 if TYPE_CHECKING:
     from .. import TaskHandle, TaskResult
@@ -179,12 +179,13 @@ async def adopt(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
 async def take_result(d: Daemon, t: DaemonTask, result: TaskResult) -> None:
     t.started.set()
     t.outcome = str(result.outcome)
+    tails = {}
     for name, out in (("stdout", result.output_stdout), ("stderr", result.output_stderr)):
         tail = out.tail if out.log_truncated else b""
         t.kept[name] = (out.total, tail)
         if tail:
-            _write_tail(t.output if name == "stdout" else t.output + ".stderr", tail)
-    t.result_json = result.to_dict()
+            tails[name] = _write_tail(stream_path(t.output, name), tail)
+    t.result_json = kept_result(result, result.to_dict(), t.output, tails)
     t.exit_status = exit_status_of(result)
     t.ended_at = result.ended_at
     t.started_at = result.started_at
@@ -218,7 +219,8 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
     """The end row's columns for a finished task."""
     assert t.result_json is not None
     result = json.dumps(t.result_json)  # (once: the row stores this text)
-    size = output_bytes(t.output) + len(result) + len(json.dumps(t.request.to_json()))
+    size = output_bytes(t.output) + len(result) + (t.size or len(json.dumps(
+        t.request.to_json())))
     return {"outcome": t.outcome, "exit_status": t.exit_status, "started_at": t.started_at,
             "ended_at": t.ended_at, "pid": t.pid, "result": result, "bytes": size,
             "notified": 0 if notify else None}
@@ -226,9 +228,13 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
 
 async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any]) -> None:
     """Retry an end row until it is written (doubling waits up to 30 s), or the daemon gives
-    up on it at exit (``d.retries`` cancelled: then it logs the result)."""
-    with d.retries:
-        await _retry_end_loop(d, t, values)
+    up on it at exit (its scope in ``d.retrying`` cancelled: then it logs the result)."""
+    with trio.CancelScope() as scope:
+        d.retrying.add(scope)
+        try:
+            await _retry_end_loop(d, t, values)
+        finally:
+            d.retrying.discard(scope)
 
 
 async def _retry_end_loop(d: Daemon, t: DaemonTask, values: dict[str, Any]) -> None:
@@ -273,13 +279,16 @@ def exit_status_of(result: TaskResult) -> int:
                        None if stop is None else str(stop.reason))
 
 
-def _write_tail(path: str, tail: bytes) -> None:
+def _write_tail(path: str, tail: bytes) -> bool:
     """The kept tail of a stream whose file hit the cap, beside it (``<file>.tail``), so that
-    the last bytes outlive the task's place in memory.  At most the tail size (48 KiB)."""
+    the last bytes outlive the task's place in memory.  At most the tail size (48 KiB).
+    Whether it was written."""
     try:
         fd = os.open(path + ".tail", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
                      | os.O_CLOEXEC, 0o600)
         with open(fd, "wb") as f:
             f.write(tail)
+        return True
     except OSError as e:
         log.warning("keeping the output tail at %s.tail: %s", path, e)
+        return False

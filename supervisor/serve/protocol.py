@@ -142,8 +142,29 @@ def parse_json_body(body: bytes) -> Any:
     except (ValueError, RecursionError) as e:
         raise ApiError(400, "malformed_json", f"the request body is not JSON: {e}; send one "
                        f"JSON object without NaN, Infinity or deep nesting") from None
-    _no_lone_surrogates(value)
+    if _ESCAPED_SURROGATE.search(text) is not None:  # (else no lone surrogate can be there)
+        _no_lone_surrogates(value)
     return value
+
+
+class _LazyPattern:
+    """A regular expression compiled at its first use (``re`` costs a client's start-up)."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.compiled: Any = None
+
+    def search(self, text: str) -> Any:
+        if self.compiled is None:
+            import re
+
+            self.compiled = re.compile(self.pattern)
+        return self.compiled.search(text)
+
+
+# A lone surrogate can only come from a JSON escape (UTF-8 cannot encode one): one search of
+# the text spares walking every string of a large request
+_ESCAPED_SURROGATE = _LazyPattern(r"\\[uU][dD][89a-fA-F]")
 
 
 def _no_lone_surrogates(value: Any, where: str = "the request", field: str | None = None) -> None:

@@ -1,10 +1,13 @@
 """The daemon's queue: a global concurrency limit, per-uid limits, round-robin between uids.
 
-Admission (at submit): a uid may hold at most ``max_queued_per_uid`` waiting tasks, and the
-daemon at most ``max_queued`` in all; past either, the submission is refused with 429 naming the
-limit.  Dispatch: at most ``max_running`` tasks run at once, at most ``max_running_per_uid`` of
-one uid; the next task comes from the next uid in turn that has one waiting and room to run,
-so one busy uid cannot starve the others.  FIFO within a uid.
+Admission (at submit): a uid may hold at most ``max_queued_per_uid`` waiting tasks of at most
+``max_queued_bytes_per_uid`` bytes of requests (a queued task holds about five times its
+request in memory), and the daemon at most ``max_queued`` and ``max_queued_bytes`` in all;
+past any, the submission is refused with 429 naming the limit.  Dispatch: at most
+``max_running`` tasks run at once, at most ``max_running_per_uid`` of one uid (by default half
+the global: one uid never holds every slot); the next task comes from the next uid in turn
+that has one waiting and room to run, so one busy uid cannot starve the others.  FIFO within
+a uid.
 
 Pure bookkeeping on the trio thread: no awaits, no locks.
 """
@@ -23,15 +26,20 @@ class _Owned(Protocol):
     @property
     def uid(self) -> int: ...
 
+    @property
+    def size(self) -> int: ...
+
 
 T = TypeVar("T", bound=_Owned)
 
 
 class QueueLimits(NamedTuple):
     max_running: int = 16
-    max_running_per_uid: int = 16
+    max_running_per_uid: int = 8  # below the global: one uid never takes every slot
     max_queued: int = 10000
     max_queued_per_uid: int = 1000
+    max_queued_bytes: int = 64 << 20
+    max_queued_bytes_per_uid: int = 16 << 20
 
     def to_json(self) -> dict[str, int]:
         return self._asdict()
@@ -45,11 +53,14 @@ class Scheduler(Generic[T]):
         self._waiting: dict[int, collections.deque[T]] = {}
         self._turns: collections.deque[int] = collections.deque()  # uids with waiting tasks
         self._running: collections.Counter[int] = collections.Counter()
+        self._bytes: collections.Counter[int] = collections.Counter()  # queued, per uid
         self.total_running = 0
         self.total_queued = 0
+        self.total_bytes = 0
 
-    def admit(self, uid: int) -> None:
-        """Raise ApiError 429 if ``uid`` may not queue one more task now."""
+    def admit(self, uid: int, size: int = 0) -> None:
+        """Raise ApiError 429 if ``uid`` may not queue one more task (of a ``size``-byte
+        request) now.  (A task that can start at once is not queued: :meth:`reserve`.)"""
         lim = self.limits
         queued = len(self._waiting.get(uid, ()))
         if queued >= lim.max_queued_per_uid:
@@ -59,6 +70,16 @@ class Scheduler(Generic[T]):
         if self.total_queued >= lim.max_queued:
             raise ApiError(429, "queue_full", f"the daemon's queue holds {self.total_queued} "
                            f"tasks, its limit (max_queued={lim.max_queued}); retry later")
+        if queued and self._bytes[uid] + size > lim.max_queued_bytes_per_uid:
+            raise ApiError(429, "queue_full", f"uid {uid}'s queued tasks hold "
+                           f"{self._bytes[uid]} bytes of requests, and this one {size} more: "
+                           f"above the per-uid limit (--max-queued-bytes-per-uid="
+                           f"{lim.max_queued_bytes_per_uid}); wait for some to start, or "
+                           f"send smaller requests")
+        if self.total_queued and self.total_bytes + size > lim.max_queued_bytes:
+            raise ApiError(429, "queue_full", f"the daemon's queued tasks hold "
+                           f"{self.total_bytes} bytes of requests, its limit "
+                           f"(--max-queued-bytes={lim.max_queued_bytes}); retry later")
 
     def enqueue(self, task: T) -> None:
         self._put(task, front=False)
@@ -72,6 +93,7 @@ class Scheduler(Generic[T]):
             (self._turns.appendleft if front else self._turns.append)(task.uid)
         (waiting.appendleft if front else waiting.append)(task)
         self.total_queued += 1
+        self._count_bytes(task, +1)
 
     def remove(self, task: T) -> bool:
         """Take a queued task out (it was stopped); False if it was not queued."""
@@ -80,9 +102,16 @@ class Scheduler(Generic[T]):
             return False
         waiting.remove(task)
         self.total_queued -= 1
+        self._count_bytes(task, -1)
         if not waiting:
             self._drop_uid(task.uid)
         return True
+
+    def _count_bytes(self, task: T, sign: int) -> None:
+        self._bytes[task.uid] += sign * task.size
+        self.total_bytes += sign * task.size
+        if not self._bytes[task.uid]:
+            del self._bytes[task.uid]
 
     def _drop_uid(self, uid: int) -> None:
         del self._waiting[uid]
@@ -103,6 +132,7 @@ class Scheduler(Generic[T]):
             if not waiting:
                 self._drop_uid(uid)
             self.total_queued -= 1
+            self._count_bytes(task, -1)
             self._count(uid)
             return task
         return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import queue
 import sqlite3
@@ -39,9 +40,11 @@ from .rows import Retention
 from .schema import SCHEMA_VERSION, SchemaError, migrate
 from .statedir import StateDirError, make_private
 
-__all__ = ["LAZY_DELAY", "SCHEMA_VERSION", "Records", "RecordsError", "Retention"]
+__all__ = ["LAZY_DELAY", "SCHEMA_VERSION", "Records", "RecordsError", "Reserve", "Retention",
+           "out_of_space"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 LAZY_DELAY = 0.25  # seconds a "running" update may wait for company
 
 
@@ -50,13 +53,84 @@ class RecordsError(Exception):
     """The records cannot be read or written: names the file, the reason and the fix."""
 
 
+RESERVE = 4 << 20  # bytes held for the records on the state filesystem (less on a small one)
+_NO_ROOM = 64 << 10  # free bytes below which a filesystem counts as full
+
+
+def out_of_space(directory: str) -> bool:
+    """Whether the filesystem of ``directory`` is (as good as) full: SQLite says "disk I/O
+    error" for some writes that fail for lack of room (the -shm file's growth)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < _NO_ROOM
+
+
+class Reserve:
+    """Room kept for the records: a file of zeros in the state directory (``reserve``).
+
+    The state filesystem is shared with the tasks' output files (and, on a host, with whatever
+    else lives there): a flood of output can fill it before retention catches up, and then
+    an end record could not be written.  When a write of the records fails for lack of room,
+    the reserve goes and the write is tried again at once; the file is made again once the
+    filesystem has room for it several times over.  Methods run in the records' thread (or
+    before it exists)."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.path = os.path.join(state_dir, "reserve")
+        self.state_dir = state_dir
+        try:
+            st = os.statvfs(state_dir)
+            self.size = max(64 << 10, min(RESERVE, st.f_blocks * st.f_frsize // 16))
+        except OSError:
+            self.size = RESERVE
+        self.used = 0  # times it was given up
+
+    def make(self) -> bool:
+        """Make (or keep) the reserve if there is room for it and some; whether it exists."""
+        if os.path.exists(self.path):
+            return True
+        try:
+            st = os.statvfs(self.state_dir)
+            if st.f_bavail * st.f_frsize < 4 * self.size:
+                return False
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return False
+        try:
+            os.posix_fallocate(fd, 0, self.size)
+        except OSError:
+            os.close(fd)
+            os.unlink(self.path)
+            return False
+        os.close(fd)
+        return True
+
+    def release(self) -> bool:
+        """Give the room back to the filesystem (the records need it); whether there was
+        any to give."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return False
+        self.used += 1
+        log.error("the filesystem of %s is full: the records' reserve (%d bytes) was used so "
+                  "that they can still be written; free space there (retention removes the "
+                  "oldest output first: --retain-bytes)", self.state_dir, self.size)
+        return True
+
+
 
 def explain(e: BaseException, path: str, doing: str) -> RecordsError:
     """A RecordsError for SQLite's or the OS's ``e``, with the fix for the usual causes."""
     text = str(e)
     low = text.lower()
     state_dir = os.path.dirname(path)
-    if "full" in low or getattr(e, "errno", None) == errno.ENOSPC:
+    if "full" in low or getattr(e, "errno", None) == errno.ENOSPC or out_of_space(state_dir):
+        if "full" not in low:
+            text = f"{text} (the filesystem is full)"
         fix = (f"free space on the filesystem of {state_dir} (df {state_dir}), or lower "
                f"--retain-bytes; nothing was half written")
     elif "readonly" in low or "read-only" in low or getattr(e, "errno", None) == errno.EROFS:
@@ -79,10 +153,12 @@ class Records:
     """The daemon's task records.  Open with :meth:`open`; every method is a trio coroutine
     that runs SQLite in the records' worker thread."""
 
-    def __init__(self, path: str, db: sqlite3.Connection, lock_fd: int) -> None:
+    def __init__(self, path: str, db: sqlite3.Connection, lock_fd: int,
+                 reserve: Reserve) -> None:
         self.path = path
         self._db = db
         self._lock_fd = lock_fd
+        self.reserve = reserve
         self._worker = _Worker()
         self._batch: list[_Write] = []
         self._lazy: dict[int, dict[str, Any]] = {}  # seq -> the "running" update
@@ -97,12 +173,14 @@ class Records:
         promise in docs/durability.md; benchmarks compare)."""
         path = os.path.join(state_dir, "state.db")
         lock_fd = await trio.to_thread.run_sync(lock_state_dir, state_dir)
+        reserve = Reserve(state_dir)
         try:
-            db = await trio.to_thread.run_sync(_connect, path, state_dir, synchronous)
+            db = await trio.to_thread.run_sync(_connect_with_room, path, state_dir, synchronous,
+                                               reserve)
         except BaseException:
             os.close(lock_fd)
             raise
-        return cls(path, db, lock_fd)
+        return cls(path, db, lock_fd, reserve)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -110,12 +188,15 @@ class Records:
         except sqlite3.Error as e:
             raise explain(e, self.path, "reading") from e
 
-    async def _write(self, fn: Callable[..., Any] | None, *args: Any) -> Any:
+    async def _write(self, fn: Callable[..., Any] | None, *args: Any,
+                     precious: bool = False) -> Any:
         """Queue a write and return once it is committed (``fn`` None: just flush the lazy
         updates).  The first writer to find no flush running flushes (its own write and every
         one queued meanwhile, batch after batch); the others wait for theirs.  Shielded:
-        once asked for, a write is finished or failed, never abandoned half way."""
-        w = _Write(fn, args)
+        once asked for, a write is finished or failed, never abandoned half way.
+        ``precious``: a write of what already happened (a task's end), which may use the
+        reserve (:class:`Reserve`) when the disk is full; a new task is refused instead."""
+        w = _Write(fn, args, precious)
         self._batch.append(w)
         with trio.CancelScope(shield=True):
             if self._flushing:
@@ -135,9 +216,9 @@ class Records:
         while self._batch:
             batch, self._batch = self._batch, []
             lazy, self._lazy = list(self._lazy.items()), {}
-            writes = [_Write(rows.update, (seq, values)) for seq, values in lazy] + batch
+            writes = [_Write(rows.update, (seq, values), False) for seq, values in lazy] + batch
             try:
-                await self._worker.run(_commit, self._db, writes, self.path)
+                await self._worker.run(_commit, self._db, writes, self.path, self.reserve)
             except Exception as e:  # (a bug of ours: every waiter still gets an answer)
                 for w in batch:
                     w.error = w.error or RecordsError(f"writing the task records at "
@@ -149,7 +230,8 @@ class Records:
     # ---- runs -------------------------------------------------------------------------------
 
     async def begin_run(self, pid: int, now: float) -> int:
-        run: int = await self._write(rows.insert_run, pid, now)
+        # (precious: a daemon starts on a disk its tasks filled, to record and answer them)
+        run: int = await self._write(rows.insert_run, pid, now, precious=True)
         return run
 
     async def set_run_root(self, run: int, root: str) -> None:
@@ -157,7 +239,7 @@ class Records:
 
     async def end_run(self, run: int, now: float, how: str) -> None:
         await self._write(rows.execute, "UPDATE runs SET ended_at = ?, ended = ? WHERE id = ?",
-                          (now, how, run))
+                          (now, how, run), precious=True)
 
     async def runs(self) -> dict[int, dict[str, Any]]:
         return await self._call(rows.runs, self._db)
@@ -195,7 +277,7 @@ class Records:
         text)."""
         seq = int(task_id)
         values = {**self._lazy.pop(seq, {}), **values, "state": "finished"}
-        await self._write(rows.update, seq, values)
+        await self._write(rows.update, seq, values, precious=True)
 
     async def notified(self, task_id: str) -> None:
         await self._write(rows.execute, "UPDATE tasks SET notified = 1 WHERE seq = ?",
@@ -240,12 +322,18 @@ class Records:
 
     # ---- retention --------------------------------------------------------------------------
 
-    async def expire(self, policy: Retention, now: float) -> list[dict[str, Any]]:
-        """Remove finished rows past ``policy`` (oldest first), leaving a tombstone each;
-        returns them (id, uid, idempotency_key, why) so that their files and memory can go.
-        Committed before any file is removed."""
-        gone: list[dict[str, Any]] = await self._write(rows.expire, policy, now)
+    async def expire(self, policy: Retention, now: float,
+                     bytes_cap: int | None = None) -> list[dict[str, Any]]:
+        """Remove finished rows past ``policy`` (shared fairly between uids: ``rows.expire``;
+        ``bytes_cap`` instead of ``policy.max_bytes``), leaving a tombstone each; returns them
+        (id, uid, idempotency_key, why) so that their files and memory can go.  Committed
+        before any file is removed."""
+        gone: list[dict[str, Any]] = await self._write(rows.expire, policy, now, bytes_cap)
         return gone
+
+    async def held_bytes(self) -> int:
+        """What finished tasks hold on disk (rows and output files), by their records."""
+        return await self._call(rows.held_bytes, self._db)
 
     async def close(self) -> None:
         try:
@@ -310,11 +398,13 @@ class _Worker:
 
 
 class _Write:
-    __slots__ = ("args", "done", "error", "fn", "result")
+    __slots__ = ("args", "done", "error", "fn", "precious", "result")
 
-    def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...]) -> None:
+    def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...],
+                 precious: bool) -> None:
         self.fn = fn
         self.args = args
+        self.precious = precious
         self.done = trio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -326,14 +416,21 @@ def _apply(db: sqlite3.Connection, writes: Iterable[_Write]) -> None:
             w.result = w.fn(db, *w.args)
 
 
-def _commit(db: sqlite3.Connection, batch: list[_Write], path: str) -> None:
-    """Every write of ``batch`` in one transaction (worker thread).  If it fails, each write
-    is retried alone, so that one bad write fails only its caller."""
-    try:
-        _transaction(db, batch)
-        return
-    except Exception:  # (sqlite3.Error, or a value SQLite cannot take: UnicodeEncodeError...)
-        pass
+def _commit(db: sqlite3.Connection, batch: list[_Write], path: str,
+            reserve: Reserve) -> None:
+    """Every write of ``batch`` in one transaction (worker thread); for lack of room, again
+    once the reserve is released, if the batch holds a precious write (an end).  If it still
+    fails, each write is retried alone, so that one bad write fails only its caller.  A
+    reserve given up is made again once there is room."""
+    for _ in range(2):
+        try:
+            _transaction(db, batch)
+            reserve.make()
+            return
+        except Exception as e:  # (sqlite3.Error, or a value SQLite cannot take)
+            if not (any(w.precious for w in batch) and
+                    _for_lack_of_room(e, reserve.state_dir) and reserve.release()):
+                break
     for w in batch:
         try:
             _transaction(db, [w])
@@ -380,6 +477,25 @@ def lock_state_dir(state_dir: str) -> int:
     except OSError:
         pass  # the pid is for people reading the file; the lock is what counts
     return fd
+
+
+def _for_lack_of_room(e: BaseException, state_dir: str) -> bool:
+    return "full" in str(e).lower() or getattr(e, "errno", None) == errno.ENOSPC or \
+        out_of_space(state_dir)
+
+
+def _connect_with_room(path: str, state_dir: str, synchronous: str,
+                       reserve: Reserve) -> sqlite3.Connection:
+    """:func:`_connect`; on a full filesystem, again once the reserve is released (a daemon
+    starts on a disk its tasks filled); the reserve made where there is room for it."""
+    try:
+        db = _connect(path, state_dir, synchronous)
+    except RecordsError:
+        if not (out_of_space(state_dir) and reserve.release()):
+            raise
+        db = _connect(path, state_dir, synchronous)
+    reserve.make()
+    return db
 
 
 def _connect(path: str, state_dir: str, synchronous: str) -> sqlite3.Connection:

@@ -22,6 +22,7 @@ unlinks) are removed.  Returns a summary for the log.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import time
@@ -99,7 +100,8 @@ def _task_of(d: Daemon, row: dict[str, Any]) -> DaemonTask:
     """The daemon's task for a recorded row (its spec not made yet)."""
     return DaemonTask(row["id"], row["uid"], row["gid"], row["peer_pid"] or 0,
                       parse_submit(row["spec"]), None, os.path.join(d.output_dir, row["id"]),
-                      row["created_at"], tuple(row["groups"] or ()))
+                      row["created_at"], tuple(row["groups"] or ()),
+                      size=len(json.dumps(row["spec"])))
 
 
 async def _requeue(d: Daemon, row: dict[str, Any]) -> None:

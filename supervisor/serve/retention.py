@@ -43,7 +43,8 @@ async def retention_loop(d: Daemon) -> None:
 async def expire_now(d: Daemon) -> int:
     """One pass; how many tasks expired."""
     try:
-        gone = await d.records.expire(d.config.retention, time.time())
+        gone = await d.records.expire(d.config.retention, time.time(),
+                                      d.disk.finished_cap(d.scheduler.total_running))
     except RecordsError as e:
         log.error("retention: %s; retrying in %gs", e, PERIOD)
         return 0

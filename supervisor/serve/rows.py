@@ -11,8 +11,9 @@ import json
 import sqlite3
 from typing import Any, NamedTuple
 
-__all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "execute", "expire", "find_key", "get",
-           "insert", "insert_run", "list_rows", "row_of", "runs", "select", "update"]
+__all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "execute", "expire", "fair_level",
+           "find_key", "get", "held_bytes", "insert", "insert_run", "list_rows", "row_of", "runs",
+           "select", "update"]
 
 MAX_TOMBSTONES = 100_000  # expired ids remembered (~50 bytes each); the oldest go first
 COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key", "spec",
@@ -103,32 +104,88 @@ def find_key(db: sqlite3.Connection, uid: int, key: str) -> dict[str, Any] | Non
     return {**gone[0], "state": "expired"} if gone else None
 
 
-_EXPIRED = """
-WITH f AS (
-    SELECT seq, uid, idempotency_key, ended_at,
-           row_number() OVER w AS n, sum(coalesce(bytes, 0)) OVER w AS total
-    FROM tasks WHERE state = 'finished'
-    WINDOW w AS (ORDER BY ended_at DESC, seq DESC)
-)
-SELECT seq, uid, idempotency_key, ended_at,
-       CASE WHEN ended_at < ? THEN 'age' WHEN n > ? THEN 'count' ELSE 'bytes' END AS why
-FROM f WHERE ended_at < ? OR n > ? OR total > ?
-"""
+def fair_level(usage: dict[int, int], cap: int) -> float:
+    """Max-min fairness: the level L at which keeping ``min(usage[u], L)`` of each uid's
+    finished tasks (a count, or bytes) totals ``cap``; infinity when everything fits.  A uid
+    that uses no more than an equal share (``cap / len(usage)``) is never above L."""
+    total = sum(usage.values())
+    if total <= cap:
+        return float("inf")
+    remaining, values = float(cap), sorted(usage.values())
+    for i, value in enumerate(values):
+        share = remaining / (len(values) - i)
+        if value > share:
+            return share
+        remaining -= value
+    return float(values[-1])  # (not reached: total > cap)
 
 
-def expire(db: sqlite3.Connection, policy: Retention, now: float) -> list[dict[str, Any]]:
-    inf = float("inf")
-    oldest = -inf if policy.max_age is None else now - policy.max_age
-    count = 1 << 62 if policy.max_count is None else policy.max_count
-    size = 1 << 62 if policy.max_bytes is None else policy.max_bytes
-    gone = select(db, _EXPIRED, (oldest, count, oldest, count, size))
-    for g in gone:
-        db.execute("INSERT OR REPLACE INTO expired (seq, uid, idempotency_key, ended_at, "
-                   "expired_at, why) VALUES (?, ?, ?, ?, ?, ?)",
-                   (int(g["id"]), g["uid"], g["idempotency_key"], g["ended_at"], now,
-                    g["why"]))
-        db.execute("DELETE FROM tasks WHERE seq = ?", (int(g["id"]),))
+def expire(db: sqlite3.Connection, policy: Retention, now: float,
+           bytes_cap: int | None = None) -> list[dict[str, Any]]:
+    """Expire finished rows past ``policy`` (tombstones left in ``expired``); returns them.
+
+    Age is per task.  Count and bytes (``bytes_cap``, else ``policy.max_bytes``) are shared
+    fairly between uids: when the total is over, the uids above their max-min fair share
+    lose their oldest tasks, down to that share; a uid within an equal share loses nothing
+    to another's flood."""
+    gone: list[dict[str, Any]] = []
+    if policy.max_age is not None:
+        gone += _tombstone(db, select(
+            db, "SELECT seq, uid, idempotency_key, ended_at, bytes FROM tasks WHERE "
+                "state = 'finished' AND ended_at < ?", (now - policy.max_age,)), "age", now)
+    per_uid = {r["uid"]: r for r in select(
+        db, "SELECT uid, count(*) AS n, coalesce(sum(bytes), 0) AS b FROM tasks WHERE "
+            "state = 'finished' GROUP BY uid", ())}
+    if policy.max_count is not None:
+        level = fair_level({u: r["n"] for u, r in per_uid.items()}, policy.max_count)
+        for uid, r in per_uid.items():
+            over = r["n"] - max(int(level), 0) if r["n"] > level else 0
+            if over > 0:
+                oldest = select(db, "SELECT seq, uid, idempotency_key, ended_at, bytes FROM "
+                                    "tasks WHERE uid = ? AND state = 'finished' ORDER BY "
+                                    "ended_at, seq LIMIT ?", (uid, over))
+                gone += _tombstone(db, oldest, "count", now)
+                r["b"] -= sum(o["bytes"] or 0 for o in oldest)
+    cap = policy.max_bytes if bytes_cap is None else bytes_cap
+    if cap is not None:
+        level = fair_level({u: r["b"] for u, r in per_uid.items()}, cap)
+        for uid, r in per_uid.items():
+            if r["b"] > level:
+                gone += _trim_bytes(db, uid, r["b"] - level, now)
     if gone:
         db.execute("DELETE FROM expired WHERE seq IN (SELECT seq FROM expired ORDER BY seq "
                    "DESC LIMIT -1 OFFSET ?)", (MAX_TOMBSTONES,))
     return gone
+
+
+def _trim_bytes(db: sqlite3.Connection, uid: int, excess: float,
+                now: float) -> list[dict[str, Any]]:
+    """A uid's oldest finished tasks until at least ``excess`` bytes are freed."""
+    victims: list[dict[str, Any]] = []
+    cur = db.execute("SELECT seq, uid, idempotency_key, ended_at, bytes FROM tasks WHERE "
+                     "uid = ? AND state = 'finished' ORDER BY ended_at, seq", (uid,))
+    for values in iter(cur.fetchone, None):
+        if excess <= 0:
+            break
+        row = row_of(cur, values)
+        victims.append(row)
+        excess -= row["bytes"] or 0
+    cur.close()
+    return _tombstone(db, victims, "bytes", now)
+
+
+def _tombstone(db: sqlite3.Connection, rows: list[dict[str, Any]], why: str,
+               now: float) -> list[dict[str, Any]]:
+    for g in rows:
+        g["why"] = why
+        db.execute("INSERT OR REPLACE INTO expired (seq, uid, idempotency_key, ended_at, "
+                   "expired_at, why) VALUES (?, ?, ?, ?, ?, ?)",
+                   (int(g["id"]), g["uid"], g["idempotency_key"], g["ended_at"], now, why))
+        db.execute("DELETE FROM tasks WHERE seq = ?", (int(g["id"]),))
+    return rows
+
+
+def held_bytes(db: sqlite3.Connection) -> int:
+    """What finished tasks hold on disk, by their records."""
+    return int(db.execute("SELECT coalesce(sum(bytes), 0) FROM tasks WHERE "
+                          "state = 'finished'").fetchone()[0])

@@ -24,6 +24,7 @@ import trio
 from .http import serve_connection
 from .peers import allowed, peer_of
 from .routes import make_router
+from .shares import Held
 from .state import Config, Daemon
 from .statedir import StateDirError, check_ancestors
 
@@ -151,25 +152,30 @@ async def _connection(d: Daemon, sock: trio.socket.SocketType, router: Any) -> N
             peer = peer_of(sock)  # type: ignore[arg-type]
         except OSError:
             return
-        if d.connections >= d.config.max_connections:
-            d.metrics.shed.labels(reason="max_connections").inc()
-            await _refuse_raw(sock, _BUSY)
-            return
         if not allowed(peer, d.config.allow_gid):
             d.metrics.shed.labels(reason="not_allowed").inc()
             await _refuse_raw(sock, _FORBIDDEN)
             return
-        d.connections += 1
+        held = Held(peer.uid)
+        refused = d.shares.open(held)
+        if refused is not None:
+            d.metrics.shed.labels(reason=f"max_connections{'_per_uid' * (refused == 'per_uid')}"
+                                  ).inc()
+            await _refuse_raw(sock, _MINE if refused == "per_uid" else _BUSY)
+            return
         try:
-            shed = await serve_connection(trio.SocketStream(sock), peer, d.config.http,
-                                          router, _answered(d))
-            if shed is not None:
-                d.metrics.shed.labels(reason=shed).inc()
+            with held.scope:
+                shed = await serve_connection(trio.SocketStream(sock), peer, d.config.http,
+                                              router, _answered(d), held, d.shares)
+                if shed is not None:
+                    d.metrics.shed.labels(reason=shed).inc()
+            if held.scope.cancelled_caught:
+                d.metrics.shed.labels(reason="another_uid").inc()
         except Exception:
             # a bug of ours on one connection: it ends, the daemon goes on
             log.exception("connection of uid %d", peer.uid)
         finally:
-            d.connections -= 1
+            d.shares.close(held)
 
 
 def _answered(d: Daemon) -> Any:
@@ -197,6 +203,10 @@ def _raw_error(status: str, code: str, message: str) -> bytes:
 
 
 _BUSY = _raw_error("503 Service Unavailable", "busy", "the daemon holds its maximum of "
-                   "connections (--max-connections); retry later")
+                   "connections (--max-connections), and your uid holds as many as any "
+                   "other; retry later")
+_MINE = _raw_error("429 Too Many Requests", "too_many_connections", "your uid holds its "
+                   "maximum of connections (--max-connections-per-uid); close some (a client "
+                   "needs one per concurrent request) and retry")
 _FORBIDDEN = _raw_error("403 Forbidden", "forbidden", "your uid is not in the group that "
                         "--allow-group admits; ask the host's administrator to add you to it")

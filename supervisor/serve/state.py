@@ -9,9 +9,11 @@ One trio thread: nothing here locks.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
@@ -23,6 +25,7 @@ from .peers import Peer
 from .protocol import DEFAULT_SOCKET, ApiError, SubmitRequest
 from .queue import QueueLimits, Scheduler
 from .records import Records, Retention
+from .shares import Shares
 from .specs import build_spec
 from .task import DaemonTask
 
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
     from .hooks import Hooks
     from .sdnotify import Notifier
 
-__all__ = ["DEFAULT_STATE_DIR", "Config", "Daemon", "expired_error", "not_found",
+__all__ = ["DEFAULT_STATE_DIR", "Config", "Daemon", "OutputDisk", "expired_error", "not_found",
            "refuse_while_restarting"]
 
 DEFAULT_STATE_DIR = "/var/lib/corral"
@@ -49,6 +52,8 @@ class Config(NamedTuple):
     http: HttpLimits = HttpLimits()
     output_cap: int = 64 << 20  # per stream and task, in the state directory
     max_connections: int = 4096
+    max_connections_per_uid: int = 256
+    body_bytes_per_uid: int = 8 << 20  # request bodies a uid's connections hold at once
     # finished tasks held in memory with their result JSON (up to ~130 KiB each with full
     # output tails); older ones are answered from the records
     keep_finished: int = 256
@@ -60,12 +65,49 @@ class Config(NamedTuple):
     hand_over: bool = True
 
 
+MIN_STREAM_CAP = 64 << 10  # a task's output file keeps at least this much of each stream
+DISK_SHARE = 0.8  # of the state filesystem's room (free + ours) the output may take
+
+
+class OutputDisk(NamedTuple):
+    """How much of the state filesystem the tasks' output may take, measured at start.
+
+    ``budget``: finished tasks' rows and files plus running tasks' files, at most
+    ``--retain-bytes`` and at most :data:`DISK_SHARE` of what the filesystem has room for
+    (its free space and what the daemon holds already): a flood of output never fills the
+    disk the records live on.  ``stream_cap``: the bytes of each stream a task's file keeps
+    (``--output-cap``; less, down to :data:`MIN_STREAM_CAP`, on a filesystem too small for
+    ``--max-running`` tasks at that cap: every running task may fill its file at once).  Retention keeps the finished
+    tasks within what the running ones leave (:meth:`finished_cap`)."""
+
+    budget: int
+    stream_cap: int
+
+    @classmethod
+    def measure(cls, config: Config, held: int) -> OutputDisk:
+        try:
+            st = os.statvfs(config.state_dir)
+            room = int((st.f_bavail * st.f_frsize + held) * DISK_SHARE)
+        except OSError:
+            room = 1 << 62
+        limit = config.retention.max_bytes
+        budget = room if limit is None else min(limit, room)
+        per_stream = budget // (2 * config.queue.max_running)
+        return cls(budget, min(config.output_cap, max(MIN_STREAM_CAP, per_stream)))
+
+    def finished_cap(self, running: int) -> int:
+        """What finished tasks may hold while ``running`` tasks may fill their files."""
+        return max(0, self.budget - running * 2 * self.stream_cap)
+
+
 class Daemon:
     """The state the verbs work on; made by ``daemon.serve`` once the supervisor is open."""
 
     def __init__(self, config: Config, sup: Supervisor, records: Records,
-                 nursery: trio.Nursery, notifier: Notifier, hooks: Hooks, run: int) -> None:
+                 nursery: trio.Nursery, notifier: Notifier, hooks: Hooks, run: int,
+                 disk: OutputDisk | None = None) -> None:
         self.config = config
+        self.disk = disk or OutputDisk.measure(config, 0)
         self.sup = sup
         self.records = records
         self.nursery = nursery  # task lives and record writes
@@ -78,7 +120,8 @@ class Daemon:
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.scheduler: Scheduler[DaemonTask] = Scheduler(config.queue)
         self.hub = EventHub()
-        self.connections = 0
+        self.shares = Shares(config.max_connections, config.max_connections_per_uid,
+                             max(config.body_bytes_per_uid, config.http.max_body))
         self.draining = False
         self.handing_over = False  # systemd restarts us: no new tasks start
         self.handed_over = False  # the core handed the running tasks over
@@ -86,8 +129,9 @@ class Daemon:
         self.all_ended = trio.Event()
         self.retention_due = trio.Event()  # a task finished: retention may have work
         self.unrecorded: set[str] = set()  # finished, end row still being retried
-        self.retries = trio.CancelScope()  # those retries: given up on at exit
+        self.retrying: set[trio.CancelScope] = set()  # those retries: given up on at exit
         self.stdin_pipes = _stdin_pipe_supported()
+        self._heavy: dict[int, trio.Lock] = {}
         self.metrics = Metrics(self._gauges)  # last: it reads the gauges above at once
 
     def find(self, peer: Peer, task_id: str) -> DaemonTask | None:
@@ -113,8 +157,21 @@ class Daemon:
     def spec_for(self, peer: Peer, r: SubmitRequest, log_file: str | None = None) -> TaskSpec:
         """The core's TaskSpec for a request of ``peer``'s (ApiError 400/403)."""
         return build_spec(peer, r, controllers=self.sup.controllers, root=self.sup.cgroup_root,
-                          output_cap=self.config.output_cap, stdin_pipes=self.stdin_pipes,
+                          output_cap=self.disk.stream_cap, stdin_pipes=self.stdin_pipes,
                           log_file=log_file)
+
+    @contextlib.asynccontextmanager
+    async def heavy_lock(self, uid: int) -> AsyncIterator[None]:
+        """Held while ``uid``'s large request is parsed in a worker thread: one at a time per
+        uid, so that one tenant's flood of large submissions takes one thread's share of the
+        daemon's time, not every thread's."""
+        lock = self._heavy.setdefault(uid, trio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._heavy.pop(uid, None)
 
     def add(self, t: DaemonTask) -> None:
         """A task joins the table (accepted now, or found in the records at start-up)."""
@@ -159,6 +216,10 @@ class Daemon:
         if gone is not None and gone.request.idempotency_key is not None:
             self.keys.pop((gone.uid, gone.request.idempotency_key), None)
 
+    @property
+    def connections(self) -> int:
+        return self.shares.count
+
     def _gauges(self) -> dict[str, tuple[str, float]]:
         s = self.scheduler
         return {
@@ -170,7 +231,7 @@ class Daemon:
             "corral_record_write_failures": ("Record writes that failed (each is retried or "
                                              "refused, never dropped)",
                                              self.records.failures),
-            "corral_connections": ("Open client connections", self.connections),
+            "corral_connections": ("Open client connections", self.shares.count),
             "corral_event_subscribers": ("GET /v1/events streams", len(self.hub)),
             "corral_draining": ("1 while shutting down", int(self.draining)),
         }
@@ -194,10 +255,13 @@ def not_found(task_id: str) -> ApiError:
 def expired_error(task_id: str, gone: dict[str, Any], policy: Retention) -> ApiError:
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(gone["expired_at"]))
     rule = {"age": f"it finished more than {_age(policy.max_age)} ago (--retain-age)",
-            "count": f"the daemon keeps the newest {policy.max_count} finished tasks "
-                     f"(--retain-count)",
+            "count": f"the daemon keeps {policy.max_count} finished tasks (--retain-count), "
+                     f"shared fairly between users, and yours were above your share: your "
+                     f"oldest go first",
             "bytes": f"finished tasks may hold at most {policy.max_bytes} bytes on disk "
-                     f"(--retain-bytes)"}.get(gone["why"], gone["why"])
+                     f"(--retain-bytes, and at most what the state filesystem has room for), "
+                     f"shared fairly between users, and yours were above your share: your "
+                     f"oldest go first"}.get(gone["why"], gone["why"])
     return ApiError(410, "expired", f"task {task_id} expired: its record and output were "
                     f"removed at {when} because {rule}; fetch results sooner, or raise "
                     f"the daemon's --retain-* limits", "id")

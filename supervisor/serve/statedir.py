@@ -54,6 +54,7 @@ def make_private(state_dir: str) -> None:
             _check_record_file(fd, name, state_dir)
         os.close(os.open("state.db", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600, dir_fd=fd))
+        _clear_foreign(fd, state_dir, only=("reserve",))  # (records.Reserve: zeros of ours)
         out = _own_directory("output", fd, os.path.join(state_dir, "output"),
                              foreign_ok=True)
         try:
@@ -142,10 +143,10 @@ def _check_record_file(dir_fd: int, name: str, state_dir: str) -> None:
         os.chmod(name, 0o600, dir_fd=dir_fd)  # (a plain file: lstat'ed above)
 
 
-def _clear_foreign(dir_fd: int, shown: str) -> None:
-    """Remove from ``output/`` whatever is not a plain file of ours with one link; make the
-    rest 0600."""
-    for name in os.listdir(dir_fd):
+def _clear_foreign(dir_fd: int, shown: str, only: tuple[str, ...] | None = None) -> None:
+    """Remove from the directory (``output/``; or of the names in ``only``) whatever is not a
+    plain file of ours with one link; make the rest 0600."""
+    for name in os.listdir(dir_fd) if only is None else only:
         try:
             st = os.lstat(name, dir_fd=dir_fd)
         except FileNotFoundError:

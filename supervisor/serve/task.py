@@ -7,6 +7,7 @@ the records say at each step is in ``records.py``; what a restart does with each
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -14,9 +15,11 @@ import trio
 from .protocol import SubmitRequest
 
 if TYPE_CHECKING:
-    from .. import TaskHandle, TaskSpec
+    from .. import TaskHandle, TaskResult, TaskSpec
 
-__all__ = ["DaemonTask", "row_json"]
+STREAMS = ("stdout", "stderr")
+
+__all__ = ["DaemonTask", "kept_result", "row_json", "served_result"]
 
 
 class DaemonTask:
@@ -24,18 +27,19 @@ class DaemonTask:
 
     __slots__ = ("created_at", "done", "ended_at", "exit_status", "gid", "groups", "handle",
                  "id", "kept", "outcome", "output", "peer_pid", "pid", "recorded", "request",
-                 "result_json", "spec", "started", "started_at", "state", "stop_force",
+                 "result_json", "size", "spec", "started", "started_at", "state", "stop_force",
                  "stop_requests", "uid")
 
     def __init__(self, task_id: str, uid: int, gid: int, peer_pid: int,
                  request: SubmitRequest, spec: TaskSpec | None, output: str, created_at: float,
-                 groups: tuple[int, ...] = ()) -> None:
+                 groups: tuple[int, ...] = (), size: int = 0) -> None:
         self.id = task_id
         self.uid = uid
         self.gid = gid
         self.groups = groups
         self.peer_pid = peer_pid
         self.request = request
+        self.size = size  # the request's bytes as sent (what a queued task holds: ~5 times)
         self.spec = spec  # None: not to be started here (lost, or adopted)
         self.output = output  # stdout's file; stderr's is output + ".stderr"
         self.created_at = created_at
@@ -47,6 +51,8 @@ class DaemonTask:
         self.outcome: str | None = None  # once finished
         # per stream once finished: (total bytes, the kept tail if the file was capped)
         self.kept: dict[str, tuple[int, bytes]] = {}
+        # the result as kept (``kept_result``: output text left in the files); served
+        # through ``served_result``
         self.result_json: dict[str, Any] | None = None
         self.exit_status: int | None = None
         self.started = trio.Event()  # the core handed a handle over (or never will)
@@ -77,7 +83,7 @@ class DaemonTask:
             out["record"] = "pending"  # its end row could not be written yet (retried)
         if full:
             out["spec"] = self.request.to_json()
-            out["result"] = self.result_json
+            out["result"] = served_result(self.result_json, self.output)
         return out
 
     def stop(self, force: bool) -> bool:
@@ -91,8 +97,93 @@ class DaemonTask:
         return self.handle.stop(force=force)
 
 
-def row_json(row: dict[str, Any], *, full: bool) -> dict[str, Any]:
-    """A task the daemon no longer holds in memory, from its record."""
+def stream_path(output: str, stream: str) -> str:
+    """A task's output file for ``stream`` (``output`` is stdout's)."""
+    return output if stream == "stdout" else output + ".stderr"
+
+
+def kept_result(result: TaskResult, result_json: dict[str, Any], output: str,
+                tails: dict[str, bool]) -> dict[str, Any]:
+    """The result JSON as the daemon keeps it, in memory and in its row: each stream's head
+    and tail text (up to 64 KiB, six bytes of JSON for a control character) left out where
+    the task's output file holds those very bytes, their lengths kept instead (``"in_file":
+    [head bytes, tail bytes]``, None for a part kept as text).  ``tails[stream]``: the tail
+    beyond the file's cap was written beside it (``<file>.tail``).  So a task's row is a few
+    KiB whatever it printed, and :func:`served_result` gives the core's JSON back exactly."""
+    kept = dict(result_json)
+    output_json = dict(kept.get("output") or {})
+    for stream, out in (("stdout", result.output_stdout), ("stderr", result.output_stderr)):
+        part = output_json.get(stream)
+        if not part or out.log_path is None or not (out.head or out.tail):
+            continue
+        try:
+            size = os.stat(stream_path(output, stream)).st_size
+        except OSError:
+            continue  # no file (it could not be made): the text stays
+        head = len(out.head) if size >= len(out.head) else None
+        whole = not out.log_truncated and size == out.total
+        tail = len(out.tail) if whole or (out.log_truncated and tails.get(stream)) else None
+        if head is None and tail is None:
+            continue
+        part = dict(part, in_file=[head, tail])
+        if head is not None:
+            part["head"] = ""
+        if tail is not None:
+            part["tail"] = ""
+        output_json[stream] = part
+    kept["output"] = output_json
+    return kept
+
+
+def served_result(kept: dict[str, Any] | None, output: str) -> dict[str, Any] | None:
+    """The core's result JSON from what :func:`kept_result` kept: head and tail read back
+    from the output files (a file that went missing since: the text is empty, and the
+    stream says ``"lost_text": true``)."""
+    if not kept or not isinstance(kept.get("output"), dict):
+        return kept
+    streams = kept["output"]
+    if not any(isinstance(p, dict) and "in_file" in p for p in streams.values()):
+        return kept
+    out = dict(kept)
+    out["output"] = {name: _served_stream(part, stream_path(output, name))
+                     if isinstance(part, dict) and "in_file" in part else part
+                     for name, part in streams.items()}
+    return out
+
+
+def _served_stream(part: dict[str, Any], path: str) -> dict[str, Any]:
+    head_len, tail_len = part["in_file"]
+    served = {k: v for k, v in part.items() if k != "in_file"}
+    try:
+        with open(path, "rb") as f:
+            if head_len is not None:
+                served["head"] = f.read(head_len).decode("utf-8", "replace")
+            if tail_len is not None:
+                served["tail"] = _tail_bytes(f, path, part, tail_len).decode("utf-8",
+                                                                              "replace")
+    except OSError:
+        served["lost_text"] = True
+    return served
+
+
+def _tail_bytes(f: Any, path: str, part: dict[str, Any], n: int) -> bytes:
+    """The stream's last ``n`` bytes: beside the file (``.tail``) past its cap, else its
+    end."""
+    if not n:
+        return b""
+    if part.get("log_truncated"):
+        with open(path + ".tail", "rb") as t:
+            data: bytes = t.read()
+        return data[len(data) - n:]
+    f.seek(int(part["total_bytes"]) - n)
+    tail: bytes = f.read(n)
+    return tail
+
+
+def row_json(row: dict[str, Any], *, full: bool,
+             output_dir: str | None = None) -> dict[str, Any]:
+    """A task the daemon no longer holds in memory, from its record (``full``: with its spec
+    and result, whose head and tail are read from the output files in ``output_dir``)."""
     r = row.get("result")
     spec = row["spec"]
     assert r is None or isinstance(r, dict)
@@ -104,5 +195,6 @@ def row_json(row: dict[str, Any], *, full: bool) -> dict[str, Any]:
     }
     if full:
         out["spec"] = spec
-        out["result"] = r
+        assert output_dir is not None
+        out["result"] = served_result(r, os.path.join(output_dir, row["id"]))
     return out

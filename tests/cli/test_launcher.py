@@ -1,23 +1,31 @@
 """The ``corral`` command is a launcher (native/corral_launch.c) that execs Python with the job
 signals blocked: a signal that comes while Python starts waits for corral instead of being a
 KeyboardInterrupt with a traceback.  ``corral run`` reads it; every other verb gets the signals
-back at once; no task inherits the mask or the launcher's marker."""
+back at once; no task inherits the mask or the launcher's marker.  When it cannot start corral's
+Python (its virtualenv moved or deleted, a python3 of another environment), it says so in one
+line with status 125, never a traceback: those tests build it from the source with gcc."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import cgroupfs
 
 CORRAL = os.path.join(os.path.dirname(sys.executable), "corral")
 JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP,
                signal.SIGWINCH, signal.SIGCONT)
+SOURCE = Path(__file__).resolve().parents[2] / "native" / "corral_launch.c"
+FIX = ("reinstall corral in its virtualenv (python3 -m venv DIR && DIR/bin/pip install corral) "
+       "or run DIR/bin/corral of the right environment")
 
 
 def blocked(pid: int) -> set[int]:
@@ -105,3 +113,109 @@ def test_the_running_command_is_named_corral(test_cgroup: cgroupfs.Cgroup) -> No
     comm, *argv = r.stdout.splitlines()
     assert comm == "corral", r.stdout
     assert CORRAL in argv and argv[argv.index(CORRAL) + 1] == "run", argv
+
+
+def build_launcher(dest: Path, python: str | Path) -> Path:
+    """native/corral_launch.c built for ``python`` into ``dest/corral``, as native/build_launch.py
+    builds it; skips the test without gcc."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("needs gcc on PATH to build the launcher from native/corral_launch.c")
+    dest.mkdir(parents=True, exist_ok=True)
+    literal = '"' + str(python).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    r = subprocess.run([gcc, "-O2", "-Wall", "-Wextra", f"-DCORRAL_PYTHON={literal}", "-o",
+                        str(dest / "corral"), str(SOURCE)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return dest / "corral"
+
+
+@pytest.fixture
+def bare_python(tmp_path: Path) -> Path:
+    """A virtualenv's python3 that has no supervisor (another environment's Python)."""
+    env = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    python = env / "bin" / "python3"
+    r = subprocess.run([python, "-P", "-c", "import supervisor"], capture_output=True)
+    assert r.returncode != 0, f"{python} imports supervisor"
+    return python
+
+
+def launch(corral: Path, path: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``corral --version`` with only PATH (and env) set, in the launcher's directory."""
+    return subprocess.run([str(corral), "--version"], env={"PATH": str(path), **env},
+                          cwd=corral.parent, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=60)
+
+
+def one_line(r: subprocess.CompletedProcess[str]) -> str:
+    """The launcher's only stderr line, once its status is 125 and nothing is a traceback."""
+    assert r.returncode == 125 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].endswith(FIX), r.stderr
+    return lines[0]
+
+
+def test_a_missing_interpreter_then_a_foreign_python3_on_path_is_one_line(
+        tmp_path: Path, bare_python: Path) -> None:
+    missing = tmp_path / "moved" / "bin" / "python"
+    corral = build_launcher(tmp_path / "bin", missing)
+    line = one_line(launch(corral, bare_python.parent))
+    assert line.startswith(f"corral: cannot start its Python: {missing}: No such file or "
+                           f"directory; {tmp_path}/bin/python3: No such file or directory; "
+                           f"{bare_python}: cannot import supervisor.cli: No module named "
+                           "'supervisor'; "), line
+
+
+def test_an_interpreter_without_supervisor_is_one_line(tmp_path: Path,
+                                                       bare_python: Path) -> None:
+    corral = build_launcher(tmp_path / "bin", bare_python)
+    line = one_line(launch(corral, bare_python.parent))
+    assert line.startswith(f"corral: cannot start its Python: {bare_python}: cannot import "
+                           "supervisor.cli: No module named 'supervisor'; "), line
+
+
+def test_no_interpreter_anywhere_names_every_path_tried(tmp_path: Path) -> None:
+    missing = tmp_path / "moved" / "bin" / "python"
+    corral = build_launcher(tmp_path / "bin", missing)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = one_line(launch(corral, empty))
+    assert line.startswith(f"corral: cannot start its Python: {missing}: No such file or "
+                           f"directory; {tmp_path}/bin/python3: No such file or directory; "
+                           f"python3 on PATH ({empty}): No such file or directory; "), line
+
+
+@pytest.mark.parametrize("found", ["built for", "beside", "on PATH"])
+def test_each_candidate_runs_supervisor_cli_as_a_script_would(
+        tmp_path: Path, bare_python: Path, found: str) -> None:
+    """Whichever interpreter runs: sys.argv is the command's, /proc/PID/cmdline names it, the
+    job signals are blocked and the marker set; a supervisor/ in the working directory is not
+    imported (-P)."""
+    lib = tmp_path / "lib" / "supervisor"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("")
+    (lib / "cli.py").write_text(
+        "import json, os, sys\n"
+        "def main():\n"
+        "    with open('/proc/self/cmdline', 'rb') as f:\n"
+        "        cmdline = f.read().decode().split('\\0')\n"
+        "    with open('/proc/self/status') as f:\n"
+        "        mask = next(line.split()[1] for line in f if line.startswith('SigBlk:'))\n"
+        "    print(json.dumps([sys.argv, cmdline, os.environ.get('CORRAL_LAUNCHER'), mask]))\n"
+        "    return 3\n")
+    bin_dir = tmp_path / "bin"
+    corral = build_launcher(bin_dir, bare_python if found == "built for" else tmp_path / "gone")
+    if found == "beside":
+        (bin_dir / "python3").symlink_to(bare_python)
+    decoy = bin_dir / "supervisor"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise SystemExit('imported the working directory')")
+    r = launch(corral, bare_python.parent if found == "on PATH" else tmp_path / "nothing",
+               PYTHONPATH=str(lib.parent))
+    assert r.returncode == 3, r.stderr
+    argv, cmdline, marker, mask = json.loads(r.stdout)
+    assert argv == [str(corral), "--version"], argv
+    assert cmdline[cmdline.index(str(corral)):] == [str(corral), "--version", ""], cmdline
+    assert marker == "1"
+    assert {sig for sig in range(1, 65) if int(mask, 16) >> (sig - 1) & 1} >= set(JOB_SIGNALS)
+

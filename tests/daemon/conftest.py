@@ -5,9 +5,9 @@
 """
 
 import pytest
-from daemon_util import start_daemon, users
+from daemon_util import small_disk, start_daemon, users
 
-__all__ = ["start_daemon", "users"]
+__all__ = ["small_disk", "start_daemon", "users"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -317,3 +317,64 @@ def _length(answer: bytes) -> int:
 def post(body: bytes, path: bytes = b"/v1/tasks", extra: bytes = b"") -> bytes:
     return (b"POST " + path + b" HTTP/1.1\r\nhost: x\r\ncontent-length: " +
             str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+
+
+def on_tmpfs(state: Path, size: str, *, read_only: bool = False) -> list[str]:
+    """A command prefix: a private mount namespace with a tmpfs of ``size`` on ``state``."""
+    state.mkdir(parents=True, exist_ok=True)
+    options = f"size={size},mode=0700" + (",ro" if read_only else "")
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f'mount -t tmpfs -o {options} corral-test-state "$0" && exec "$@"', str(state)]
+
+
+def fill(path: Path) -> None:
+    """Write zeros to ``path`` until the filesystem is full (unbuffered: every byte that
+    fits is written)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            block = b"\0" * size
+            try:
+                while True:
+                    os.write(fd, block)
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+
+
+class SmallDisk(NamedTuple):
+    """A tmpfs of the test's in a mount namespace that a holder process keeps: daemons run
+    in it (``wrap``) and may come and go (a restart finds the same files); the test reaches
+    it through ``inside``."""
+
+    holder: subprocess.Popen[bytes]
+    wrap: list[str]
+    inside: Path
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[Path, str], SmallDisk]]:
+    """``small_disk(path, size)``: a tmpfs of ``size`` on ``path``, in a private mount
+    namespace held for the test (see :class:`SmallDisk`)."""
+    held: list[subprocess.Popen[bytes]] = []
+
+    def make(path: Path, size: str) -> SmallDisk:
+        path.mkdir(parents=True, exist_ok=True)
+        ready = tmp_path / f"disk-ready-{len(held)}"
+        holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             f'mount -t tmpfs -o size={size},mode=0700 corral-test-small "$0" && touch "$1" '
+             f'&& exec sleep 3600', str(path), str(ready)])
+        held.append(holder)
+        wait_for(lambda: ready.exists() or holder.poll() is not None, "the small disk")
+        assert holder.poll() is None, "mounting the small tmpfs failed"
+        return SmallDisk(holder, ["nsenter", "-t", str(holder.pid), "-m", "--"],
+                         Path(f"/proc/{holder.pid}/root{path}"))
+
+    try:
+        yield make
+    finally:
+        for holder in held:
+            holder.kill()
+            holder.wait()

@@ -21,35 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from daemon_util import CORRAL, RunningDaemon, read_rows, wait_for
+from daemon_util import CORRAL, RunningDaemon, SmallDisk, fill, on_tmpfs, read_rows, wait_for
 
 from supervisor.client import ApiError
 
 Start = Callable[..., RunningDaemon]
-
-
-def _on_tmpfs(state: Path, size: str, *, read_only: bool = False) -> list[str]:
-    """A command prefix: a private mount namespace with a tmpfs of ``size`` on ``state``."""
-    state.mkdir(parents=True, exist_ok=True)
-    options = f"size={size},mode=0700" + (",ro" if read_only else "")
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            f'mount -t tmpfs -o {options} corral-test-state "$0" && exec "$@"', str(state)]
-
-
-def _fill(path: Path) -> None:
-    """Write zeros to ``path`` until the filesystem is full (unbuffered: every byte that
-    fits is written)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            block = b"\0" * size
-            try:
-                while True:
-                    os.write(fd, block)
-            except OSError:
-                continue
-    finally:
-        os.close(fd)
 
 
 def _fails_at_start(start_daemon: Start, *args: str, wrap: list[str] | None = None,
@@ -89,13 +65,13 @@ def test_a_read_only_state_directory_is_refused_at_start(start_daemon: Start,
                                                           tmp_path: Path) -> None:
     state = tmp_path / "ro-state"
     line = _fails_at_start(start_daemon, "--state-dir", str(state),
-                           wrap=_on_tmpfs(state, "1m", read_only=True))
+                           wrap=on_tmpfs(state, "1m", read_only=True))
     assert "Read-only file system" in line and f"{state} is read-only" in line, line
 
 
 def test_a_full_disk_is_refused_at_start(start_daemon: Start, tmp_path: Path) -> None:
     state = tmp_path / "full-state"
-    wrap = _on_tmpfs(state, "256k")
+    wrap = on_tmpfs(state, "256k")
     # fill the tmpfs first, from inside the same namespace, then start the daemon there
     wrap[-2] = wrap[-2].replace('&& exec "$@"', '&& (cat /dev/zero > "$0/filler" 2>/dev/null; '
                                 'true) && exec "$@"')
@@ -119,7 +95,7 @@ def test_a_locked_database_is_refused_at_start(start_daemon: Start) -> None:
 def test_a_full_disk_mid_run_refuses_new_tasks_and_retries_end_records(
         start_daemon: Start, tmp_path: Path) -> None:
     state = tmp_path / "small-state"
-    d = start_daemon("--state-dir", str(state), wrap=_on_tmpfs(state, "2m"))
+    d = start_daemon("--state-dir", str(state), wrap=on_tmpfs(state, "2m"))
     inside = Path(f"/proc/{d.proc.pid}/root{state}")
     gate = tmp_path / "gate"
     os.mkfifo(gate)
@@ -127,7 +103,8 @@ def test_a_full_disk_mid_run_refuses_new_tasks_and_retries_end_records(
         assert c.wait(c.submit(["true"]).id).outcome == "succeeded"
         running = c.submit(["sh", "-c", f"read x < {gate}; echo done"])
         wait_for(lambda: c.show(running.id).state == "running", "the task to run")
-        _fill(inside / "filler")
+        (inside / "reserve").unlink()  # (no room held for the records either: see below)
+        fill(inside / "filler")
         with pytest.raises(ApiError) as caught:
             c.submit(["echo", "never"])
         e = caught.value
@@ -163,3 +140,56 @@ def test_corral_serve_names_a_state_directory_it_cannot_make(tmp_path: Path) -> 
                         str(blocker / "state")], capture_output=True, text=True, timeout=60,
                        check=False)
     assert r.returncode == 125 and str(blocker) in r.stderr and "Not a directory" in r.stderr
+
+
+def test_the_records_reserve_lets_an_end_record_be_written_on_a_full_disk(
+        start_daemon: Start, tmp_path: Path) -> None:
+    """Room is held for the records (a file of zeros, ``reserve``): once the disk is full, a
+    new task is refused (nothing accepted), but an end record (what already happened) takes
+    the reserve and is written at once; the reserve comes back once there is room."""
+    state = tmp_path / "small-state"
+    d = start_daemon("--state-dir", str(state), wrap=on_tmpfs(state, "4m"))
+    inside = Path(f"/proc/{d.proc.pid}/root{state}")
+    assert (inside / "reserve").stat().st_size > 0
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    with d.client() as c:
+        running = c.submit(["sh", "-c", f"read x < {gate}; echo done"])
+        wait_for(lambda: c.show(running.id).state == "running", "the task to run")
+        fill(inside / "filler")
+        with pytest.raises(ApiError) as caught:
+            c.submit(["echo", "never"])
+        assert caught.value.status == 503 and "full" in caught.value.message
+        threading.Thread(target=lambda: gate.write_text("go\n"), daemon=True).start()
+        assert c.wait(running.id).outcome == "succeeded"
+        assert "record" not in c._call("GET", f"/v1/tasks/{running.id}")[1]  # written
+        assert not (inside / "reserve").exists()
+        (inside / "filler").unlink()
+        assert c.wait(c.submit(["true"]).id).outcome == "succeeded"
+        assert (inside / "reserve").exists()  # made again, now that there is room
+    assert "the records' reserve" in d.log_text()
+
+
+def test_a_start_on_a_full_disk_takes_the_reserve_or_says_the_disk_is_full(
+        start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """A daemon stopped cleanly leaves no -shm file; started again on a disk that filled
+    meanwhile, SQLite cannot make it and says only "disk I/O error".  With the records'
+    reserve it starts (the reserve makes the room); without it, the message says the
+    filesystem is full and how to fix it."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "3m")
+    d = start_daemon(state_dir=str(state), wrap=disk.wrap)
+    with d.client() as c:
+        done = c.wait(c.submit(["echo", "before"]).id)
+    assert d.stop() == 0
+    fill(disk.inside / "filler")
+    again = start_daemon(like=d, wrap=disk.wrap)  # (the reserve is released for it)
+    with again.client() as c:
+        assert c.show(done.id).outcome == "succeeded"
+    assert again.stop() == 0
+    assert "the records' reserve" in again.log_text()
+    (disk.inside / "reserve").unlink(missing_ok=True)
+    fill(disk.inside / "filler2")
+    line = _fails_at_start(start_daemon, like=d, wrap=disk.wrap)
+    assert "filesystem is full" in line or "disk is full" in line, line
+    assert "free space on the filesystem" in line, line

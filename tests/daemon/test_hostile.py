@@ -161,8 +161,8 @@ def _count_refused(d: RunningDaemon) -> bool:
 
 def test_a_submission_flood_is_shed_with_429_and_others_still_served(
         start_daemon: Start) -> None:
-    d = start_daemon("--max-running", "2", "--max-queued", "50", "--max-queued-per-uid",
-                     "1000")
+    d = start_daemon("--max-running", "2", "--max-running-per-uid", "2", "--max-queued", "50",
+                     "--max-queued-per-uid", "1000")
     accepted: list[str] = []
     refused = 0
     with d.client() as c:

@@ -79,7 +79,7 @@ def test_round_robin_between_uids(start_daemon: Start, users: list[User],
 
 
 def test_global_concurrency_limit(start_daemon: Start, tmp_path: Any) -> None:
-    d = start_daemon("--max-running", "2")
+    d = start_daemon("--max-running", "2", "--max-running-per-uid", "2")
     gate = tmp_path / "gate"
     with d.client() as c:
         ids = [c.submit(["sh", "-c", GATE.format(gate=gate)]).id for _ in range(5)]
@@ -121,3 +121,18 @@ def _state(d: RunningDaemon, task_id: str) -> str | None:
             return c.show(task_id).state
     except (ApiError, ConnectionError):
         return None
+
+
+def test_one_uid_holds_half_the_running_slots_by_default(start_daemon: Start,
+                                                          tmp_path: Any) -> None:
+    """The per-uid running limit defaults to half the global one: one tenant's sixteen
+    sleeps used to take every slot, and another tenant waited for one of them to end."""
+    d = start_daemon("--max-running", "4")
+    gate = tmp_path / "gate"
+    with d.client() as c:
+        ids = [c.submit(["sh", "-c", GATE.format(gate=gate)]).id for _ in range(4)]
+        wait_for(lambda: sum(c.show(i).state == "running" for i in ids) == 2, "two running")
+        assert [c.show(i).state for i in ids[2:]] == ["queued"] * 2
+        assert c.limits()["quotas"]["max_running"] == 2
+        gate.touch()
+        assert {c.wait(i).outcome for i in ids} == {"succeeded"}

@@ -187,7 +187,7 @@ def _check_outputs(followers: list[_Follower], results: dict[str, Any],
 def test_restart_keeps_running_tasks_and_their_output(
         sandbox: SystemdSandbox, tmp_path: Path, activation: str) -> None:
     sb = sandbox
-    inside_root = _install_units(sb, "--max-running", "5")
+    inside_root = _install_units(sb, "--max-running", "5", "--max-running-per-uid", "5")
     sb.run(["rm", "-rf", STATE])
     try:
         sb.run(["systemctl", "start", f"corral.{activation}"], timeout=30)

@@ -17,10 +17,21 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_util import RunningDaemon, User, as_user, as_users, raw
+from daemon_util import (
+    RunningDaemon,
+    SmallDisk,
+    User,
+    as_user,
+    as_users,
+    fill,
+    raw,
+    read_rows,
+    wait_for,
+)
 
 from supervisor.client import ApiError, Client
 
@@ -369,3 +380,283 @@ def test_a_socket_directory_others_could_write_is_made_the_daemon_s(start_daemon
     d = start_daemon(socket=os.path.join(where, "corral.sock"))
     assert stat.S_IMODE(os.stat(where).st_mode) == 0o755
     assert d.client().limits()["uid"] == 0
+
+
+def _rows_of(disk: SmallDisk, state: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    """The records on a small disk (a copy: SQLite resolves /proc/PID/root to "/")."""
+    copy = tmp_path / f"copy-{time.monotonic_ns()}"
+    copy.mkdir()
+    for name in ("state.db", "state.db-wal"):
+        if (disk.inside / name).exists():
+            shutil.copy(disk.inside / name, copy / name)
+    return read_rows(copy)
+
+
+def test_a_tenants_output_flood_fills_the_disk_and_stops_nothing_nor_falsifies_a_record(
+        start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
+        tmp_path: Path) -> None:
+    """Item 4: on a small state filesystem one tenant's output filled the disk, two end
+    records that failed re-entered one trio cancel scope and the daemon died; it would not
+    start while the disk was full ("disk I/O error"), and once space was freed it recorded
+    the tasks that had finished as lost.  Now the output may take only a share of the disk
+    (each stream's file capped to fit), so a flood fills nothing; when something else fills
+    it, an end record still takes the records' reserve, a new task is refused with the
+    reason, the daemon starts on the full disk, and no record is ever falsified."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "3m")
+    d = start_daemon(state_dir=str(state), wrap=disk.wrap)
+    attacker, victim = users[0], users[1]
+
+    def flood() -> Any:
+        with Client(d.socket, timeout=120) as c:
+            ids = [c.submit(["head", "-c", "6M", "/dev/zero"]).id for _ in range(4)]
+            return [[i, c.wait(i).outcome] for i in ids]
+
+    def victim_runs() -> Any:
+        out = []
+        with Client(d.socket, timeout=120) as c:
+            for n in range(4):
+                t = c.wait(c.submit(["echo", f"hello {n}"]).id)
+                out.append([t.id, t.outcome, t.result["output"]["stdout"]["head"]])
+        return out
+
+    flooded, served = as_users([(attacker, flood), (victim, victim_runs)])
+    assert [o for _, o in flooded] == ["succeeded"] * 4, flooded
+    assert [(o, head) for _, o, head in served] == [
+        ("succeeded", f"hello {n}\n") for n in range(4)], served
+    with d.client() as c:
+        capped = c.show(flooded[0][0]).result["output"]["stdout"]
+        assert capped["total_bytes"] == 6 << 20 and capped["log_truncated"]
+        assert c.limits()["output_cap_bytes"] < 1 << 20  # (a 3 MiB disk: capped to fit)
+        # something else fills the disk: an end record takes the reserve, a new task waits
+        gate = tmp_path / "gate"
+        os.mkfifo(gate)
+        os.chmod(tmp_path, 0o755)
+        late = c.submit(["sh", "-c", f"read x < {gate}; echo late"])
+        wait_for(lambda: c.show(late.id).state == "running", "the task to run")
+        fill(disk.inside / "filler")
+        try:
+            c.submit(["true"])
+            raise AssertionError("a task was accepted on a full disk")
+        except ApiError as e:
+            assert e.status == 503 and "full" in e.message, e
+        gate.write_text("go\n")
+        assert c.wait(late.id).outcome == "succeeded"
+        assert "record" not in c._call("GET", f"/v1/tasks/{late.id}")[1]  # on disk already
+    everything = flooded + [(t, o) for t, o, _ in served] + [(late.id, "succeeded")]
+    rows = {str(r["seq"]): r for r in _rows_of(disk, state, tmp_path)}
+    for task_id, outcome in everything:
+        assert rows[task_id]["state"] == "finished" and rows[task_id]["outcome"] == outcome
+    # a crash now, and a start on the disk still full: it starts and answers (no record
+    # turned lost); once there is room again, it runs tasks as before
+    d.kill()
+    again = start_daemon(like=d, wrap=disk.wrap)
+    with again.client() as c:
+        for task_id, outcome in everything:
+            assert c.show(task_id).outcome == outcome
+        (disk.inside / "filler").unlink()
+        assert c.wait(c.submit(["echo", "room"]).id).outcome == "succeeded"
+    assert "Traceback" not in d.log_text() + again.log_text()
+
+
+def _expired_or_outcome(c: Client, task_id: str) -> str:
+    try:
+        return str(c.show(task_id).outcome)
+    except ApiError as e:
+        return e.code
+
+
+def test_one_tenants_many_results_never_expire_anothers(start_daemon: Start,
+                                                         users: list[User]) -> None:
+    """Item 7: retention was one pool: with --retain-count 50, sixty `true` of one tenant
+    expired the other's result within a second; with the default bytes limit, seventeen
+    tasks writing 2 x 64 MiB expired it 7 s after it finished.  Now count and bytes are shared
+    fairly between uids: the one above its share loses its own oldest results first, and a
+    uid within an equal share loses nothing to another's flood."""
+    d = start_daemon("--retain-count", "10")
+    attacker, victim = users[0], users[1]
+
+    def keep_one() -> Any:
+        with Client(d.socket) as c:
+            small = c.wait(c.submit(["echo", "mine"]).id).id
+            big = c.wait(c.submit(["head", "-c", "1M", "/dev/zero"]).id).id
+            return [small, big]
+
+    mine = as_user(victim, keep_one)
+
+    def flood() -> Any:
+        with Client(d.socket) as c:
+            return [c.wait(c.submit(["true"]).id).id for _ in range(30)]
+
+    theirs = as_user(attacker, flood)
+    with d.client() as c:
+        wait_for(lambda: _expired_or_outcome(c, theirs[0]) == "expired",
+                 "retention to run", timeout=30)
+        kept = {i: _expired_or_outcome(c, i) for i in theirs}
+        assert [_expired_or_outcome(c, i) for i in mine] == ["succeeded", "succeeded"]
+    # the attacker's oldest went, down to what the victim's two leave of the ten
+    assert list(kept.values()).count("succeeded") <= 8, kept
+    assert [kept[i] for i in theirs[-2:]] == ["succeeded"] * 2, kept  # its newest stay
+
+    def told() -> Any:
+        with Client(d.socket) as c:
+            try:
+                c.show(theirs[0])
+            except ApiError as e:
+                return [e.status, e.message]
+        return None
+
+    status, message = as_user(attacker, told)
+    assert status == 410 and "share" in message, message
+
+
+def _records_with(tasks: list[tuple[int, int]]) -> Any:
+    """An in-memory records database with finished tasks of (uid, bytes), oldest first."""
+    import sqlite3
+
+    from supervisor.serve import rows
+    from supervisor.serve.schema import migrate
+
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    migrate(db, ":memory:", "/nonexistent")
+    for n, (uid, size) in enumerate(tasks):
+        rows.insert(db, {"uid": uid, "gid": uid, "spec": {"argv": ["true"]},
+                         "state": "finished", "created_at": n, "ended_at": n, "bytes": size})
+    return db
+
+
+def test_retention_by_bytes_takes_from_the_uid_above_its_fair_share() -> None:
+    from supervisor.serve import rows
+
+    # uid 1: one small result; uid 2: ten large ones; uid 3: two medium
+    db = _records_with([(1, 100)] + [(2, 1000)] * 10 + [(3, 400)] * 2)
+    gone = rows.expire(db, rows.Retention(None, None, None), now=100.0, bytes_cap=3000)
+    assert {g["uid"] for g in gone} == {2}  # uid 1 and 3 are within an equal share (1000)
+    left = {uid: total for uid, total in db.execute(
+        "SELECT uid, sum(bytes) FROM tasks GROUP BY uid")}
+    assert left == {1: 100, 2: 2000, 3: 800}  # uid 2 down to what the others leave
+    assert [g["id"] for g in gone] == [str(i) for i in range(2, 10)]  # its oldest first
+    # by count: the same rule
+    db = _records_with([(1, 1)] * 2 + [(2, 1)] * 20)
+    gone = rows.expire(db, rows.Retention(None, 6, None), now=100.0)
+    assert {g["uid"] for g in gone} == {2} and len(gone) == 16
+
+
+@pytest.mark.parametrize(("usage", "cap", "level"), [
+    ({1: 10, 2: 10}, 30, float("inf")), ({1: 10, 2: 100}, 60, 50.0),
+    ({1: 5, 2: 5, 3: 90}, 30, 20.0), ({1: 40, 2: 40}, 40, 20.0)])
+def test_the_fair_level_is_max_min(usage: dict[int, int], cap: int, level: float) -> None:
+    from supervisor.serve.rows import fair_level
+
+    assert fair_level(usage, cap) == level
+
+
+def _hold(sock: str, n: int, seconds: float, mode: str) -> dict[str, int]:
+    """As the calling uid, hold ``n`` connections for ``seconds``, re-making each one the
+    daemon closes: ``idle`` (send nothing), ``trickle`` (a request head that never ends, a
+    byte at a time), ``body`` (a head announcing a 1 MiB body that never comes)."""
+    import selectors
+
+    first = {"idle": b"", "trickle": b"GET /v1/limits HTTP/1.1\r\n",
+             "body": b"POST /v1/tasks HTTP/1.1\r\ncontent-length: 1048576\r\n\r\n"}[mode]
+    sel = selectors.DefaultSelector()
+    counts = {"made": 0, "closed": 0, "refused": 0}
+
+    def make() -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(sock)
+            s.sendall(first)
+        except OSError:
+            counts["refused"] += 1
+            s.close()
+            return
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        counts["made"] += 1
+
+    for _ in range(n):
+        make()
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        for key, _ in sel.select(min(left, 0.5)):
+            s = key.fileobj
+            try:
+                gone = not s.recv(65536)  # type: ignore[union-attr]
+            except BlockingIOError:
+                continue
+            except OSError:
+                gone = True
+            if gone:
+                sel.unregister(s)
+                s.close()  # type: ignore[union-attr]
+                counts["closed"] += 1
+                make()
+        if mode == "trickle":
+            for key in list(sel.get_map().values()):
+                try:
+                    key.fileobj.send(b"x")  # type: ignore[union-attr]
+                except OSError:
+                    pass
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    return counts
+
+
+def _served_during(d: RunningDaemon, victim: User, attacker: User, mode: str) -> Any:
+    def victim_asks() -> Any:
+        time.sleep(1.0)  # (the attacker holds its connections by now)
+        answered = []
+        for _ in range(20):
+            start = time.monotonic()
+            with Client(d.socket, timeout=15) as c:
+                c.wait(c.submit(["true"]).id)
+            answered.append(time.monotonic() - start)
+        return answered
+
+    return as_users([(attacker, lambda: _hold(d.socket, 400, 6.0, mode)),
+                     (victim, victim_asks)])
+
+
+@pytest.mark.parametrize("mode", ["idle", "trickle", "body"])
+def test_one_tenants_connections_never_lock_out_another(start_daemon: Start,
+                                                        users: list[User], mode: str) -> None:
+    """Item 6: 4,200 idle connections (re-made as they were shed) left the other tenant 0
+    of 30 answers; a slow-header variant 0 of 4.  Now connections and request bodies are
+    shared per uid: the flooding uid is refused or shed, never the other."""
+    d = start_daemon("--max-connections", "120", "--max-connections-per-uid", "40",
+                     "--max-body-bytes-per-uid", "4M", "--header-timeout", "30s")
+    before = _rss(d.proc.pid)
+    counts, answered = _served_during(d, users[1], users[0], mode)
+    assert len(answered) == 20  # every one answered, while the flood went on
+    assert counts["made"] >= 40, counts
+    assert _rss(d.proc.pid) - before < 64 << 20
+    if mode == "body":  # past its 4 MiB of bodies, each of its requests was refused
+        assert counts["closed"] > 0, counts
+    else:
+        shed = [line for line in d.client().metrics().splitlines()
+                if 'reason="max_connections_per_uid"' in line and not line.startswith("#")]
+        assert shed and float(shed[0].split()[-1]) > 0, shed
+
+
+def test_a_full_daemon_sheds_the_uid_holding_the_most(start_daemon: Start,
+                                                       users: list[User]) -> None:
+    """When the daemon holds its maximum of connections, a newcomer of a uid holding fewer
+    is let in by shedding one of the uid holding the most (idle ones first): two flooding
+    tenants end up sharing, and a third is still answered."""
+    d = start_daemon("--max-connections", "60", "--max-connections-per-uid", "55")
+
+    def victim_asks() -> Any:
+        time.sleep(2.0)
+        with Client(d.socket, timeout=15) as c:
+            return [c.wait(c.submit(["true"]).id).outcome for _ in range(10)]
+
+    a, b, answered = as_users([
+        (users[0], lambda: _hold(d.socket, 55, 6.0, "idle")),
+        (users[2], lambda: _hold(d.socket, 55, 6.0, "idle")),
+        (users[1], victim_asks)])
+    assert answered == ["succeeded"] * 10
+    assert a["closed"] + b["closed"] > 0  # (shed for one another, and for the third)
+    shed = [line for line in d.client().metrics().splitlines()
+            if 'reason="another_uid"' in line and not line.startswith("#")]
+    assert shed and float(shed[0].split()[-1]) > 0, shed

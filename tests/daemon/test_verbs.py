@@ -12,6 +12,7 @@ from daemon_util import RunningDaemon, stop_reached, wait_for
 
 from supervisor.client import ApiError
 from supervisor.serve.schema import SCHEMA_VERSION
+from supervisor.serve.task import served_result
 
 Start = Callable[..., RunningDaemon]
 
@@ -27,6 +28,8 @@ def test_submit_wait_show_list_and_records(start_daemon: Start) -> None:
         r = done.result
         assert r is not None and r["outcome"] == "failed" and r["cleanup"]["state"] == "clean"
         shown = c.show(t.id)
+        key = shown.spec.pop("idempotency_key")  # (the client gives every submission one)
+        assert key.startswith("corral-") and len(key) == 39
         assert shown.name == "three" and shown.spec == {"argv": ["sh", "-c", "echo out; echo "
                                                                  "err >&2; exit 3"],
                                                         "name": "three"}
@@ -37,7 +40,11 @@ def test_submit_wait_show_list_and_records(start_daemon: Start) -> None:
     assert len(rows) == 1
     row = rows[0]
     assert row["state"] == "finished" and row["outcome"] == "failed" and row["uid"] == 0
-    assert json.loads(row["result"]) == r
+    # the row keeps the output's text where the output files hold it: lengths only
+    kept = json.loads(row["result"])
+    assert kept["output"]["stdout"]["head"] == "" and kept["output"]["stdout"]["in_file"] == [
+        4, 0]
+    assert served_result(kept, str(d.state / "output" / t.id)) == r
     assert row["started_at"] and row["ended_at"] and row["leaf"] == r["id"]
 
 

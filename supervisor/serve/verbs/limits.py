@@ -31,5 +31,5 @@ async def handle(d: Daemon, req: Request) -> Response:
         "daemon": {"max_running": q.max_running, "max_queued": q.max_queued,
                    "running": d.scheduler.total_running, "queued": d.scheduler.total_queued},
         "max_body_bytes": d.config.http.max_body,
-        "output_cap_bytes": d.config.output_cap,
+        "output_cap_bytes": d.disk.stream_cap,
     })

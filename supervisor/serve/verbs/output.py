@@ -25,6 +25,7 @@ import trio
 
 from ..http import Request, Send, Streaming
 from ..protocol import data_frame, gap_frame, invalid, query_bool, query_int
+from ..task import served_result, stream_path
 
 if TYPE_CHECKING:
     from ..state import Daemon
@@ -115,7 +116,7 @@ class _Follower:
                 total, tail = t.kept.get(self.stream, (self.pos, b""))
                 await _after_file(send, self, total, tail)
                 await send(_line({"end": True, "exit_status": t.exit_status,
-                                  "result": t.result_json}))
+                                  "result": served_result(t.result_json, t.output)}))
                 return
             if not self.follow:
                 await send(_line({"end": False, "offset": self.pos, "state": t.live_state}))
@@ -144,7 +145,8 @@ class _Recorded:
 
     def __init__(self, row: dict[str, Any], stream: str, offset: int, path: str) -> None:
         self.row = row
-        self.path = path if stream == "stdout" else path + ".stderr"
+        self.output = path
+        self.path = stream_path(path, stream)
         self.stream = stream
         self.pos = offset
 
@@ -163,7 +165,7 @@ class _Recorded:
         finally:
             if fd is not None:
                 os.close(fd)
-        result = self.row.get("result")
+        result = served_result(self.row.get("result"), self.output)
         await _after_file(send, self, _total(result, self.stream), _read_tail(self.path))
         finished = self.row["state"] == "finished"
         await send(_line({"end": True, "exit_status": self.row["exit_status"],

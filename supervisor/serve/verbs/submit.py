@@ -14,6 +14,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from ..http import Request, Response, json_response
 from ..life import accepted
 from ..peers import Peer
@@ -25,8 +27,17 @@ if TYPE_CHECKING:
     from ..state import Daemon
 
 
+HEAVY = 64 << 10  # a body above this is parsed in a worker thread, one per uid at a time
+
+
 async def handle(d: Daemon, req: Request) -> Response:
-    r = parse_submit(parse_json_body(req.body))
+    if len(req.body) <= HEAVY:
+        r = parse_submit(parse_json_body(req.body))
+    else:
+        # tens of milliseconds of parsing for a MiB: off the event loop, and one at a time
+        # per uid, so that one tenant's large submissions delay only its own
+        async with d.heavy_lock(req.peer.uid):
+            r = await trio.to_thread.run_sync(_parse, req.body)
     if d.handing_over:
         raise ApiError(503, "restarting", "the daemon is restarting (systemctl restart): "
                        "nothing was accepted; retry in a moment (the clients do)")
@@ -37,8 +48,12 @@ async def handle(d: Daemon, req: Request) -> Response:
         earlier = await _earlier(d, req.peer, r)
         if earlier is not None:
             return json_response(200, earlier)
-    spec = d.spec_for(req.peer, r)
-    d.scheduler.admit(req.peer.uid)
+    if len(req.body) <= HEAVY:
+        spec = d.spec_for(req.peer, r)
+    else:
+        async with d.heavy_lock(req.peer.uid):
+            spec = await trio.to_thread.run_sync(d.spec_for, req.peer, r)
+    d.scheduler.admit(req.peer.uid, len(req.body))
     key = None if r.idempotency_key is None else (req.peer.uid, r.idempotency_key)
     if key is not None:
         d.keys[key] = ""  # reserved: a concurrent retry is told to retry in a moment
@@ -56,7 +71,7 @@ async def handle(d: Daemon, req: Request) -> Response:
     output = os.path.join(d.output_dir, task_id)
     spec = spec.from_call(spec, {"log_file": output})
     t = DaemonTask(task_id, req.peer.uid, req.peer.gid, req.peer.pid, r, spec, output,
-                   time.time(), req.peer.groups)
+                   time.time(), req.peer.groups, size=len(req.body))
     accepted(d, t, reserved=reserved)
     return json_response(201, {"id": t.id, "state": t.state})
 
@@ -88,6 +103,10 @@ async def _earlier(d: Daemon, peer: Peer, r: SubmitRequest) -> dict[str, Any] | 
                        f"{r.idempotency_key!r} was used for task {task_id} with another "
                        f"request; use a new key for a new task", "idempotency_key")
     return {"id": task_id, "state": state, "existing": True}
+
+
+def _parse(body: bytes) -> SubmitRequest:
+    return parse_submit(parse_json_body(body))
 
 
 def _row(d: Daemon, peer: Peer, r: SubmitRequest, starting: bool) -> dict[str, Any]:

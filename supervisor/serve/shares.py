@@ -1,0 +1,102 @@
+"""What each uid holds of the daemon: its connections and the request bytes it has in flight.
+
+The socket is shared by every tenant, and the kernel says who each connection is
+(``SO_PEERCRED``) at accept.  So the limits are per uid, then global, and the uid over its
+share is the one shed:
+
+- a uid may hold at most ``per_uid`` connections: past that, its next one is refused (429);
+  root (the host's operator) is bounded by the total alone;
+- when the daemon holds ``total``, a newcomer whose uid holds fewer than the uid holding the
+  most is admitted by shedding one of that uid's connections (an idle one first: waiting for
+  a request; else its oldest), so one uid's flood of connections, idle or trickling a head,
+  never locks the others out; a newcomer of that uid itself is refused (503);
+- the request bodies a uid's connections are reading or being answered for may hold at most
+  ``body_bytes`` at once: a request that would go past it is refused (429) before its body is
+  read, so a uid's many connections cannot make the daemon hold many MiB each.
+
+Pure bookkeeping on the trio thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import trio
+
+__all__ = ["Held", "Shares"]
+
+
+class Held:
+    """One connection, as its uid's share sees it."""
+
+    __slots__ = ("idle", "order", "scope", "uid")
+
+    _order = itertools.count()
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+        self.scope = trio.CancelScope()  # cancelled to shed it
+        self.idle = True  # waiting for a request's first byte (the first to be shed)
+        self.order = next(Held._order)
+
+
+class Shares:
+    def __init__(self, total: int, per_uid: int, body_bytes: int) -> None:
+        self.total = total
+        self.per_uid = per_uid
+        self.body_bytes = body_bytes
+        self.held: dict[int, dict[int, Held]] = {}  # uid -> connections (by order)
+        self.count = 0
+        self.bodies: collections.Counter[int] = collections.Counter()  # uid -> bytes
+        self.shed = 0  # connections shed to make room for another uid's
+
+    def open(self, conn: Held) -> str | None:
+        """Admit ``conn`` (then :meth:`close` it), or say why not: ``"per_uid"`` (429) or
+        ``"total"`` (503)."""
+        mine = self.held.get(conn.uid, {})
+        if len(mine) >= self.per_uid and conn.uid != 0:  # (root: the total alone)
+            return "per_uid"
+        if self.count >= self.total and not self._shed_for(conn.uid, len(mine)):
+            return "total"
+        self.held.setdefault(conn.uid, {})[conn.order] = conn
+        self.count += 1
+        return None
+
+    def _shed_for(self, uid: int, holds: int) -> bool:
+        """Shed one connection of the uid that holds the most, if it holds more than
+        ``uid`` does (``holds``); whether one was."""
+        top = max(self.held, key=lambda u: len(self.held[u]), default=None)
+        if top is None or top == uid or len(self.held[top]) <= holds:
+            return False
+        conns = self.held[top]
+        victim = next((c for c in conns.values() if c.idle), None) or \
+            conns[min(conns)]
+        self.close(victim)  # (its connection ends once its scope is cancelled)
+        victim.scope.cancel()
+        self.shed += 1
+        return True
+
+    def close(self, conn: Held) -> None:
+        mine = self.held.get(conn.uid)
+        if mine is None or mine.pop(conn.order, None) is None:
+            return
+        self.count -= 1
+        if not mine:
+            del self.held[conn.uid]
+
+    def connections_of(self, uid: int) -> int:
+        return len(self.held.get(uid, ()))
+
+    def take_body(self, uid: int, size: int) -> bool:
+        """Count ``size`` bytes of a request body against ``uid``'s share; False (nothing
+        counted) if that would go past it.  :meth:`give_body` back once answered."""
+        if self.bodies[uid] and self.bodies[uid] + size > self.body_bytes:
+            return False
+        self.bodies[uid] += size
+        return True
+
+    def give_body(self, uid: int, size: int) -> None:
+        self.bodies[uid] -= size
+        if self.bodies[uid] <= 0:
+            del self.bodies[uid]

@@ -1,0 +1,148 @@
+"""The project's clients never do a thing twice: each submission has an idempotency key of
+the client's own making (a retry gives the same task back), and a stop or a stdin write whose
+answer was lost is reported, not sent again.
+
+A real daemon behind a real relay (a Unix socket in between that can lose an answer: the
+request reaches the daemon, which acts on it, and the connection drops before the answer
+reaches the client), as a restart under socket activation does."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from daemon_util import RunningDaemon, wait_for
+
+from supervisor.client import AsyncClient, Client, DaemonUnavailable
+
+Start = Callable[..., RunningDaemon]
+
+
+class Relay:
+    """Accepts on ``path`` and relays each connection to the daemon; while ``lose`` is set,
+    the next answer is read from the daemon and thrown away, and the client's connection is
+    closed (``lost`` counts them)."""
+
+    def __init__(self, path: str, daemon: str) -> None:
+        self.path, self.daemon = path, daemon
+        self.lose = 0
+        self.lost = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.connect(self.daemon)
+        threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+        while True:
+            data = upstream.recv(65536)
+            if not data:
+                break
+            if self.lose:
+                self.lose -= 1
+                self.lost += 1
+                break  # the answer goes nowhere, and the connection with it
+            client.sendall(data)
+        for s in (client, upstream):  # (shutdown: the pump's recv holds the socket open)
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    @staticmethod
+    def _pump(client: socket.socket, upstream: socket.socket) -> None:
+        try:
+            while data := client.recv(65536):
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                upstream.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def relay(start_daemon: Start) -> Iterator[tuple[RunningDaemon, Relay]]:
+    d = start_daemon()
+    r = Relay(os.path.join(os.path.dirname(d.socket), "relay.sock"), d.socket)
+    try:
+        yield d, r
+    finally:
+        r.close()
+
+
+def test_a_submission_whose_answer_was_lost_is_asked_again_and_runs_once(
+        relay: tuple[RunningDaemon, Relay]) -> None:
+    d, r = relay
+    with Client(r.path, timeout=30) as c:
+        c.limits()  # (a daemon answered once: losing it later is worth another try)
+        r.lose = 1
+        t = c.submit(["sh", "-c", "echo ran"])
+        assert r.lost == 1
+        assert c.wait(t.id).outcome == "succeeded"
+    with d.client() as c:
+        tasks = c.list()
+    assert [x.id for x in tasks] == [t.id]  # one task, though the request was sent twice
+    assert d.rows()[0]["idempotency_key"].startswith("corral-")
+
+
+async def test_the_async_client_asks_again_with_the_same_key(
+        relay: tuple[RunningDaemon, Relay]) -> None:
+    d, r = relay
+    async with AsyncClient(r.path) as c:
+        await c.limits()
+        r.lose = 1
+        t = await c.submit(["true"])
+        assert (await c.wait(t.id)).outcome == "succeeded"
+    assert r.lost == 1
+    assert [x["seq"] for x in d.rows()] == [int(t.id)]
+
+
+def test_a_stop_whose_answer_was_lost_is_reported_not_sent_again(
+        relay: tuple[RunningDaemon, Relay]) -> None:
+    """A second graceful stop is a kill: a stop sent again after a lost answer would turn the
+    caller's one request into two."""
+    d, r = relay
+    with Client(r.path, timeout=30) as c:
+        t = c.submit(["sh", "-c", "trap 'echo got TERM; sleep 1; exit 3' TERM; sleep 60 & "
+                                  "wait"], grace="20s")
+        wait_for(lambda: c.show(t.id).state == "running", "the task to run")
+        r.lose = 1
+        with pytest.raises(DaemonUnavailable, match="may or may not have been done"):
+            c.stop(t.id)
+        done = c.wait(t.id)
+    assert done.result["stop"]["reached"] == "signalled", done.result["stop"]  # not killed
+    assert done.result["exit"]["code"] == 3  # (its trap ran to the end)
+
+
+def test_a_stdin_write_whose_answer_was_lost_is_not_written_twice(
+        relay: tuple[RunningDaemon, Relay]) -> None:
+    d, r = relay
+    with Client(r.path, timeout=30) as c:
+        t = c.submit(["wc", "-c"], stdin="pipe")
+        r.lose = 1
+        with pytest.raises(DaemonUnavailable):
+            c.write_stdin(t.id, b"x" * 1000)
+        c.write_stdin(t.id, b"", eof=True)
+        c.wait(t.id)
+        out = b"".join(f.data for f in c.output(t.id))
+    assert out.strip() == b"1000"
