@@ -178,10 +178,7 @@ class Client:
             except (ConnectionError, _Stale):
                 self.close()
                 if attempt or not resend:
-                    raise DaemonUnavailable(
-                        f"the corral daemon at {self.socket_path} closed the connection "
-                        f"before it answered {method} {path}" + ("" if resend else
-                        "; it may or may not have been done (corral show tells)")) from None
+                    raise _unanswered(self.socket_path, method, path, resend) from None
         raise AssertionError("unreachable")
 
     def _read_head(self) -> _Response:
@@ -374,6 +371,12 @@ class _Stale(Exception):
     """A kept-alive connection was closed by the daemon before our request."""
 
 
+def _unanswered(socket_path: str, method: str, path: str, resend: bool) -> DaemonUnavailable:
+    return DaemonUnavailable(f"the corral daemon at {socket_path} closed the connection "
+                             f"before it answered {method} {path}" + ("" if resend else
+                             "; it may or may not have been done (corral show tells)"))
+
+
 def _hung_up(fd: int) -> bool:
     """Whether the daemon has closed this kept-alive connection (its idle timeout, a
     restart): seen at once (poll, no wait), without reading anything of an answer."""
@@ -518,10 +521,7 @@ class AsyncClient:
             except (_Stale, trio.BrokenResourceError, trio.ClosedResourceError):
                 self._drop()
                 if attempt or not resend:
-                    raise DaemonUnavailable(
-                        f"the corral daemon at {self.socket_path} closed the connection "
-                        f"before it answered {method} {path}" + ("" if resend else
-                        "; it may or may not have been done (corral show tells)")) from None
+                    raise _unanswered(self.socket_path, method, path, resend) from None
             except BaseException:
                 self._drop()
                 raise

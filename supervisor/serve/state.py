@@ -77,8 +77,9 @@ class OutputDisk(NamedTuple):
     (its free space and what the daemon holds already): a flood of output never fills the
     disk the records live on.  ``stream_cap``: the bytes of each stream a task's file keeps
     (``--output-cap``; less, down to :data:`MIN_STREAM_CAP`, on a filesystem too small for
-    ``--max-running`` tasks at that cap: every running task may fill its file at once).  Retention keeps the finished
-    tasks within what the running ones leave (:meth:`finished_cap`)."""
+    ``--max-running`` tasks at that cap: every running task may fill its file at once).
+    Retention keeps the finished tasks within what the running ones leave
+    (:meth:`finished_cap`)."""
 
     budget: int
     stream_cap: int
