@@ -121,7 +121,7 @@ def test_a_stop_whose_answer_was_lost_is_reported_not_sent_again(
         relay: tuple[RunningDaemon, Relay]) -> None:
     """A second graceful stop is a kill: a stop sent again after a lost answer would turn the
     caller's one request into two."""
-    d, r = relay
+    _, r = relay
     with Client(r.path, timeout=30) as c:
         t = c.submit(["sh", "-c", "trap 'echo got TERM; sleep 1; exit 3' TERM; sleep 60 & "
                                   "wait"], grace="20s")
@@ -136,7 +136,7 @@ def test_a_stop_whose_answer_was_lost_is_reported_not_sent_again(
 
 def test_a_stdin_write_whose_answer_was_lost_is_not_written_twice(
         relay: tuple[RunningDaemon, Relay]) -> None:
-    d, r = relay
+    _, r = relay
     with Client(r.path, timeout=30) as c:
         t = c.submit(["wc", "-c"], stdin="pipe")
         r.lose = 1
