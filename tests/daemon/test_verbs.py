@@ -119,7 +119,9 @@ def test_limits_and_metrics(start_daemon: Start) -> None:
                      "--max-time-limit", "1h")
     with d.client() as c:
         lim = c.limits()
-        assert lim["quotas"] == {"max_running": 3, "max_queued": 7, "running": 0, "queued": 0}
+        assert lim["quotas"] == {"max_running": 3, "max_queued": 7, "running": 0, "queued": 0,
+                                 "max_queued_bytes": 16 << 20, "max_connections": 256,
+                                 "max_body_bytes_in_flight": 8 << 20, "connections": 1}
         assert lim["max_time_limit"] == 3600 and "MemoryMax" in lim["properties"]
         assert isinstance(lim["controllers"], list)
         c.wait(c.submit(["true"]).id)

@@ -1,7 +1,8 @@
 """``GET /v1/limits``: what a caller may ask for, so an agent host can tell its model.
 
 Default and ceiling time limits, the controllers enabled for tasks (which resource limits
-work here), the supported properties, the caller's quotas and what it uses of them.
+work here), the supported properties, the caller's quotas and what it uses of them, and how
+much of each stream a task's output file keeps here.
 """
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ async def handle(d: Daemon, req: Request) -> Response:
         "stdin_pipe": d.stdin_pipes,
         "uid": req.peer.uid,
         "quotas": {"max_running": q.max_running_per_uid, "max_queued": q.max_queued_per_uid,
-                   "running": running, "queued": queued},
+                   "max_queued_bytes": q.max_queued_bytes_per_uid,
+                   "max_connections": d.config.max_connections_per_uid,
+                   "max_body_bytes_in_flight": d.shares.body_bytes,
+                   "running": running, "queued": queued,
+                   "connections": d.shares.connections_of(req.peer.uid)},
         "daemon": {"max_running": q.max_running, "max_queued": q.max_queued,
+                   "max_queued_bytes": q.max_queued_bytes,
+                   "max_connections": d.config.max_connections,
                    "running": d.scheduler.total_running, "queued": d.scheduler.total_queued},
         "max_body_bytes": d.config.http.max_body,
         "output_cap_bytes": d.disk.stream_cap,
