@@ -25,7 +25,8 @@ the state's deadline, and a waker scope that a stop request (or a pause) cancels
 The caller's cancellation is a graceful stop request (by the caller); the waits after it are
 shielded, and the ``Cancelled`` is kept in :attr:`Driver.pending` for the task's life to raise
 once the task has its record.  KeyboardInterrupt never arrives here: trio delivers it to the main
-task only, and a task's life never runs in it.
+task only, and a task's life never runs in it; a cancellation that a KeyboardInterrupt caused
+is said so (``on_cancelled``: the supervisor then takes the next Ctrl-C, ``_interrupt.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import trio
 
 from cgroupfs import Cgroup, CgroupError, CgroupNotFound
 
+from ._interrupt import from_ctrl_c
 from ._main import Exit, MainProcess
 from ._result import KillSnapshot, StopReason
 from ._sample import Sampled, Series, sample
@@ -82,17 +84,20 @@ class Driver(Sampled):
     ``activity()`` says when the task last printed (trio time), for the idle timeout."""
 
     __slots__ = ("activity", "deadline", "detaching", "exit", "exited", "exited_at",
-                 "grace_end", "killed_tree", "leaf", "main", "notes", "on_stopping",
+                 "grace_end", "killed_tree", "leaf", "main", "notes", "on_cancelled",
+                 "on_stopping",
                  "paused_at", "paused_s", "pending", "phase", "problems", "repeat_at",
                  "resumed_at", "series", "signalled_tree", "snapshot", "stop", "t0", "terms",
                  "tracker", "watcher")
 
     def __init__(self, leaf: Cgroup, main: MainProcess, stop: StopState,
                  watcher: CgroupWatcher, terms: Terms, *, t0: float, leaf_view: str | None,
-                 activity: Callable[[], float], on_stopping: Callable[[], None]) -> None:
+                 activity: Callable[[], float], on_stopping: Callable[[], None],
+                 on_cancelled: Callable[[trio.Cancelled], None] = lambda exc: None) -> None:
         self.leaf, self.main, self.stop, self.watcher = leaf, main, stop, watcher
         self.terms, self.t0, self.activity = terms, t0, activity
         self.on_stopping = on_stopping  # called once: the main exited, or a stop began
+        self.on_cancelled = on_cancelled  # the caller's cancellation came (see run())
         # ``leaf_view``: the leaf as /proc/PID/cgroup names it (None: unknown here)
         self.tracker = Tracker(leaf, main.pid, leaf_view)
         self.phase = RUNNING
@@ -135,9 +140,11 @@ class Driver(Sampled):
                             await self.watcher.wait_empty(self.leaf)
                 except trio.Cancelled as exc:
                     # the caller's scope: a graceful stop now, the Cancelled once the record
-                    # exists
+                    # exists (a Ctrl-C's, if a KeyboardInterrupt cancelled it: _interrupt.py)
                     self.pending = exc
-                    self.stop.request(StopReason.CANCEL, by_caller=True)
+                    self.stop.request(StopReason.CANCEL, by_caller=True,
+                                      by_signal=signal.SIGINT if from_ctrl_c(exc) else None)
+                    self.on_cancelled(exc)
                 finally:
                     self.stop.waker = None
                 if self.detaching:

@@ -198,7 +198,8 @@ def new_driver(task: Task, leaf: Cgroup, main: MainProcess, t0: float) -> Driver
     told = terms(task.time_limit, spec.grace_s, spec.repeat_s, spec.idle_timeout_s,
                  rt.controllers)
     return Driver(leaf, main, task.stop, rt.watcher, told, t0=t0, leaf_view=view,
-                  activity=task.last_output, on_stopping=task.stopping)
+                  activity=task.last_output, on_stopping=task.stopping,
+                  on_cancelled=functools.partial(rt.on_cancelled, task))
 
 
 async def drive(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
@@ -347,14 +348,34 @@ async def _finish(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
     """End of output, usage, the leaf removed, the record."""
     if driver.exit is None and main.adopted:  # its new parent (PID 1) reaps it first
         driver.exit = await main.wait_exit_info(5.0)
+    held: list[str] = []
     if task.io is not None:
-        task.notes = (*task.notes, *await end(task.io, task.rt.reactor))
+        notes, still_open = await end(task.io, task.rt.reactor)
+        task.notes = (*task.notes, *notes)
+        if still_open:
+            held = await _held_outside(task, driver, still_open, started)
     stats = read_usage(leaf, task.rt.controllers)
     # pressure totals are worth reading for a task that ran a sampling interval at least
     pressure = read_pressure(leaf) if driver.series is not None else None
     removed = await _remove_leaf(leaf)
-    problems = [*driver.problems, *([removed] if removed else [])]
+    problems = [*driver.problems, *([removed] if removed else []), *held]
     return _outcome(task, driver, stats, pressure, problems, started, leaf.path)
+
+
+async def _held_outside(task: Task, driver: Driver, still_open: list[tuple[Any, str]],
+                        started: Started) -> list[str]:
+    """The leaf is empty and the task's output pipes are still held open: by processes of
+    the task outside its leaf (a root task's child that left it before corral listed it).
+    They are found, ended and recorded (``Tracker.holders_of``); the cleanup is incomplete,
+    and says so."""
+    names = [("stdout" if capture is task.stdout else "stderr") for capture, _ in still_open]
+    what = " and ".join(names) + (" were" if len(names) > 1 else " was")
+    holders = await trio.to_thread.run_sync(driver.tracker.holders_of,
+                                            {link for _, link in still_open},
+                                            trio.current_time() - started.t0)
+    who = "; ".join(holders) if holders else "no process could be found holding it"
+    return [f"the task's {what} still held open after its cgroup had emptied: something of "
+            f"the task lived outside it ({who})"]
 
 
 async def _remove_leaf(leaf: Cgroup) -> str | None:

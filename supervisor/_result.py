@@ -154,6 +154,9 @@ class StopRecord:
     (grace 0), ``"second_request"`` (the caller asked twice) or ``"force"`` (``stop(force=True)``
     or a forced shutdown); ``None`` when there was no kill.  ``landed``: the stop reached the
     main process while it was running (otherwise it had ended on its own first).
+    ``requested_by``: the signal to the program that made the request (SIGINT: a Ctrl-C;
+    SIGTERM: ``kill``, a daemon's drain), ``None`` for a call (``stop()``, a cancelled scope, a
+    daemon's stop request) or the supervisor's own stop.
     """
 
     reason: StopReason
@@ -164,6 +167,7 @@ class StopRecord:
     killed_after_s: float | None = None
     kill_because: str | None = None
     landed: bool = False
+    requested_by: int | None = None
 
     @property
     def signal_name(self) -> str | None:
@@ -277,6 +281,31 @@ class TaskResult:
     def signal_name(self) -> str | None:
         return signal_name(self.signal)
 
+    @property
+    def exit_status(self) -> int:
+        """The exit status for this record, the one rule of ``corral run`` and the daemon's
+        clients: the task's own code; 128+N if signal N ended it; 124 stopped at its time
+        limit; stopped otherwise, 128+N of the signal that asked (130 Ctrl-C, 143 SIGTERM,
+        129 SIGHUP), 143 for a stop asked by a call (as ``kill`` would); 125 corral's own
+        failure (a task corral could not run or follow, ``lost``); 126 the command cannot
+        be run, 127 not found."""
+        if self.outcome == Outcome.SPAWN_FAILED:
+            if self.error_step == "exec":
+                return 127 if self.error_errno == _errno.ENOENT else 126
+            return 125
+        if self.outcome == Outcome.TIMED_OUT:
+            return 124
+        if self.outcome == Outcome.CANCELLED:
+            by = None if self.stop is None else self.stop.requested_by
+            return 128 + (by if by is not None else _signal.SIGTERM)
+        if self.outcome == Outcome.LOST:
+            return 125
+        if self.signal is not None:
+            return 128 + self.signal
+        if self.exit_code is not None:
+            return self.exit_code
+        return 125
+
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON format (docs/result.md): text is UTF-8 with undecodable bytes
         replaced; wall-clock times are ISO 8601 UTC strings (``*_at``), durations seconds
@@ -329,7 +358,8 @@ def _stop_dict(stop: StopRecord | None) -> dict[str, Any] | None:
             "requested_after_s": stop.requested_after_s,
             "signal": stop.signal, "signal_name": stop.signal_name,
             "signalled_after_s": stop.signalled_after_s, "killed_after_s": stop.killed_after_s,
-            "kill_because": stop.kill_because, "landed": stop.landed}
+            "kill_because": stop.kill_because, "landed": stop.landed,
+            "requested_by": signal_name(stop.requested_by)}
 
 
 def _process(p: ProcessInfo) -> dict[str, Any]:

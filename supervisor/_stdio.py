@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import struct
 import termios
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -140,22 +142,36 @@ def set_window_size(fd: int, rows: int, columns: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
 
 
-async def end(io: TaskIo, reactor: IoReactor) -> list[str]:
+async def end(io: TaskIo, reactor: IoReactor) -> tuple[list[str], list[tuple[Any, str]]]:
     """The leaf is empty: whoever still holds a pipe is outside it and EOF may never come.
     Wait a little for EOF (shielded: the caller's cancellation is the driver's business),
-    then take what is buffered and let go.  Returns notes for the record."""
+    then take what is buffered and let go.  Returns notes for the record, and the pipes
+    still held open then (their capture, and ``pipe:[inode]`` as /proc/PID/fd names them):
+    proof that something of the task lives outside its leaf."""
     for stream in io.streams:
         if not stream.done.is_set():
             reactor.serve_now(stream)  # at EOF already, usually: no round to wait for it
+    held: list[tuple[Any, str]] = []
     if not all(stream.done.is_set() for stream in io.streams):
         with trio.move_on_after(DRAIN_DEADLINE, shield=True):
             for stream in io.streams:
                 await stream.done.wait()
+        held = [(s.capture, link) for s in io.streams if not s.done.is_set()
+                and (link := _pipe_link(s.fd)) is not None]
     for stream in io.streams:
         reactor.remove(stream)
     if io.feed_stream is not None:
         reactor.remove(io.feed_stream)
     io.master = None
     if io.feed is not None and io.feed.error is not None:
-        return [f"writing the task's stdin failed: {io.feed.error}"]
-    return []
+        return [f"writing the task's stdin failed: {io.feed.error}"], held
+    return [], held
+
+
+def _pipe_link(fd: int) -> str | None:
+    """``pipe:[inode]`` for a pipe ``fd`` (None for a terminal, or a closed fd)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return f"pipe:[{st.st_ino}]" if stat.S_ISFIFO(st.st_mode) else None

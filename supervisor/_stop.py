@@ -36,11 +36,12 @@ log = logging.getLogger(__name__)
 class StopState:
     """The stop state of one task.  Times are ``trio.current_time()`` values."""
 
-    __slots__ = ("caller_requests", "kill_because", "killed_at", "landed", "level", "reason",
-                 "requested_at", "signal", "signalled_at", "waker")
+    __slots__ = ("by_signal", "caller_requests", "kill_because", "killed_at", "landed", "level",
+                 "reason", "requested_at", "signal", "signalled_at", "waker")
 
     def __init__(self, stop_signal: int) -> None:
         self.reason: StopReason | None = None
+        self.by_signal: int | None = None  # the signal that made the first request, if one did
         self.level = "none"  # none, requested, signalled, killed, gone
         self.caller_requests = 0
         self.kill_because: str | None = None  # set once a kill is due: see StopRecord
@@ -57,18 +58,22 @@ class StopState:
         """A kill is due before the grace ends (forced, or the caller asked twice)."""
         return self.kill_because is not None
 
-    def request(self, reason: StopReason, *, by_caller: bool, force: bool = False) -> bool:
+    def request(self, reason: StopReason, *, by_caller: bool, force: bool = False,
+                by_signal: int | None = None) -> bool:
         """Ask for a stop; True when this changed anything: a first request, a kill made due,
         or the caller's first request after the supervisor's own stop (it arms the next).
 
         ``by_caller``: the task's user asked (``stop()``, a cancelled scope, Ctrl-C), as
-        opposed to the supervisor's own time limit, fail-fast or shutdown.
+        opposed to the supervisor's own time limit, fail-fast or shutdown.  ``by_signal``: a
+        signal to the program asked (SIGINT for a Ctrl-C, SIGTERM for ``kill``); the first
+        request's is kept, for the record (and the exit status that follows from it).
         """
         if self.level == "gone" or self.kill_because is not None:
             return False  # ended, or nothing harder is left to ask for
         changed = False
         if self.reason is None:
             self.reason = reason
+            self.by_signal = by_signal
             self.requested_at = trio.current_time()
             self.level = "requested"
             changed = True
@@ -113,7 +118,7 @@ class StopState:
                           signalled_after_s=after(self.signalled_at),
                           killed_after_s=after(self.killed_at),
                           kill_because=self.kill_because if self.killed_at is not None else None,
-                          landed=self.landed)
+                          landed=self.landed, requested_by=self.by_signal)
 
 
 @dataclass(slots=True)

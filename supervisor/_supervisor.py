@@ -9,8 +9,10 @@ and pidfd.  The supervisor keeps a handle on every live task so that closing it 
 (reason ``shutdown``) and wait for their records before it removes its root.
 
 Ctrl-C: trio raises KeyboardInterrupt in the main task only, where the caller waits (``run``,
-closing the supervisor), never inside a task's life.  There the first one becomes a graceful
-stop, a second one a kill, and exactly one KeyboardInterrupt goes on once the records exist.
+``start`` awaited directly, ``TaskHandle.wait``, closing the supervisor, a nursery the
+KeyboardInterrupt left), never inside a task's life.  Everywhere the first one becomes a
+graceful stop, a second one a kill, and exactly one KeyboardInterrupt goes on once the
+records exist: ``_interrupt.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import os
 import re
 import secrets
+import signal
 from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -36,6 +39,7 @@ from ._errors import ConfigError, SpecError, SupervisorError
 from ._guard import SpawnGuard
 from ._handoff import adopt_all, export_task
 from ._handover import HandOver
+from ._interrupt import CtrlC, Interrupts, from_ctrl_c
 from ._keeper import Keeper
 from ._life import live
 from ._output import IoReactor, Latch
@@ -86,6 +90,8 @@ class Supervisor:
         self._closing = False
         self._handover: HandOver | None = None
         self._nursery: trio.Nursery  # set by _serving: the supervisor's own nursery
+        self._ctrl_c: CtrlC | None = None  # set by _serving (it needs the nursery)
+        self._rt.on_cancelled = self._cancelled
 
     @property
     def cgroup_root(self) -> str:
@@ -163,6 +169,18 @@ class Supervisor:
 
     def _ended(self, task: Task) -> None:
         self._live.pop(task.id, None)
+        if self._ctrl_c is not None:
+            self._ctrl_c.ended(task)
+
+    def _cancelled(self, task: Task, exc: trio.Cancelled) -> None:
+        """The caller's cancellation reached ``task`` running: one a Ctrl-C caused (it left
+        the caller's nursery) makes the next Ctrl-C ours, to kill it now."""
+        if from_ctrl_c(exc) and self._ctrl_c is not None:
+            self._ctrl_c.stopping(task)
+
+    def _kill_after_ctrl_c(self, task: Task) -> None:
+        # (the caller's second request: the cancellation was its first)
+        request_stop(task, StopReason.CANCEL, by_caller=True, by_signal=signal.SIGINT)
 
     def _recorded(self, result: TaskResult) -> None:
         self.results[result.id] = result
@@ -190,12 +208,19 @@ class Supervisor:
         kills it now; one KeyboardInterrupt is raised once the record exists.
         """
         task = self._new_task(TaskSpec.from_call(argv, options), task_id)
+        return await self._to_record(task)
+
+    async def _to_record(self, task: Task) -> TaskResult:
+        """The life of ``task`` in our nursery, waited for here: the caller's cancellation is
+        one graceful stop request by the caller (and the waits after it are shielded), each
+        Ctrl-C a stop request by the caller (the second kills: ``_interrupt.py``); the
+        KeyboardInterrupt, or the Cancelled, goes on once the record exists."""
         if trio.current_effective_deadline() == -math.inf:
             # called in an already cancelled scope: the stop comes before the spawn
             request_stop(task, StopReason.CANCEL, by_caller=True)
         life = _Life()
         self._nursery.start_soon(_life_of, task, life)
-        interrupt: KeyboardInterrupt | None = None
+        interrupts = Interrupts()
         cancelled: trio.Cancelled | None = None
         while not life.ended.is_set():
             try:
@@ -205,15 +230,13 @@ class Supervisor:
                     with trio.CancelScope(shield=True):
                         await life.ended.wait()
             except KeyboardInterrupt as exc:
-                interrupt = interrupt or exc
-                task.handle.stop()  # the first asks gracefully, the second kills now
+                interrupts.caught(exc, [task])
             except trio.Cancelled as exc:
                 cancelled = exc  # the caller's cancellation: a graceful stop by the caller
                 request_stop(task, StopReason.CANCEL, by_caller=True)
         if life.error is not None:
             raise life.error
-        if interrupt is not None:
-            raise interrupt
+        interrupts.reraise()
         if cancelled is not None:
             raise cancelled
         return final_result(task)
@@ -231,6 +254,9 @@ class Supervisor:
         ``taps``: streams to tap from the spawn on (``handle.tap(name)`` then returns that tap:
         not a byte is missed).
 
+        Awaited directly (``await sup.start(argv)``) it is :meth:`run`: the record once the
+        task has ended, with the same rules for cancellation and Ctrl-C.
+
         (A plain function returning the life's coroutine, so that a held task costs one
         coroutine frame less: a supervisor may hold thousands.)  The coroutine returns the
         record, or None for a task :meth:`hand_over` handed to another process.
@@ -241,18 +267,24 @@ class Supervisor:
                 raise SpecError("taps", f"taps are \"stdout\" and/or \"stderr\", got "
                                         f"{name!r}")
         task.taps = tuple(taps)
+        if task_status is trio.TASK_STATUS_IGNORED:
+            # awaited directly (not by nursery.start): as run(), its life in our nursery, so
+            # that a Ctrl-C to the caller is a stop and never lands inside the life
+            return self._to_record(task)
         return live(task, task_status)
 
     def record_unstarted(self, argv: Sequence[str] | TaskSpec, *,
                          reason: StopReason | str = StopReason.CANCEL,
-                         task_id: str | None = None, **options: Any) -> TaskResult:
+                         task_id: str | None = None, by_signal: int | None = None,
+                         **options: Any) -> TaskResult:
         """The final record of a task that was accepted but will never run (a daemon's own
-        queue dropped it, a shutdown came first): ``cancelled``, ``started=False``, with
-        ``reason`` (``cancel`` as the caller's, or ``shutdown``, ``fail_fast``...) in its
-        stop record.  Nothing is created; the task takes an id like any other."""
+        queue dropped it, a shutdown came first, a Ctrl-C before the spawn): ``cancelled``,
+        ``started=False``, with ``reason`` (``cancel`` as the caller's, or ``shutdown``,
+        ``fail_fast``...) and ``by_signal`` (see ``TaskHandle.stop``) in its stop record.
+        Nothing is created; the task takes an id like any other."""
         reason = StopReason(reason)
         task = self._new_task(TaskSpec.from_call(argv, options), task_id)
-        request_stop(task, reason, by_caller=reason == StopReason.CANCEL)
+        request_stop(task, reason, by_caller=reason == StopReason.CANCEL, by_signal=by_signal)
         result = finish_unstarted(task)
         self._ended(task)
         return result
@@ -326,15 +358,18 @@ class Supervisor:
     def _adopted(self, task: Task) -> None:
         self._live[task.id] = task
 
-    def stop_all(self, *, force: bool = False, reason: StopReason = StopReason.CANCEL) -> int:
+    def stop_all(self, *, force: bool = False, reason: StopReason = StopReason.CANCEL,
+                 by_signal: int | None = None) -> int:
         """Ask every live task to stop; returns how many requests changed something.
 
         ``reason=CANCEL`` (the default) asks as the caller: a second call kills.  ``SHUTDOWN``
         is the supervisor's own stop (a daemon draining): graceful, and it never turns a
         caller's first request into a kill; ``force=True`` kills now whatever the reason.
+        ``by_signal``: the signal to this program that asks (see ``TaskHandle.stop``).
         """
         by_caller = reason == StopReason.CANCEL
-        return sum(request_stop(h, reason, by_caller=by_caller, force=force)
+        return sum(request_stop(h, reason, by_caller=by_caller, force=force,
+                                by_signal=by_signal)
                    for h in list(self._live.values()))
 
     async def _shutdown(self) -> None:
@@ -343,7 +378,8 @@ class Supervisor:
         self._closing = True
         for task in list(self._live.values()):
             request_stop(task, StopReason.SHUTDOWN, by_caller=False)
-        interrupt: KeyboardInterrupt | None = None
+        interrupts = Interrupts()
+        interrupts.count = 1  # (the shutdown was the graceful request: a Ctrl-C kills now)
         for task in list(self._live.values()):
             if not task.began:
                 # start()'s coroutine was made but never run (dropped by its caller): nothing
@@ -355,11 +391,9 @@ class Supervisor:
                 try:
                     await task.done.wait()
                 except KeyboardInterrupt as exc:
-                    interrupt = interrupt or exc
-                    for h in list(self._live.values()):
-                        request_stop(h, StopReason.SHUTDOWN, by_caller=False, force=True)
-        if interrupt is not None:
-            raise interrupt
+                    interrupts.caught(exc, list(self._live.values()),
+                                      reason=StopReason.SHUTDOWN)
+        interrupts.reraise()
 
     @trio.lowlevel.enable_ki_protection  # (a Ctrl-C goes to the main task: see live())
     async def _guard_root(self) -> None:
@@ -520,6 +554,7 @@ async def _serving(placement: Placement, guard: SpawnGuard, sampler: Sampler,
             sup = Supervisor(placement, watcher, reactor, guard, sampler, default, ceiling,
                              retain)
             sup._nursery = nursery  # where run() starts its tasks' lives
+            sup._ctrl_c = CtrlC(nursery, sup._kill_after_ctrl_c)
             nursery.start_soon(sup._guard_root)
             nursery.start_soon(sup._guard_keeper, keeper)
             nursery.start_soon(sampler.run)

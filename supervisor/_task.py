@@ -80,6 +80,8 @@ class Runtime:
     on_end: Callable[[Task], None]
     # hand_over(): takes what a detached task holds (task, leaf, main, driver, spawn info)
     on_detach: Callable[..., None] = lambda *args: None
+    # the caller's cancellation reached a running task's driver (a Ctrl-C's, perhaps)
+    on_cancelled: Callable[[Task, trio.Cancelled], None] = lambda *args: None
     incidents: list[Incident] = field(default_factory=list)
 
 
@@ -180,19 +182,36 @@ class TaskHandle:
     def state(self) -> str:
         return self._t.state
 
-    def stop(self, *, force: bool = False) -> bool:
+    def stop(self, *, force: bool = False, by_signal: int | None = None) -> bool:
         """Ask the task to stop: gracefully, or with ``force=True`` kill now.
 
         A second call kills now (skips the rest of the grace), also after a stop the
         supervisor made itself (time limit, shutdown).  On a task that has already ended this
         is a no-op; the return value says whether the request changed anything.
+        ``by_signal``: the signal to this program that asks (a program that turns its own
+        SIGINT or SIGTERM into a stop, as ``corral run`` does): the record says so
+        (``stop.requested_by``), and the exit status follows it.
         """
-        return request_stop(self._t, StopReason.CANCEL, by_caller=True, force=force)
+        return request_stop(self._t, StopReason.CANCEL, by_caller=True, force=force,
+                            by_signal=by_signal)
 
     async def wait(self) -> TaskResult:
         """Wait for the final record (returns at once once there is one).  HandedOver if the
-        task went to another supervisor process (``hand_over()``)."""
-        await self._t.done.wait()
+        task went to another supervisor process (``hand_over()``).
+
+        Ctrl-C meanwhile (trio's KeyboardInterrupt, in the main task): the first stops the
+        task gracefully, a second kills it now, and one KeyboardInterrupt is raised once the
+        record exists (see ``_interrupt.py``)."""
+        from ._interrupt import Interrupts
+
+        interrupts = Interrupts()
+        while not self._t.done.is_set():
+            try:
+                with trio.CancelScope(shield=interrupts.first is not None):
+                    await self._t.done.wait()
+            except KeyboardInterrupt as exc:
+                interrupts.caught(exc, [self._t])
+        interrupts.reraise()
         return final_result(self._t)
 
     @property
@@ -333,11 +352,11 @@ class TaskHandle:
 
 
 def request_stop(task: Task, reason: StopReason, *, by_caller: bool,
-                 force: bool = False) -> bool:
+                 force: bool = False, by_signal: int | None = None) -> bool:
     """A stop request (see ``_stop.StopState.request``); False for a task already ended."""
     if task.result is not None or task.handed_over:
         return False
-    return task.stop.request(reason, by_caller=by_caller, force=force)
+    return task.stop.request(reason, by_caller=by_caller, force=force, by_signal=by_signal)
 
 
 def final_result(task: Task) -> TaskResult:

@@ -14,13 +14,16 @@ A task's processes live in its leaf.  Two things need more than the leaf's ``cgr
 
 Only a task that can write to the cgroup tree can leave its leaf (root with cgroupfs
 writable); ``ProtectControlGroups=`` and ``User=`` prevent it.  A process that leaves before
-it is ever listed is seen only if it is the main process.
+it is ever listed is seen if it is the main process, or if it holds one of the task's pipes
+once the leaf is empty (:meth:`Tracker.holders_of`: the pipe that stays open is the proof);
+one that holds neither is invisible, and only those two properties prevent it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 from cgroupfs import Cgroup, CgroupError, NoCgroup2Error, own_cgroup
 
@@ -156,6 +159,69 @@ class Tracker:
         comm = read_comm(pid)
         killed = pidfd_signal(pidfd, signal.SIGKILL) if pidfd >= 0 else _kill(pid)
         self.escaped[pid] = EscapedProcess(pid, comm, where, "killed" if killed else "exited")
+
+
+    def holders_of(self, links: set[str], ago: float) -> list[str]:
+        """The leaf is empty, and pipes of the task (``links``: ``pipe:[inode]``) are still
+        held open: by processes outside the leaf.  Each one that started after the task's
+        spawn (``ago`` seconds ago) is the task's: a child that left before corral ever
+        listed it (root, cgroupfs writable).  It is killed through a pidfd, checked again,
+        and recorded escaped.  One that started before (an fd passed to an older process)
+        is named, not killed.  Returns what the record's cleanup says of them all.  A scan
+        of /proc (blocking: run it in a thread); rare, as escapes are."""
+        found = []
+        born_after = _ticks_since_boot(ago)
+        for pid in _holders(links):
+            start = read_start(pid)
+            if start is None or pid in self.escaped:
+                continue
+            where = read_cgroup(pid)
+            comm = read_comm(pid)
+            if start < born_after:
+                found.append(f"{comm}[{pid}] in {where} (started before the task: left as "
+                             f"it is)")
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone
+            try:
+                if read_start(pid) != start:
+                    continue
+                self._escape(pid, pidfd)
+            finally:
+                os.close(pidfd)
+            escaped = self.escaped.get(pid)
+            if escaped is not None:
+                found.append(f"{comm}[{pid}] in {where} ({escaped.ended})")
+        return found
+
+
+def _holders(links: set[str]) -> list[int]:
+    """Processes (not ours) with an fd that /proc names as one of ``links``."""
+    ours, holders = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == ours:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{name}/fd/{fd}") in links:
+                    holders.append(int(name))
+                    break
+            except OSError:
+                continue
+    return holders
+
+
+def _ticks_since_boot(ago: float) -> int:
+    """The moment ``ago`` seconds ago as /proc/PID/stat's start times count it (clock ticks
+    since boot, CLOCK_BOOTTIME), one tick early (their resolution)."""
+    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME) - ago
+    return max(0, int(since_boot * os.sysconf("SC_CLK_TCK")) - 1)
 
 
 # ---- our own process, moved into a leaf -------------------------------------------------

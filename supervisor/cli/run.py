@@ -49,11 +49,8 @@ if TYPE_CHECKING:
     from .._task import TaskHandle
     from .relay import PtyRelay
 
-__all__ = ["add_parser", "exit_status", "main"]
+__all__ = ["add_parser", "main"]
 
-EXIT_CANNOT_RUN = 126
-EXIT_NOT_FOUND = 127
-EXIT_TIMED_OUT = 124
 
 EPILOG = f"""\
 keys at a terminal (the task stays in the terminal's foreground process group, so it can
@@ -223,23 +220,6 @@ def _inherited_ignored() -> tuple[int, ...]:
                  if signal.getsignal(sig) == signal.SIG_IGN)
 
 
-def exit_status(result: TaskResult, interrupted_by: int | None) -> int:
-    """corral's exit status for ``result`` (see :data:`EPILOG`)."""
-    if result.outcome == "spawn_failed":
-        if result.error_step == "exec":
-            return EXIT_NOT_FOUND if result.error_errno == errno.ENOENT else EXIT_CANNOT_RUN
-        return EXIT_FAILURE
-    if result.outcome == "timed_out":
-        return EXIT_TIMED_OUT
-    if result.outcome == "cancelled":
-        return 128 + (interrupted_by or signal.SIGINT)
-    if result.signal is not None:
-        return 128 + result.signal
-    if result.exit_code is not None:
-        return result.exit_code
-    return EXIT_FAILURE
-
-
 # ---- the run: signals in, stop requests out --------------------------------------------------
 
 class Control:
@@ -328,7 +308,7 @@ class Control:
         if self.task is None:
             self.pending.append(signo)  # before the spawn: the task never starts
         else:
-            self.task.stop()  # the first asks gracefully; the next one kills now
+            self.task.stop(by_signal=signo)  # the first asks gracefully; the next kills
             if self.pty is not None and self.task.result is not None:
                 self.pty.abandon()  # ended, and its last output does not drain: stop waiting
 
@@ -381,12 +361,11 @@ async def _start_and_wait(sup: Supervisor, spec: TaskSpec, control: Control) -> 
         # A key typed just now is still corral's (the program does not exist yet): read it
         # now rather than at the watcher's next turn, which may come after the spawn.
         control.poll()
-        with trio.CancelScope() as before_start:
-            if control.pending:
-                # a stop came first (Ctrl-C, kill): started in a cancelled scope, the task
-                # never starts, and its record says so
-                before_start.cancel()
-            task: TaskHandle = await nursery.start(sup.start, spec)
+        if control.pending:
+            # a stop came first (Ctrl-C, kill): the task never starts, and its record says
+            # which signal asked
+            return sup.record_unstarted(spec, by_signal=control.pending[0])
+        task: TaskHandle = await nursery.start(sup.start, spec)
         control.attach(task)
         if control.pty is not None:
             control.pty.begin(task)  # no checkpoint since start(): the tap misses nothing
@@ -654,7 +633,7 @@ def main(args: argparse.Namespace) -> int:
         die(str(error))
     if held and pty is None:
         _leave_full_screen(result)
-    status = EXIT_FAILURE if error is not None else exit_status(result, control.interrupted_by)
+    status = EXIT_FAILURE if error is not None else result.exit_status
     ended_by_key = control.terminal_interrupt and (
         result.outcome == "cancelled" or result.signal in (signal.SIGINT, signal.SIGQUIT))
     _report(args, sinks, result, status, ended_by_key)

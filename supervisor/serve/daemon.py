@@ -200,7 +200,7 @@ async def _watch_signals(d: Daemon, server: trio.CancelScope, accepting: trio.Ca
                     nursery.start_soon(_stop, d, signum, server, accepting, bound)
                 else:
                     log.info("signal %s again: killing every task now", signum)
-                    kill_all(d)
+                    kill_all(d, signum)
 
 
 async def _stop(d: Daemon, signum: int, server: trio.CancelScope,
@@ -214,7 +214,7 @@ async def _stop(d: Daemon, signum: int, server: trio.CancelScope,
             server.cancel()
             return
     log.info("signal %s: draining", signum)
-    await drain(d, server)
+    await drain(d, server, signum)
 
 
 async def _flush_lazy(d: Daemon) -> None:
@@ -247,7 +247,7 @@ async def _tell_systemd(d: Daemon) -> None:
 
 # ---- stopping ------------------------------------------------------------------------------
 
-async def drain(d: Daemon, server: trio.CancelScope) -> None:
+async def drain(d: Daemon, server: trio.CancelScope, signum: int | None = None) -> None:
     """Stop accepting tasks (503; the other verbs still answer, so that clients can wait
     for their results); queued tasks end unstarted, running ones stop (reason shutdown);
     once every record is written, close the listeners and the connections."""
@@ -256,7 +256,7 @@ async def drain(d: Daemon, server: trio.CancelScope) -> None:
                       f"running, {d.scheduler.total_queued} queued")
     for t in list(d.tasks.values()):
         stop_queued(d, t, "shutdown")
-    d.sup.stop_all(reason=_shutdown_reason())
+    d.sup.stop_all(reason=_shutdown_reason(), by_signal=signum)
     if d.live:
         await d.all_ended.wait()
     await _await_unrecorded(d)
@@ -282,8 +282,8 @@ async def _await_unrecorded(d: Daemon) -> None:
                   None if t is None else json.dumps(served_result(t.result_json, t.output)))
 
 
-def kill_all(d: Daemon) -> None:
-    d.sup.stop_all(force=True, reason=_shutdown_reason())
+def kill_all(d: Daemon, signum: int | None = None) -> None:
+    d.sup.stop_all(force=True, reason=_shutdown_reason(), by_signal=signum)
 
 
 def _shutdown_reason() -> Any:

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .protocol import exit_status
 from .records import RecordsError
 from .schema import output_bytes
 from .state import Daemon
@@ -40,7 +39,7 @@ from .task import DaemonTask, kept_result, stream_path
 if TYPE_CHECKING:
     from .. import TaskHandle, TaskResult
 
-__all__ = ["RETRY", "accepted", "adopt", "dispatch", "exit_status_of", "run_task",
+__all__ = ["RETRY", "accepted", "adopt", "dispatch", "run_task",
            "stop_queued", "take_result", "write_end"]
 
 log = logging.getLogger(__name__)
@@ -186,7 +185,7 @@ async def take_result(d: Daemon, t: DaemonTask, result: TaskResult) -> None:
         if tail:
             tails[name] = _write_tail(stream_path(t.output, name), tail)
     t.result_json = kept_result(result, result.to_dict(), t.output, tails)
-    t.exit_status = exit_status_of(result)
+    t.exit_status = result.exit_status
     t.ended_at = result.ended_at
     t.started_at = result.started_at
     await write_end(d, t)
@@ -268,15 +267,6 @@ async def _record_failure(d: Daemon, t: DaemonTask, error: Exception) -> None:
                      "daemon_error": f"corral serve could not run this task (a bug; see the "
                                      f"daemon's log): {error!r}"}
     await write_end(d, t)
-
-
-def exit_status_of(result: TaskResult) -> int:
-    """What ``corral run`` would exit with for ``result`` (read from the object: the JSON
-    format is the core's to document, and is passed through untouched)."""
-    stop = result.stop
-    return exit_status(str(result.outcome), result.exit_code, result.signal,
-                       result.error_step, result.error_errno,
-                       None if stop is None else str(stop.reason))
 
 
 def _write_tail(path: str, tail: bytes) -> bool:

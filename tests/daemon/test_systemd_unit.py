@@ -225,7 +225,7 @@ def test_restart_keeps_running_tasks_and_their_output(
         assert results[limited.id].outcome == "timed_out"  # its limit held across the restart
         assert results[queued.id].outcome == "succeeded"
         assert (results[to_stop.id].outcome, results[to_stop.id].exit_status) == \
-            ("cancelled", 130)
+            ("cancelled", 143)  # a stop request: as SIGTERM
         assert [r["state"] for r in _read_db(inside_root, tmp_path)] == ["finished"] * 6
         print(f"\nadoption ({activation}): {len(running)} tasks running (3 of them writing "
               f"4 followed streams) and 1 queued across `systemctl restart` ({took:.2f}s): "

@@ -178,3 +178,20 @@ async def test_a_child_that_leaves_after_being_seen_is_caught(
         r = await sup.run(["sh", "-c", script], time_limit="20s")
     assert r.containment.broken and r.cleanup == "incomplete"
     await wait_for(lambda: procs(scratch) == [], what="the escapee gone")
+
+
+async def test_a_child_that_leaves_before_being_seen_but_holds_stdout_is_caught(
+        sup: supervisor.Supervisor, scratch: str) -> None:
+    """A root task's child that writes itself into another cgroup at once (before corral ever
+    lists it) and keeps the task's stdout: the record said ``clean`` and the child lived on.
+    The pipe still held open once the leaf is empty is the proof: the child is found by its
+    fd, killed, named, and the cleanup is incomplete."""
+    script = (f"sh -c 'echo $$ > {scratch}/cgroup.procs; exec sleep 60' & "
+              f"sleep 0.2; echo started")
+    with trio.fail_after(30):
+        r = await sup.run(["sh", "-c", script], time_limit="20s")
+    assert r.outcome == "succeeded" and r.stdout == b"started\n"
+    assert r.cleanup == "incomplete" and "still held open" in (r.cleanup.detail or ""), r.cleanup
+    assert r.containment.broken
+    assert [(e.comm, e.ended) for e in r.containment.escaped] == [("sleep", "killed")]
+    await wait_for(lambda: procs(scratch) == [], what="the escapee gone")

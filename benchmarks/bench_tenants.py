@@ -1,0 +1,1064 @@
+"""``corral serve`` against a hostile tenant: a victim tenant's latency while another attacks.
+
+    python benchmarks/bench_tenants.py [--quick] [--only NAME,...] [--rounds N] [--seconds S]
+
+Two throw-away users are made for the run, ``corral-bench-<hex>-a`` (the attacker) and
+``corral-bench-<hex>-v`` (the victim), and removed at the end; each tenant's code runs in a
+forked child that dropped to that user's uid, gid and no supplementary groups, so the daemon
+sees that uid through SO_PEERCRED.
+
+The victim: submit-to-result of ``true`` (``Client.submit(["true"])``, then ``Client.wait``),
+one request at a time, each on a fresh connection (connecting is included: several attacks are
+about getting one), one started every 25 ms (at once if the previous took longer).  A request
+with no answer within 30 s, an error, or an outcome other than ``succeeded`` is *unanswered*
+and left out of the latencies.  Each attack gets its own daemon (defaults but for what the
+attack needs), and phases alternate on it: alone, attack, alone, attack, ... (``--rounds``
+pairs of ``--seconds`` each), so that a slow spell on this shared box hits both; between
+phases, root force-stops whatever the attacker left unfinished.  The goal: the victim's p99
+under attack within 3x of its p99 alone, and nothing unanswered.  The daemon's VmRSS is read
+before the first attack phase, at the end of the last, every 0.25 s during them (peak), and
+once the attacker's leftovers are stopped; an attack that takes it past 2 GiB is cut short (the
+box's memory is shared) and the output says so.  Also printed, to tell where time went: how
+much of the victim's latency was its submission (until the 201), the daemon's CPU use alone and
+under attack, what the attacker got (answers by status, its tasks by outcome).  Nothing is
+asserted about time.
+
+Attacks (``--only``):
+  property         4 connections flood submissions of root-only properties spelled with
+                   padding (``{" AmbientCapabilities": "CAP_SYS_ADMIN"}``...): 403 each.
+  sigstop          a C loop ``kill(-1, SIGSTOP)`` as the attacker's uid, while it keeps 16
+                   tasks of ``true`` with a PATH of 300 missing directories submitted and
+                   unfinished (its tasks' children are often stopped before their exec; 16
+                   keep its 8 running slots busy without flooding the queue); the submitter
+                   keeps root as its real and saved uid (effective: the attacker's, which is
+                   what SO_PEERCRED reports), so that the loop cannot stop it.
+  stream_flood     2 connections at a time open ``GET /v1/events`` or a followed output of the
+                   attacker's own ``sleep``, then write 64 KiB chunks into it until the daemon
+                   closes it; again.
+  output_flood     4 tasks at a time of ``head -c 200M /dev/zero``, the daemon's --state-dir on
+                   a 64 MiB tmpfs (in a private mount namespace a helper holds; for this attack
+                   only: the others keep the records on /var/lib's disk, as deployed).
+  connections      one process holds as many idle connections as it can (1024 tried, 300 with
+                   --quick), making a new one for each the daemon closes.
+  slow_headers     the same, each sending a request head one byte every 0.1 s.
+  retention        4 connections finish ``true`` tasks as fast as they can, --retain-count 50;
+                   the victim's result made just before each attack phase must still be there
+                   after it (the victim makes at most 20 requests per phase here, to stay
+                   within an equal share of the 50: its latency figures are few).
+  big_submissions  4 connections send 1 MiB submissions (argv of 65,000 strings) continuously.
+
+Each daemon gets a scratch cgroup (``--cgroup-root``) and a temporary 0755 directory in /var/lib
+for its socket and state; on every way out (an error, Ctrl-C, SIGTERM) the forked children are
+killed, the daemon stopped (SIGTERM), the small disk's holder ended, the cgroup and directories
+removed, and the two users deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import math
+import os
+import pwd
+import secrets
+import select
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import host_note, median, raise_nofile, scratch_cgroup
+
+from supervisor.client import ApiError, Client
+
+CORRAL = [sys.executable, "-c", "import sys; from supervisor.cli import main; sys.exit(main())"]
+STATE_PARENT = "/var/lib"  # where the daemon's records live by default (see bench_serve.py)
+ANSWER = 30.0  # seconds: a victim request not answered by then is unanswered
+INTERVAL = 0.025  # seconds between the starts of two victim requests
+WARM_UP = 0.5  # seconds the attack runs before the victim's phase starts
+TICK = 0.25  # seconds between two RSS samples
+GOAL = 3.0  # p99 under attack / p99 alone
+RETAIN = 50  # --retain-count for the retention attack
+RETENTION_REQUESTS = 20  # victim requests per phase there: fewer than RETAIN / 2
+DISK = "64m"  # the output flood's state filesystem
+RSS_CAP = 2 << 20  # KiB: an attack that takes the daemon past this is cut short (the box's
+#                    memory is shared); the figures say so
+
+# `kill(-1, SIGSTOP)` until SIGTERM or the seconds given, then SIGCONT to the same processes
+# (the idea of tests/conftest.py's STOPPER_C; C because a Python loop rarely hits the few
+# microseconds between a child's uid change and its exec).
+STOPPER_C = r"""
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+static volatile sig_atomic_t done;
+static void on_term(int sig) { (void)sig; done = 1; }
+int main(int argc, char **argv)
+{
+    time_t end = time(NULL) + (argc > 1 ? atoi(argv[1]) : 10);
+    signal(SIGTERM, on_term);
+    while (!done && time(NULL) < end)
+        kill(-1, SIGSTOP);
+    kill(-1, SIGCONT);
+    return 0;
+}
+"""
+
+
+class User(NamedTuple):
+    name: str
+    uid: int
+    gid: int
+
+
+# ---- the run's users, programs and daemons ---------------------------------------------------
+
+@contextlib.contextmanager
+def tenants() -> Iterator[tuple[User, User]]:
+    """(attacker, victim): two users made with useradd, removed with userdel on the way out
+    (a user some process still runs as cannot be removed: everything of theirs ends first)."""
+    tag = secrets.token_hex(3)
+    made: list[User] = []
+    try:
+        for role in ("a", "v"):
+            name = f"corral-bench-{tag}-{role}"
+            subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
+                            "/usr/sbin/nologin", name], check=True, capture_output=True)
+            pw = pwd.getpwnam(name)
+            made.append(User(name, pw.pw_uid, pw.pw_gid))
+        yield made[0], made[1]
+    finally:
+        for u in made:
+            r = subprocess.run(["userdel", u.name], capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"WARNING: userdel {u.name}: {r.stderr.strip()}; remove it by hand",
+                      file=sys.stderr)
+
+
+@contextlib.contextmanager
+def stopper_program() -> Iterator[str]:
+    """The SIGSTOP loop built with gcc in a 0755 directory every uid may run it from."""
+    where = tempfile.mkdtemp(prefix="corral-bench-stopper-")
+    try:
+        os.chmod(where, 0o755)
+        src = os.path.join(where, "stopper.c")
+        with open(src, "w") as f:
+            f.write(STOPPER_C)
+        subprocess.run(["gcc", "-O2", "-o", os.path.join(where, "stopper"), src], check=True)
+        yield os.path.join(where, "stopper")
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def small_disk(path: str, size: str) -> Iterator[tuple[list[str], str]]:
+    """A tmpfs of ``size`` on ``path`` in a private mount namespace held by a ``sleep``
+    (tests/daemon/daemon_util.py's ``small_disk``); yields (the command prefix that enters
+    it, the path through which the host sees it).  The holder is killed on the way out; the
+    mount goes with the namespace's last process."""
+    os.mkdir(path)
+    ready = path + ".ready"
+    holder = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f'mount -t tmpfs -o size={size},mode=0700 corral-bench-state "$0" && touch "$1" '
+         f'&& exec sleep 3600', path, ready], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(ready):
+            if holder.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"mounting a {size} tmpfs on {path} failed (the holder's "
+                                 f"status: {holder.poll()})")
+            time.sleep(0.02)
+        yield ["nsenter", "-t", str(holder.pid), "-m", "--"], f"/proc/{holder.pid}/root{path}"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@dataclass
+class Daemon:
+    sock: str
+    pid: int
+    disk: str | None = None  # the small state filesystem, as the host sees it
+    status: int | None = None  # filled in once it has exited
+    log_lines: int = 0
+    tracebacks: int = 0
+    log_tail: str = ""
+
+
+@contextlib.contextmanager
+def daemon(extra: tuple[str, ...], disk_size: str | None) -> Iterator[Daemon]:
+    """A ``corral serve`` in a scratch cgroup with a socket and state directory of its own (in
+    a 0755 directory: the tenants must reach the socket); ``disk_size``: the state directory
+    on a tmpfs that small.  Stopped with SIGTERM on the way out (its exit status and log
+    summary are then in the yielded object), everything removed."""
+    with contextlib.ExitStack() as stack:
+        cg = stack.enter_context(scratch_cgroup("tenants"))
+        tmp = tempfile.mkdtemp(prefix="corral-bench-tenants-", dir=STATE_PARENT)
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        os.chmod(tmp, 0o755)
+        sock, state, log = (os.path.join(tmp, n) for n in ("sock", "state", "daemon.log"))
+        wrap, seen = (stack.enter_context(small_disk(state, disk_size)) if disk_size
+                      else ([], None))
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([*wrap, *CORRAL, "serve", "--socket", sock, "--state-dir",
+                                     state, "--cgroup-root", cg.path, "--log-level", "warning",
+                                     *extra], stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
+        d = Daemon(sock, proc.pid, seen)
+        stack.callback(_stop_daemon, proc, d, log)
+        deadline = time.monotonic() + 60
+        while not _answers(sock):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the daemon did not start (status {proc.poll()}): "
+                                 f"{_tail(log)}")
+            time.sleep(0.05)
+        yield d
+
+
+def _answers(sock: str) -> bool:
+    try:
+        with Client(sock, timeout=5) as c:
+            c.limits()
+        return True
+    except (OSError, ApiError):
+        return False
+
+
+def _stop_daemon(proc: subprocess.Popen[bytes], d: Daemon, log: str) -> None:
+    """SIGTERM (a second one kills every task at once), then what its log said."""
+    for sig, wait in ((signal.SIGTERM, 120), (signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+    d.status = proc.wait()
+    with open(log, errors="replace") as f:
+        text = f.read()
+    d.log_lines, d.tracebacks, d.log_tail = (text.count("\n"), text.count("Traceback"),
+                                             _tail(log))
+
+
+def _tail(log: str, n: int = 6) -> str:
+    with open(log, errors="replace") as f:
+        return " | ".join(f.read().splitlines()[-n:])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of every thread of ``pid`` so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of ``pid``; DaemonGone if it has exited (a zombie has none)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise DaemonGone(f"the daemon (pid {pid}) has exited")
+
+
+class DaemonGone(Exception):
+    """The daemon under test exited in the middle of a run."""
+
+
+# ---- forked tenants ---------------------------------------------------------------------------
+
+class Child(NamedTuple):
+    pid: int
+    fd: int  # the read end of the pipe its JSON answer comes on
+    what: str
+
+
+class Crew:
+    """The forked tenant processes of one daemon: each answers once, in JSON, on its own
+    pipe (:meth:`collect`); whatever is still running when the crew closes is SIGKILLed and
+    reaped (they hold sockets, nothing else)."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, Child] = {}
+
+    def __enter__(self) -> Crew:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for child in list(self.live.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+            self._reap(child)
+
+    def fork_as(self, user: User, what: str, fn: Callable[..., Any], *args: Any,
+                keep_root: bool = False) -> Child:
+        """``fn(*args)`` in a forked child with ``user``'s uid and gid and no supplementary
+        groups (``keep_root``: the effective uid only, real and saved stay root: a process
+        its uid's ``kill(-1, SIGSTOP)`` cannot reach, seen as that uid by SO_PEERCRED).  The
+        child never returns into the caller."""
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.close(r)
+                os.setgroups([])
+                os.setresgid(user.gid, user.gid, user.gid)
+                if keep_root:
+                    os.setresuid(0, user.uid, 0)
+                else:
+                    os.setresuid(user.uid, user.uid, user.uid)
+                out: dict[str, Any] = {"ok": fn(*args)}
+            except BaseException as e:  # (reported to the parent, which prints it)
+                out = {"error": f"{type(e).__name__}: {e}"}
+            try:
+                data = json.dumps(out).encode()
+                while data:
+                    data = data[os.write(w, data):]
+            except BaseException:
+                code = 1
+            os._exit(code)
+        os.close(w)
+        child = Child(pid, r, what)
+        self.live[pid] = child
+        return child
+
+    def collect(self, child: Child, timeout: float,
+                tick: Callable[[], None] | None = None) -> Any:
+        """What ``child`` returned, once it has (``{"error": ...}`` if it raised, or gave no
+        answer within ``timeout``: then it is killed); ``tick()`` every :data:`TICK` s."""
+        chunks = []
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([child.fd], [], [], min(left, TICK))
+            if tick is not None:
+                tick()
+            if ready:
+                if not (data := os.read(child.fd, 1 << 16)):
+                    break
+                chunks.append(data)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+            chunks = [json.dumps({"error": f"{child.what}: no answer in {timeout:g}s"}).encode()]
+        self._reap(child)
+        try:
+            out = json.loads(b"".join(chunks))
+        except ValueError:
+            out = {"error": f"{child.what} died without an answer"}
+        return out["ok"] if "ok" in out else {"error": out["error"]}
+
+    def _reap(self, child: Child) -> None:
+        os.close(child.fd)
+        os.waitpid(child.pid, 0)
+        del self.live[child.pid]
+
+
+# ---- the victim -----------------------------------------------------------------------------
+
+def victim_requests(sock: str, seconds: float, interval: float,
+                    limit: int | None = None) -> dict[str, Any]:
+    """As the victim: submit-to-result of ``true`` on a fresh connection, one every
+    ``interval`` s for ``seconds`` (at most ``limit``); the latencies (s) of the answered, how
+    much of each was the submission (until its 201), and why the others were not answered."""
+    took: list[float] = []
+    submits: list[float] = []
+    failed: list[str] = []
+    end = time.monotonic() + seconds
+    next_at = time.monotonic()
+    while time.monotonic() < end and (limit is None or len(took) + len(failed) < limit):
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        next_at = time.monotonic() + interval
+        t0 = time.perf_counter()
+        problem = None
+        try:
+            with Client(sock, timeout=ANSWER + 5) as c:
+                task_id = c.submit(["true"]).id
+                submitted = time.perf_counter() - t0
+                info = c.wait(task_id, timeout=ANSWER, reconnect=0)
+            if info.state != "finished":
+                problem = f"not finished in {ANSWER:g}s"
+            elif info.outcome != "succeeded":
+                problem = f"outcome {info.outcome}"
+        except ApiError as e:
+            problem = f"{e.status} {e.code}"
+        except OSError as e:  # (DaemonUnavailable, a socket timeout)
+            problem = f"{type(e).__name__}: {e}"[:120]
+        elapsed = time.perf_counter() - t0
+        if problem is None and elapsed > ANSWER:
+            problem = f"answered after {elapsed:.0f}s"
+        if problem is None:
+            took.append(elapsed)
+            submits.append(submitted)
+        else:
+            failed.append(problem)
+    return {"took": took, "submits": submits, "failed": failed}
+
+
+def victim_marker(sock: str) -> str:
+    """As the victim: a finished task whose result must survive the retention attack."""
+    with Client(sock, timeout=ANSWER + 5) as c:
+        return c.wait(c.submit(["echo", "kept"]).id, timeout=ANSWER).id
+
+
+def victim_lookup(sock: str, task_id: str) -> str:
+    """As the victim: its task's outcome, or the error code (``expired``: retention took it)."""
+    try:
+        with Client(sock, timeout=ANSWER) as c:
+            return str(c.show(task_id).outcome)
+    except ApiError as e:
+        return e.code
+
+
+# ---- the attacks (each runs as the attacker, until ``until`` on the monotonic clock) ----------
+
+def post(body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return (b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+
+
+def _ask(s: socket.socket, reader: Any, request: bytes) -> tuple[int, bool]:
+    """Send ``request`` on a kept-alive connection and read its answer (a Content-Length
+    body, as the daemon sends for every verb that does not stream); (status, closed after)."""
+    s.sendall(request)
+    line = reader.readline()
+    if not line:
+        raise ConnectionResetError("the daemon closed the connection")
+    status, length, close = int(line.split()[1]), 0, False
+    while (header := reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = header.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+        elif name.strip().lower() == b"connection":
+            close = value.strip().lower() == b"close"
+    reader.read(length)
+    return status, close
+
+
+def request_loop(sock: str, until: float, requests: list[bytes]) -> dict[str, Any]:
+    """Send ``requests`` (in turn) on one kept-alive connection as fast as the daemon answers,
+    a new connection whenever it closes one; counts of answers by status and of errors."""
+    counts: dict[str, Any] = {"requests": 0, "connections": 0, "status": collections.Counter(),
+                              "errors": collections.Counter()}
+    s: socket.socket | None = None
+    reader: Any = None
+    i = 0
+    while time.monotonic() < until:
+        try:
+            if s is None:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(5)
+                s.connect(sock)
+                reader = s.makefile("rb")
+                counts["connections"] += 1
+            status, close = _ask(s, reader, requests[i % len(requests)])
+            i += 1
+            counts["requests"] += 1
+            counts["status"][str(status)] += 1
+        except OSError as e:
+            counts["errors"][type(e).__name__] += 1
+            close = True
+            time.sleep(0.01)
+        if close and s is not None:
+            reader.close()
+            s.close()
+            s = None
+    return counts
+
+
+PROPERTY_REQUESTS = [post({"argv": ["true"], "properties": {name: value}}) for name, value in (
+    (" AmbientCapabilities", "CAP_SYS_ADMIN"), ("AmbientCapabilities\t", "CAP_SETUID"),
+    (" User", "root"), ("\tSupplementaryGroups ", "root"), ("Group\t", "root"))]
+MISSING_PATH = ":".join([f"/nonexistent/{i}" for i in range(300)] + ["/usr/bin", "/bin"])
+OUTSTANDING = 16  # the sigstop attacker's tasks submitted and unfinished at a time
+
+
+def keep_stoppable_tasks(sock: str, until: float) -> dict[str, Any]:
+    """Keep :data:`OUTSTANDING` tasks of ``true`` with :data:`MISSING_PATH` submitted (a new
+    one as the oldest ends): 300 failed execve(2) before the real one, each a moment for a
+    SIGSTOP to land in before the exec."""
+    counts = collections.Counter({"submitted": 0})
+    pending: collections.deque[str] = collections.deque()
+    with Client(sock, timeout=ANSWER + 5) as c:
+        while time.monotonic() < until:
+            if len(pending) >= OUTSTANDING:
+                c.wait(pending.popleft(), timeout=max(0.1, until - time.monotonic()))
+                continue
+            try:
+                pending.append(c.submit(["true"], time_limit="2s", grace="1s",
+                                        env={"PATH": MISSING_PATH}).id)
+                counts["submitted"] += 1
+            except ApiError as e:
+                counts[f"refused {e.status} {e.code}"] += 1
+                time.sleep(0.05)
+    return dict(counts)
+
+
+def big_request() -> bytes:
+    """A submission just under the default --max-body of 1 MiB: argv of 65,001 strings."""
+    return post({"argv": ["true", *(["abcdefghijkl"] * 65000)]})
+
+
+def stream_flood(sock: str, until: float) -> dict[str, Any]:
+    """Open ``GET /v1/events`` or a followed output of our own ``sleep`` (in turn), then write
+    64 KiB chunks into the connection until the daemon closes it (or stops reading)."""
+    with Client(sock, timeout=10) as c:
+        sleeper = c.submit(["sleep", "600"], time_limit="10min").id
+    heads = [b"GET /v1/events HTTP/1.1\r\nhost: x\r\n\r\n",
+             f"GET /v1/tasks/{sleeper}/output?follow=true HTTP/1.1\r\nhost: x\r\n\r\n".encode()]
+    counts = collections.Counter({"connections": 0, "bytes_written": 0})
+    chunk = b"x" * 65536
+    while time.monotonic() < until:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            try:
+                s.connect(sock)
+                s.sendall(heads[counts["connections"] % 2])
+                counts["connections"] += 1
+                while time.monotonic() < until:
+                    counts["bytes_written"] += s.send(chunk)
+            except TimeoutError:
+                counts["stalled"] += 1  # the daemon stopped reading but kept the connection
+            except OSError:
+                counts["closed"] += 1
+    return dict(counts)
+
+
+def output_flood(sock: str, until: float, at_once: int, size: str) -> dict[str, Any]:
+    """``at_once`` tasks of ``head -c SIZE /dev/zero`` at a time, again as they end."""
+    counts = collections.Counter[str]()
+    with Client(sock, timeout=ANSWER + 5) as c:
+        while time.monotonic() < until:
+            try:
+                ids = [c.submit(["head", "-c", size, "/dev/zero"]).id for _ in range(at_once)]
+            except ApiError as e:
+                counts[f"refused {e.status} {e.code}"] += 1
+                time.sleep(0.1)
+                continue
+            for task_id in ids:
+                info = c.wait(task_id, timeout=max(0.1, until - time.monotonic()))
+                counts[str(info.outcome or "unfinished")] += 1
+    return dict(counts)
+
+
+TRICKLE = b"x-slow: 1\r\n"  # a head's next bytes, one at a time: a line never followed by \r\n
+
+
+def hold_connections(sock: str, until: float, n: int, slow: bool) -> dict[str, Any]:
+    """Hold ``n`` connections, a new one for each the daemon closes: idle, or (``slow``)
+    sending a request head one byte per connection every 0.1 s, never finished."""
+    sel = selectors.DefaultSelector()
+    counts = collections.Counter({"made": 0, "closed_by_daemon": 0, "refused": 0, "open_max": 0})
+
+    def make() -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(1)
+        try:
+            s.connect(sock)
+            if slow:
+                s.sendall(b"GET /v1/limits HTTP/1.1\r\n")
+        except OSError:
+            counts["refused"] += 1
+            s.close()
+            return
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, [0])  # (data: the next TRICKLE byte's index)
+        counts["made"] += 1
+
+    for _ in range(n):
+        make()
+    next_byte = time.monotonic()
+    while (left := until - time.monotonic()) > 0:
+        counts["open_max"] = max(counts["open_max"], len(sel.get_map()))
+        for key, _ in sel.select(min(left, 0.1)):
+            try:
+                gone = not key.fileobj.recv(65536)  # type: ignore[union-attr]
+            except BlockingIOError:
+                continue
+            except OSError:
+                gone = True
+            if gone:
+                sel.unregister(key.fileobj)
+                key.fileobj.close()  # type: ignore[union-attr]
+                counts["closed_by_daemon"] += 1
+                make()
+        while len(sel.get_map()) < n and time.monotonic() < until:
+            make()
+        if slow and time.monotonic() >= next_byte:
+            next_byte = time.monotonic() + 0.1
+            for key in list(sel.get_map().values()):
+                with contextlib.suppress(OSError):  # (a closed one is seen by select next)
+                    key.fileobj.send(TRICKLE[key.data[0] % len(TRICKLE):][:1])  # type: ignore
+                    key.data[0] += 1
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    return dict(counts)
+
+
+def finish_tiny_tasks(sock: str, until: float) -> dict[str, Any]:
+    """``true`` tasks one after another as fast as they finish; how many, and the first id."""
+    done, first = 0, None
+    with Client(sock, timeout=ANSWER + 5) as c:
+        while time.monotonic() < until:
+            task_id = c.wait(c.submit(["true"]).id, timeout=ANSWER).id
+            first = first or task_id
+            done += 1
+    return {"tasks": done, "first_id": first}
+
+
+# ---- attack definitions ---------------------------------------------------------------------
+
+@dataclass
+class Env:
+    sock: str
+    attacker: User
+    victim: User
+    stopper: str
+    connections: int
+    disk: str | None = None
+
+
+@dataclass
+class Started:
+    children: list[Child]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    what: str
+    start: Callable[[Crew, Env, float], Started]
+    daemon_args: tuple[str, ...] = ()
+    disk: str | None = None
+    victim_limit: int | None = None  # victim requests per phase at most
+
+
+def _many(n: int, fn: Callable[..., Any], *args: Any) -> Callable[[Crew, Env, float], Started]:
+    """An attack of ``n`` attacker processes, each ``fn(sock, until, *args)``."""
+    def start(crew: Crew, env: Env, until: float) -> Started:
+        return Started([crew.fork_as(env.attacker, f"attacker {i}", fn, env.sock, until, *args)
+                        for i in range(n)])
+    return start
+
+
+def _start_sigstop(crew: Crew, env: Env, until: float) -> Started:
+    a = env.attacker
+    loop = subprocess.Popen([env.stopper, str(math.ceil(until - time.monotonic()) + 5)],
+                            user=a.uid, group=a.gid, extra_groups=[], start_new_session=True)
+    return Started([crew.fork_as(a, "submitter", keep_stoppable_tasks, env.sock, until,
+                                 keep_root=True)], [loop])
+
+
+def _start_connections(slow: bool) -> Callable[[Crew, Env, float], Started]:
+    def start(crew: Crew, env: Env, until: float) -> Started:
+        return Started([crew.fork_as(env.attacker, "holder", hold_connections, env.sock, until,
+                                     env.connections, slow)])
+    return start
+
+
+ATTACKS = [
+    Attack("property", "4 connections: padded root-only properties (403), as fast as answered",
+           _many(4, request_loop, PROPERTY_REQUESTS)),
+    Attack("sigstop", f"kill(-1, SIGSTOP) loop as the attacker + {OUTSTANDING} `true` at a "
+           f"time, PATH of 300 missing dirs", _start_sigstop),
+    Attack("stream_flood", "2 connections: events / followed output, then 64 KiB writes",
+           _many(2, stream_flood)),
+    Attack("output_flood", f"4 x `head -c 200M /dev/zero` at a time, state on a {DISK} tmpfs",
+           _many(1, output_flood, 4, "200M"), disk=DISK),
+    Attack("connections", "idle connections held, each closed one made again",
+           _start_connections(False)),
+    Attack("slow_headers", "connections held, a head byte every 0.1 s, closed ones made again",
+           _start_connections(True)),
+    Attack("retention", f"4 connections finishing `true` tasks, --retain-count {RETAIN}",
+           _many(4, finish_tiny_tasks), daemon_args=("--retain-count", str(RETAIN)),
+           victim_limit=RETENTION_REQUESTS),
+    Attack("big_submissions", "4 connections: 1 MiB submissions (argv of 65,000 strings)",
+           _many(4, request_loop, [big_request()])),
+]
+NAMES = [a.name for a in ATTACKS]
+
+
+# ---- one attack: phases on its own daemon ------------------------------------------------------
+
+@dataclass
+class Outcome:
+    attack: Attack
+    alone: list[list[float]] = field(default_factory=list)  # latencies per round
+    under: list[list[float]] = field(default_factory=list)
+    failed_alone: list[str] = field(default_factory=list)
+    failed_under: list[str] = field(default_factory=list)
+    submits: dict[str, list[float]] = field(default_factory=lambda: {"alone": [], "under": []})
+    rss_before: int = 0
+    rss_end: int = 0
+    rss_peak: int = 0
+    rss_after: int = 0  # once the last phase's leftovers were stopped
+    capped: bool = False  # an attack phase was cut short at RSS_CAP
+    held: list[str] = field(default_factory=list)  # the daemon's running/queued at each end
+    attacker: dict[str, Any] = field(default_factory=dict)  # counts, summed
+    attacker_errors: list[str] = field(default_factory=list)
+    stopped_after: int = 0  # attacker tasks force-stopped between phases
+    kept: list[str] = field(default_factory=list)  # retention: the victim's marker, per round
+    disk_used: int = 0  # output_flood: bytes in use on the state tmpfs, at most
+    outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
+    seen: set[str] = field(default_factory=set)  # the attacker's finished tasks counted
+    cpu: collections.Counter[str] = field(default_factory=collections.Counter)  # daemon's
+    daemon: Daemon | None = None
+
+
+def run_attack(out: Outcome, base: Env, rounds: int, seconds: float) -> None:
+    """``rounds`` of (alone, attack) on a daemon of the attack's own; figures into ``out``."""
+    attack = out.attack
+    with daemon(attack.daemon_args, attack.disk) as d, Crew() as crew:
+        out.daemon = d
+        env = Env(d.sock, base.attacker, base.victim, base.stopper, base.connections, d.disk)
+        warm = crew.fork_as(env.victim, "victim warm-up", victim_requests, d.sock, 0.3, 0.0)
+        crew.collect(warm, ANSWER * 2)
+        interval = seconds / attack.victim_limit if attack.victim_limit else INTERVAL
+        for r in range(rounds):
+            got = victim_phase(out, "alone", crew, env, seconds, interval)
+            out.alone.append(got["took"])
+            out.failed_alone += got["failed"]
+            attack_phase(out, crew, env, d, seconds, interval, first=r == 0)
+        time.sleep(1.0)
+        out.rss_after = rss_kib(d.pid)
+
+
+def victim_phase(out: Outcome, key: str, crew: Crew, env: Env, seconds: float,
+                 interval: float, tick: Callable[[], None] | None = None) -> dict[str, Any]:
+    """The victim's requests for one phase; the daemon's CPU time meanwhile is added to
+    ``out.cpu[key]`` (and the phase's length to ``key + "_wall"``)."""
+    pid = out.daemon.pid if out.daemon else 0
+    cpu, wall = cpu_seconds(pid), time.monotonic()
+    child = crew.fork_as(env.victim, "victim", victim_requests, env.sock, seconds, interval,
+                         out.attack.victim_limit)
+    got = crew.collect(child, seconds + ANSWER * 3, tick)
+    out.cpu[key] += cpu_seconds(pid) - cpu
+    out.cpu[key + "_wall"] += time.monotonic() - wall
+    if "error" in got:
+        return {"took": [], "failed": [f"the victim's process: {got['error']}"]}
+    out.submits[key] += got["submits"]
+    return got  # type: ignore[no-any-return]
+
+
+def attack_phase(out: Outcome, crew: Crew, env: Env, d: Daemon, seconds: float,
+                 interval: float, first: bool) -> None:
+    """One phase under attack: the attack starts, runs :data:`WARM_UP` s alone, then the
+    victim's phase; then the attack's processes end, its tasks are stopped, and (retention)
+    the victim's marker is looked up."""
+    marker = (crew.collect(crew.fork_as(env.victim, "marker", victim_marker, env.sock), ANSWER)
+              if out.attack.name == "retention" else None)
+    rss = rss_kib(d.pid)
+    out.rss_before = rss if first else out.rss_before
+    out.rss_peak = max(out.rss_peak, rss)
+    until = time.monotonic() + WARM_UP + seconds + 0.2
+    started = out.attack.start(crew, env, until)
+    try:
+        time.sleep(WARM_UP)
+
+        def sample() -> None:
+            out.rss_peak = max(out.rss_peak, rss_kib(d.pid))
+            if out.rss_peak > RSS_CAP and not out.capped:
+                out.capped = True
+                for c in started.children:  # (their counts for this phase are lost)
+                    os.kill(c.pid, signal.SIGKILL)
+
+        got = victim_phase(out, "under", crew, env, seconds, interval, sample)
+        out.rss_end = rss_kib(d.pid)
+        out.rss_peak = max(out.rss_peak, out.rss_end)
+        out.under.append(got["took"])
+        out.failed_under += got["failed"]
+        answers = [crew.collect(c, max(0.0, until - time.monotonic()) + 20)
+                   for c in started.children]
+    finally:
+        for proc in started.procs:
+            _end_stopper(proc, env)
+    _after_attack(out, crew, env, answers, marker)
+
+
+def _after_attack(out: Outcome, crew: Crew, env: Env, answers: list[Any],
+                  marker: Any) -> None:
+    """What the attack left: the attacker's counts, the state disk, the daemon's queue and
+    the attacker's outcomes; its unfinished tasks stopped; (retention) the victim's marker."""
+    for answer in answers:
+        if "error" in answer:
+            out.attacker_errors.append(answer["error"])
+        _add(out.attacker, answer)
+    if env.disk is not None:
+        st = os.statvfs(env.disk)
+        out.disk_used = max(out.disk_used, (st.f_blocks - st.f_bfree) * st.f_frsize)
+    with Client(env.sock, timeout=ANSWER) as root:
+        held = root.limits()["daemon"]
+    out.held.append(f"{held['running']}/{held['queued']}")
+    count_outcomes(out, env)
+    out.stopped_after += stop_leftovers(env.sock, env.attacker.uid)
+    if marker is not None:
+        out.kept.append(_look_up_marker(crew, env, marker, answers))
+
+
+def _end_stopper(proc: subprocess.Popen[bytes], env: Env) -> None:
+    """SIGTERM: the loop ends and sends SIGCONT to what it stopped; killed if it does not."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        a = env.attacker
+        subprocess.run([env.stopper, "0"], user=a.uid, group=a.gid, extra_groups=[],
+                       check=False)  # (0 seconds: only the SIGCONT)
+
+
+def _add(total: dict[str, Any], more: dict[str, Any]) -> None:
+    """Sum ``more``'s counts (ints and dicts of ints) into ``total``; other values are left."""
+    for k, v in more.items():
+        if isinstance(v, dict):
+            _add(total.setdefault(k, {}), v)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            total[k] = (max if k.endswith("_max") else int.__add__)(total.get(k, 0), v)
+
+
+def count_outcomes(out: Outcome, env: Env) -> None:
+    """As root: the attacker's tasks that finished (and are still kept), by outcome."""
+    with Client(env.sock, timeout=ANSWER) as c:
+        for t in c.list("finished", limit=10000):
+            if t.uid == env.attacker.uid and t.id not in out.seen:
+                out.seen.add(t.id)
+                out.outcomes[str(t.outcome)] += 1
+
+
+def stop_leftovers(sock: str, uid: int, timeout: float = 60) -> int:
+    """As root: force-stop every unfinished task of ``uid`` and wait until none is left; how
+    many were stopped."""
+    stopped: set[str] = set()
+    deadline = time.monotonic() + timeout
+    with Client(sock, timeout=ANSWER) as c:
+        while True:
+            left = [t.id for state in ("queued", "starting", "running", "stopping")
+                    for t in c.list(state, limit=10000) if t.uid == uid]
+            if not left:
+                return len(stopped)
+            if time.monotonic() > deadline:
+                print(f"WARNING: {len(left)} attacker tasks still unfinished {timeout:g}s after "
+                      f"their stop", file=sys.stderr)
+                return len(stopped)
+            for task_id in set(left) - stopped:
+                with contextlib.suppress(ApiError):  # (ended meanwhile)
+                    c.stop(task_id, force=True)
+                stopped.add(task_id)
+            time.sleep(0.05)
+
+
+def _look_up_marker(crew: Crew, env: Env, marker: Any, answers: list[Any]) -> str:
+    """The victim's marker after the retention attack, once retention has run (the
+    attacker's first task of the phase expired), or why it cannot be told."""
+    if not isinstance(marker, str):
+        return f"no marker ({marker})"
+    firsts = [a["first_id"] for a in answers if a.get("first_id")]
+    ran = False
+    deadline = time.monotonic() + 15
+    with Client(env.sock, timeout=ANSWER) as root:
+        while firsts and not ran and time.monotonic() < deadline:
+            try:
+                root.show(min(firsts, key=int))
+                time.sleep(0.1)
+            except ApiError as e:
+                ran = e.code == "expired"
+    found = crew.collect(crew.fork_as(env.victim, "lookup", victim_lookup, env.sock, marker),
+                         ANSWER)
+    return f"{found}{'' if ran else ' (retention had not run)'}"
+
+
+# ---- the report -------------------------------------------------------------------------------
+
+def p99(xs: list[float]) -> float:
+    """The 99th percentile, nearest rank (with few samples: close to the maximum)."""
+    s = sorted(xs)
+    return s[max(0, math.ceil(0.99 * len(s)) - 1)] if s else math.nan
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:.1f}" if not math.isnan(x) else "-"
+
+
+def mib(kib: int) -> str:
+    return f"{kib / 1024:.1f}"
+
+
+def _counts(c: dict[str, Any]) -> str:
+    parts = []
+    for k, v in c.items():
+        if isinstance(v, dict):
+            if v:
+                parts.append(f"{k} {{{', '.join(f'{a}: {b}' for a, b in sorted(v.items()))}}}")
+        else:
+            parts.append(f"{k} {v}")
+    return ", ".join(parts)
+
+
+def _share(cpu: collections.Counter[str], key: str) -> str:
+    return f"{cpu[key] / cpu[key + '_wall']:.0%}" if cpu[key + "_wall"] else "-"
+
+
+def goal_met(o: Outcome) -> tuple[float, bool]:
+    alone = [x for r in o.alone for x in r]
+    under = [x for r in o.under for x in r]
+    ratio = p99(under) / p99(alone) if alone and under else math.nan
+    return ratio, ratio <= GOAL and not o.failed_under and bool(under)
+
+
+def report(o: Outcome) -> None:
+    alone = [x for r in o.alone for x in r]
+    under = [x for r in o.under for x in r]
+    ratio, met = goal_met(o)
+    rounds = ", ".join(f"{p99(u) / p99(a):.2f}x" if a and u else "-"
+                       for a, u in zip(o.alone, o.under, strict=True))
+    print(f"{o.attack.name}: {o.attack.what}")
+    print(f"  victim alone: median {ms(median(alone) if alone else math.nan)} ms, p99 "
+          f"{ms(p99(alone))} ms, n={len(alone)}, unanswered {len(o.failed_alone)}")
+    print(f"  victim under attack: median {ms(median(under) if under else math.nan)} ms, p99 "
+          f"{ms(p99(under))} ms, n={len(under)}, unanswered {len(o.failed_under)}")
+    print(f"  p99 attack/alone {ratio:.2f}x (rounds: {rounds}); goal within {GOAL:g}x and "
+          f"never unanswered: {'met' if met else 'NOT met'}")
+    for label, failed in (("alone", o.failed_alone), ("under attack", o.failed_under)):
+        if failed:
+            top = collections.Counter(failed).most_common(3)
+            print(f"  unanswered {label}: " + "; ".join(f"{n} x {why}" for why, n in top))
+    sub = {k: ms(median(v)) if v else "-" for k, v in o.submits.items()}
+    print(f"  of which the submission (until its 201): median {sub['alone']} ms alone, "
+          f"{sub['under']} ms under attack")
+    print(f"  daemon RSS: before {mib(o.rss_before)} MiB, at the end {mib(o.rss_end)} MiB, "
+          f"peak {mib(o.rss_peak)} MiB; {mib(o.rss_after)} MiB 1 s after the last phase's "
+          f"leftovers were stopped")
+    print(f"  daemon running/queued tasks (all uids) at each attack phase's end: "
+          f"{', '.join(o.held)}")
+    print(f"  daemon CPU: {_share(o.cpu, 'alone')} of a core alone, {_share(o.cpu, 'under')} "
+          f"under attack")
+    print(f"  attacker: {_counts(o.attacker) or '-'}")
+    if o.outcomes or o.stopped_after:
+        print(f"  attacker's tasks: finished {_counts(dict(o.outcomes)) or 'none'}; unfinished "
+              f"at a phase's end, force-stopped: {o.stopped_after}")
+    if o.capped:
+        print(f"  ATTACK CUT SHORT: the daemon's RSS passed {mib(RSS_CAP)} MiB; its processes "
+              f"were killed (their counts for that phase are missing)")
+    for err in o.attacker_errors[:3]:
+        print(f"  attacker process error: {err}")
+    if o.kept:
+        print(f"  victim's earlier result after each attack phase: {', '.join(o.kept)}")
+    if o.attack.disk:
+        print(f"  state tmpfs ({o.attack.disk}): at most {o.disk_used / 2**20:.1f} MiB in use "
+              f"after a phase")
+    d = o.daemon
+    if d is not None and (d.status != 0 or d.tracebacks):
+        print(f"  daemon: exit status {d.status}, {d.tracebacks} tracebacks in its log; last "
+              f"lines: {d.log_tail}")
+    elif d is not None:
+        print(f"  daemon: exit status 0, {d.log_lines} log lines at warning level, no traceback")
+
+
+def summary(outcomes: list[Outcome]) -> None:
+    print(f"\n{'attack':<16} {'alone med/p99 ms':>17} {'attack med/p99 ms':>18} "
+          f"{'p99 ratio':>9} {'unanswered':>10} {'RSS before->end MiB':>20}  goal")
+    for o in outcomes:
+        alone = [x for r in o.alone for x in r]
+        under = [x for r in o.under for x in r]
+        ratio, met = goal_met(o)
+        a = f"{ms(median(alone) if alone else math.nan)} / {ms(p99(alone))}"
+        u = f"{ms(median(under) if under else math.nan)} / {ms(p99(under))}"
+        lost = f"{len(o.failed_under)}/{len(under) + len(o.failed_under)}"
+        rss = f"{mib(o.rss_before)} -> {mib(o.rss_end)}"
+        print(f"{o.attack.name:<16} {a:>17} {u:>18} {ratio:>8.2f}x {lost:>10} {rss:>20}  "
+              f"{'met' if met else 'NOT met'}")
+
+
+# ---- main ---------------------------------------------------------------------------------
+
+_interrupted: list[int] = []
+
+
+def _interrupt(sig: int, _frame: Any) -> None:
+    """The first SIGINT or SIGTERM raises KeyboardInterrupt; later ones only say that the
+    clean-up is under way (cutting it short would leave users, cgroups and mounts behind)."""
+    if _interrupted:
+        print(f"{signal.Signals(sig).name}: still cleaning up", file=sys.stderr)
+        return
+    _interrupted.append(sig)
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="1 round of 1.5 s phases, 300 connections: a smoke test")
+    ap.add_argument("--only", metavar="NAME,...", default=",".join(NAMES),
+                    help=f"attacks to run (default all): {', '.join(NAMES)}")
+    ap.add_argument("--rounds", type=int, default=3, help="alone/attack pairs per attack")
+    ap.add_argument("--seconds", type=float, default=4.0, help="seconds per phase")
+    args = ap.parse_args()
+    connections = 1024
+    if args.quick:
+        args.rounds, args.seconds, connections = 1, 1.5, 300
+    only = args.only.split(",")
+    if set(only) - set(NAMES):
+        ap.error(f"--only: unknown {sorted(set(only) - set(NAMES))}; known: {', '.join(NAMES)}")
+    if os.geteuid() != 0:
+        print("bench_tenants needs root (users, cgroups, a mount namespace)", file=sys.stderr)
+        return 2
+    for tool in ("gcc", "useradd", "userdel", "unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            print(f"bench_tenants needs {tool}", file=sys.stderr)
+            return 2
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(host_note())
+    print(raise_nofile(connections + 4096 + 1000))
+    print(f"tenants benchmark: {args.rounds} rounds x (alone {args.seconds:g} s, attack "
+          f"{args.seconds:g} s) per attack; victim: submit-to-result of `true`, a fresh "
+          f"connection each, one started every {INTERVAL * 1e3:.0f} ms; unanswered: no answer "
+          f"within {ANSWER:g} s, an error, or not succeeded")
+    outcomes: list[Outcome] = []
+    failed: list[str] = []
+    with tenants() as (attacker, victim), stopper_program() as stopper:
+        print(f"attacker {attacker.name} (uid {attacker.uid}), victim {victim.name} "
+              f"(uid {victim.uid})\n")
+        base = Env("", attacker, victim, stopper, connections)
+        for attack in (a for a in ATTACKS if a.name in only):
+            out = Outcome(attack)
+            try:
+                run_attack(out, base, args.rounds, args.seconds)
+                outcomes.append(out)
+                report(out)
+            except (OSError, ApiError, DaemonGone) as e:  # the next attack still runs
+                failed.append(attack.name)
+                d = out.daemon
+                print(f"{attack.name}: the run failed: {type(e).__name__}: {e}" + (
+                      f"; the daemon's exit status {d.status}, its last lines: {d.log_tail}"
+                      if d is not None else ""))
+            sys.stdout.flush()
+    summary(outcomes)
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+    print(f"  at the end: {host_note()}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ninterrupted; the users, daemons, cgroups and mounts were removed",
+              file=sys.stderr)
+        sys.exit(128 + (_interrupted[0] if _interrupted else signal.SIGINT))
