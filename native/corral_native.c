@@ -612,39 +612,38 @@ static int spawn_vfork_join(const struct corral_spawn_args *a, struct corral_spa
     return 0;
 }
 
-/* One spawn at a time in the whole process.  A child that shares our memory and changes its
- * uid makes that memory not dumpable (commit_creds()), which is what keeps a process of the
- * task's user from ptrace-attaching to it, or reading and writing it through /proc/PID/mem or
- * process_vm_writev(2), before it execs: our memory, root's.  Each spawn gives the flag back
- * once its child has exec'd; a second spawn running at the same time would give it back while
- * the first one's child still shares our memory under the user's uid.  Spawns also run in
- * more than one thread: the event loop's (CORRAL_SPAWN_TRYLOCK: it never waits here) and a
- * worker's, for a child that another uid could stop before exec (SIGSTOP) while the spawning
- * thread waits for it. */
-static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Our memory's dumpable flag, across spawns that run at once.  A child that shares our memory
+ * and changes its credentials makes that memory not dumpable (commit_creds()), which is what
+ * keeps a process of the task's user from ptrace-attaching to it, or reading and writing it
+ * through /proc/PID/mem or process_vm_writev(2), before it execs: our memory, root's.  The
+ * flag is given back (no core dumps and a root-owned /proc/self otherwise, for no reason of
+ * ours) only once no spawn at all is in flight: spawns run at once in several threads (the
+ * event loop's, and workers' for a child another uid could stop before its exec while the
+ * spawning thread waits for it), and one that gave it back at its own end would give it back
+ * while another's child still shares our memory under a user's uid.  The lock guards the
+ * count and the flag, never a spawn. */
+static pthread_mutex_t dumpable_lock = PTHREAD_MUTEX_INITIALIZER;
+static int spawns_in_flight;
+static int dumpable_before;  /* PR_GET_DUMPABLE when the first of them began */
 
-static int spawn_locked(const struct corral_spawn_args *a, struct corral_spawn_result *r);
-
-int corral_spawn(const struct corral_spawn_args *a, struct corral_spawn_result *r)
+static void spawn_begins(void)
 {
-    if (a->flags & CORRAL_SPAWN_TRYLOCK) {
-        if (pthread_mutex_trylock(&spawn_lock) != 0) {
-            memset(r, 0, sizeof *r);
-            r->pid = -1;
-            r->pidfd = -1;
-            r->step = CORRAL_STEP_BUSY;
-            r->err = EBUSY;
-            return -EBUSY;
-        }
-    } else {
-        pthread_mutex_lock(&spawn_lock);
-    }
-    int ret = spawn_locked(a, r);
-    pthread_mutex_unlock(&spawn_lock);
-    return ret;
+    pthread_mutex_lock(&dumpable_lock);
+    if (spawns_in_flight++ == 0)
+        dumpable_before = prctl(PR_GET_DUMPABLE, 0UL, 0UL, 0UL, 0UL);
+    pthread_mutex_unlock(&dumpable_lock);
 }
 
-static int spawn_locked(const struct corral_spawn_args *a, struct corral_spawn_result *r)
+static void spawn_ends(void)
+{
+    pthread_mutex_lock(&dumpable_lock);
+    if (--spawns_in_flight == 0 && dumpable_before == 1 &&
+            prctl(PR_GET_DUMPABLE, 0UL, 0UL, 0UL, 0UL) != 1)
+        prctl(PR_SET_DUMPABLE, 1UL, 0UL, 0UL, 0UL);
+    pthread_mutex_unlock(&dumpable_lock);
+}
+
+int corral_spawn(const struct corral_spawn_args *a, struct corral_spawn_result *r)
 {
     struct child_report rep = { CORRAL_STEP_NONE, 0, 0 };
     struct child_ctx c = { a, &rep, -1, -1 };
@@ -655,11 +654,7 @@ static int spawn_locked(const struct corral_spawn_args *a, struct corral_spawn_r
     r->pid = -1;
     r->pidfd = -1;
 
-    /* A child sharing our memory that changes its uid or gid makes that memory, ours, not
-     * dumpable (commit_creds() resets the mm's flag): we give it back once the child has
-     * exec'd (no core dumps, root-owned /proc/self otherwise, for no reason of ours). */
-    int dumpable = prctl(PR_GET_DUMPABLE, 0UL, 0UL, 0UL, 0UL);
-
+    spawn_begins();
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
 
@@ -675,8 +670,7 @@ static int spawn_locked(const struct corral_spawn_args *a, struct corral_spawn_r
     if (r->fallback_errno != 0 && r->step == CORRAL_STEP_NONE)
         ret = spawn_vfork_join(a, r, &c);
 
-    if (dumpable == 1 && prctl(PR_GET_DUMPABLE, 0UL, 0UL, 0UL, 0UL) != 1)
-        prctl(PR_SET_DUMPABLE, 1UL, 0UL, 0UL, 0UL);
+    spawn_ends();
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 
     if (ret < 0) {

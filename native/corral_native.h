@@ -23,7 +23,6 @@
 #define CORRAL_SPAWN_AMBIENT         2048 /* raise cap_ambient's bits as ambient capabilities */
 #define CORRAL_SPAWN_SETPGID         4096 /* a process group of its own (setpgid(0, 0)) */
 #define CORRAL_SPAWN_NO_CLONE3       8192 /* seccomp: clone3 answers ENOSYS (no CLONE_INTO_CGROUP) */
-#define CORRAL_SPAWN_TRYLOCK         16384 /* another spawn in progress: -EBUSY at once (step BUSY) */
 
 /* how the child was created (corral_spawn_result.method) */
 #define CORRAL_METHOD_CLONE3_VFORK   1  /* clone3(CLONE_INTO_CGROUP|CLONE_PIDFD|CLONE_VM|CLONE_VFORK) */
@@ -57,7 +56,6 @@
 #define CORRAL_STEP_NO_NEW_PRIVS 23
 #define CORRAL_STEP_SETPGID    24
 #define CORRAL_STEP_SECCOMP    25  /* installing the NO_CLONE3 filter */
-#define CORRAL_STEP_BUSY       26  /* CORRAL_SPAWN_TRYLOCK: another thread is spawning */
 
 struct corral_rlimit {
     int resource;
@@ -107,9 +105,8 @@ struct corral_spawn_result {
 };
 
 /* Spawn: 0 on success (pid, pidfd, method filled in), -errno on failure (step, err filled in).
- * A child that fails before execve has been reaped when this returns.  One spawn at a time in
- * the process (a mutex; see corral_native.c): with CORRAL_SPAWN_TRYLOCK a call that would wait
- * for another thread's spawn returns -EBUSY (step CORRAL_STEP_BUSY) instead. */
+ * A child that fails before execve has been reaped when this returns.  Any thread, several at
+ * once (our memory's dumpable flag is given back once none is in flight: corral_native.c). */
 int corral_spawn(const struct corral_spawn_args *args, struct corral_spawn_result *result);
 
 /* inotify, which Python 3.11's stdlib lacks: -errno on failure. */

@@ -12,8 +12,8 @@ things can hold the child before its exec:
   every process of that uid may stop it (kill(2) checks the uids, nothing else), as a
   ``kill(-1, SIGSTOP)`` loop does.
 
-So a thread watches every spawn in flight.  One slower than ``STALL`` gets the leaf, the root
-and the base (the cgroup given to corral, which a task may freeze as well) thawed (only a
+So a thread watches every spawn in flight.  One slower than ``STALL`` (10 ms) gets the leaf,
+the root and the base (the cgroup given to corral, which a task may freeze as well) thawed (only a
 ``cgroup.freeze`` that reads 1 is written), as often as needed, and the task's record says so;
 a child stopped by a signal is killed in its leaf at once (a stopped process dies of SIGKILL)
 and the spawn fails with step ``stopped``.  A freeze from further up (an ancestor of the base:
@@ -22,8 +22,8 @@ and the spawn fails with step ``frozen``.  Either way the thread waiting for the
 released.  The spawns a stop could hold run in a worker thread (``_life.py``), so the event
 loop never waits for them; a freeze holds the event loop's thread for at most ``GIVE_UP``.
 
-Cost per spawn: a dict entry; the thread wakes ten times a second and takes the GIL only to
-look at the spawns in flight (usually none).
+Cost per spawn: a dict entry and an event set; the thread sleeps while no spawn is in flight,
+and looks every 10 ms while one is (most end well before).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ __all__ = ["GIVE_UP", "STALL", "SpawnGuard", "Spawning"]
 
 log = logging.getLogger(__name__)
 
-STALL = 0.1  # a spawn slower than this gets its cgroups checked for a freeze or a stop
+STALL = 0.01  # a spawn slower than this gets its cgroups checked for a freeze or a stop
 GIVE_UP = 2.0  # a spawn still frozen this long after it began: its child is killed
-_PERIOD = 0.1
+_PERIOD = 0.01  # while a spawn is in flight; otherwise the thread sleeps until one begins
 
 
 class Spawning:
@@ -72,6 +72,7 @@ class SpawnGuard:
         self._spawning: dict[int, Spawning] = {}
         self._lock = threading.Lock()  # _spawning and each one's notes
         self._closing = threading.Event()
+        self._begun = threading.Event()  # a spawn began: wake the thread
         self._thread = threading.Thread(target=self._watch, name="corral-spawn-guard",
                                         daemon=True)
 
@@ -80,6 +81,7 @@ class SpawnGuard:
 
     def close(self) -> None:
         self._closing.set()
+        self._begun.set()
         if self._thread.is_alive():
             self._thread.join()
 
@@ -89,6 +91,7 @@ class SpawnGuard:
         spawning = Spawning(leaf.path, time.monotonic())
         with self._lock:
             self._spawning[id(spawning)] = spawning
+        self._begun.set()
         return spawning
 
     def end(self, spawning: Spawning) -> tuple[str | None, list[str]]:
@@ -101,6 +104,8 @@ class SpawnGuard:
     def _watch(self) -> None:
         while not self._closing.wait(_PERIOD):
             if not self._spawning:
+                self._begun.wait()  # (set by begin(); close() sets it too)
+                self._begun.clear()
                 continue
             now = time.monotonic()
             with self._lock:

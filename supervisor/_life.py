@@ -45,7 +45,7 @@ from ._main import MainProcess
 from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
 from ._result import Cleanup, Containment, Outcome, StopReason, TaskResult
 from ._sample import read_pressure
-from ._spawn import SpawnBusy, Spawned, SpawnError, spawn
+from ._spawn import Spawned, SpawnError, spawn
 from ._stdio import end, plumb, register
 from ._task import Task, TaskHandle, close_captures, finish_unstarted, record, request_stop
 
@@ -278,16 +278,14 @@ async def _start(task: Task) -> tuple[Cgroup, Spawned]:
 async def _spawn(task: Task, leaf: Cgroup, kwargs: dict[str, Any], *,
                  in_thread: bool) -> Spawned:
     """The spawn, watched by the spawn guard.  On the event loop's thread unless the child
-    takes another uid before its exec (then any process of that uid may stop it there, and
-    the spawning thread waits for it), or another thread is spawning now (one spawn at a time
-    in the process): then in a worker thread, waited for whatever happens (shielded: the
-    child is ours to hold once it exists)."""
+    takes another uid before its exec: then any process of that uid may stop it there, and
+    the spawning thread waits for it, so it runs in a worker thread, waited for whatever
+    happens (shielded: the child is ours to hold once it exists)."""
     rt = task.rt
     spawning = rt.guard.begin(leaf)
     try:
-        now = None if in_thread else _spawn_now(task.spec.argv, kwargs)
-        if now is not None:
-            spawned = now
+        if not in_thread:
+            spawned = spawn(task.spec.argv, **kwargs)
         else:
             with trio.CancelScope(shield=True):
                 spawned = await trio.to_thread.run_sync(
@@ -301,14 +299,6 @@ async def _spawn(task: Task, leaf: Cgroup, kwargs: dict[str, Any], *,
         raise SpawnError(errno.EBUSY if killed == "frozen" else errno.ECANCELED, killed,
                          leaf.path)
     return spawned
-
-
-def _spawn_now(argv: tuple[str, ...], kwargs: dict[str, Any]) -> Spawned | None:
-    """The spawn on this thread, or None if another thread is spawning (never waited for)."""
-    try:
-        return spawn(argv, trylock=True, **kwargs)
-    except SpawnBusy:
-        return None
 
 
 def _delegate(leaf: Cgroup) -> None:

@@ -30,7 +30,6 @@ ffi: Any = _ffi
 lib: Any = _lib
 
 __all__ = [
-    "SpawnBusy",
     "SpawnError",
     "SpawnMethod",
     "Spawned",
@@ -71,7 +70,6 @@ _STEPS = {
     lib.CORRAL_STEP_NO_NEW_PRIVS: "no_new_privs",
     lib.CORRAL_STEP_SETPGID: "setpgid",
     lib.CORRAL_STEP_SECCOMP: "seccomp",
-    lib.CORRAL_STEP_BUSY: "busy",
 }
 
 # What each step did, for SpawnError's message ("cannot <what> <target>: [Errno ...]").
@@ -100,11 +98,6 @@ _WHAT = {
     "stopped": "the new process was stopped by a signal before it could run (SIGSTOP: any "
                "process of the user it runs as may send it); corral killed it in",
 }
-
-
-class SpawnBusy(Exception):
-    """``spawn(trylock=True)``: another thread is spawning right now (one spawn at a time in
-    the process: see native/corral_native.c); nothing was started."""
 
 
 class SpawnMethod:
@@ -260,7 +253,7 @@ def spawn(
     rlimits: Sequence[tuple[int, int, int]] = (),
     uid: int | None = None, gid: int | None = None, groups: Sequence[int] | None = None,
     drop_bounding_caps: int = 0, ambient_caps: int = 0, no_new_privs: bool = False,
-    no_clone3: bool = False, ignored_signals: Sequence[int] = (), trylock: bool = False,
+    no_clone3: bool = False, ignored_signals: Sequence[int] = (),
 ) -> Spawned:
     """Start ``argv`` with fds ``stdin``/``stdout``/``stderr`` as 0/1/2, in cgroup ``cgroup_fd``.
 
@@ -281,9 +274,9 @@ def spawn(
     ``no_new_privs``; ``no_clone3`` (a seccomp filter: clone3 answers ENOSYS, so that no
     child can be born in another cgroup with CLONE_INTO_CGROUP).
 
-    One spawn at a time in the process: a call waits for another thread's, or with
-    ``trylock`` raises :class:`SpawnBusy` at once (an event loop must not wait: the other
-    spawn's child may be held before its exec).
+    Any thread may spawn, several at once (the child of one that takes another uid may be
+    stopped before its exec by a process of that uid, and its thread waits: ``_life.py``
+    spawns those in a worker thread).
 
     Returns once the child has exec'd: a :class:`SpawnError` says the exec did not happen and
     no child remains.
@@ -299,13 +292,9 @@ def spawn(
                       ignored_signals, keep)
     a.flags = iso.fill(a, keep) | _process_flags(new_session, controlling_tty,
                                                  new_process_group, force_fallback)
-    if trylock:
-        a.flags |= lib.CORRAL_SPAWN_TRYLOCK
     r = ffi.new("struct corral_spawn_result *")
     rc = lib.corral_spawn(a, r)
     if rc < 0:
-        if r.step == lib.CORRAL_STEP_BUSY:
-            raise SpawnBusy()
         raise _spawn_error(-rc, r, bargv[0], cwd, iso)
     return Spawned(r.pid, r.pidfd, _METHODS[r.method], r.fallback_errno)
 

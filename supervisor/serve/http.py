@@ -304,7 +304,11 @@ async def _answer(conn: Connection, req: Request, router: Router) -> bool:
         return True
     if long:
         return await _answer_long(conn, req, handler, verb)
-    resp = await _handle(handler, req)
+    if conn.shares is None:
+        resp = await _handle(handler, req)
+    else:
+        async with conn.shares.turn(req.peer.uid):
+            resp = await _handle(handler, req)
     conn.on_answer(verb, resp.status)
     if isinstance(resp, Streaming):
         await conn.send_streaming(resp)

@@ -208,6 +208,7 @@ async def write_end(d: Daemon, t: DaemonTask) -> None:
             d.nursery.start_soon(_retry_end, d, t, values)
     t.state = "finished"
     t.handle = None  # the core's handle is done with: let it go
+    t.spec = None  # (so is the spec: a finished task held in memory holds its request only)
     t.done.set()
     d.task_finished(t)
     if t.recorded:

@@ -22,9 +22,9 @@ from typing import Any
 import trio
 
 from .http import serve_connection
-from .peers import allowed, peer_of
+from .peers import Peer, allowed, peer_of
 from .routes import make_router
-from .shares import Held
+from .shares import LINGERING, Held
 from .state import Config, Daemon
 from .statedir import StateDirError, check_ancestors
 
@@ -143,26 +143,56 @@ async def accept_loop(d: Daemon, listener: trio.socket.SocketType,
                 await trio.sleep(0.1)  # out of descriptors: let some connections end
                 continue
             raise
-        connections.start_soon(_connection, d, sock, router)
+        admitted = _admit(d, sock, connections)
+        if admitted is not None:
+            connections.start_soon(_connection, d, sock, router, *admitted)
 
 
-async def _connection(d: Daemon, sock: trio.socket.SocketType, router: Any) -> None:
+def _admit(d: Daemon, sock: trio.socket.SocketType,
+           nursery: trio.Nursery) -> tuple[Peer, Held] | None:
+    """Who connected, and its place in its uid's share; None (the connection refused: then
+    answered in a task of its own, or closed at once in a flood) if it has none.  No
+    checkpoint: a flood of connections costs the accept loop only this."""
+    try:
+        peer = peer_of(sock)  # type: ignore[arg-type]
+    except OSError:
+        sock.close()
+        return None
+    if not allowed(peer, d.config.allow_gid):
+        d.metrics.shed.labels(reason="not_allowed").inc()
+        _refuse(d, sock, _FORBIDDEN, nursery)
+        return None
+    held = Held(peer.uid)
+    refused = d.shares.open(held)
+    if refused is None:
+        return peer, held
+    d.metrics.shed.labels(reason=f"max_connections{'_per_uid' * (refused == 'per_uid')}").inc()
+    _refuse(d, sock, _MINE if refused == "per_uid" else _BUSY, nursery)
+    return None
+
+
+def _refuse(d: Daemon, sock: trio.socket.SocketType, response: bytes,
+            nursery: trio.Nursery) -> None:
+    """Answer a refused connection in a task of its own (it lingers a moment), or, while
+    LINGERING of them are being answered, close it now."""
+    if d.shares.refusing >= LINGERING:
+        sock.close()
+        return
+    d.shares.refusing += 1
+    nursery.start_soon(_answer_refusal, d, sock, response)
+
+
+async def _answer_refusal(d: Daemon, sock: trio.socket.SocketType, response: bytes) -> None:
+    try:
+        with sock:
+            await _refuse_raw(sock, response)
+    finally:
+        d.shares.refusing -= 1
+
+
+async def _connection(d: Daemon, sock: trio.socket.SocketType, router: Any, peer: Peer,
+                      held: Held) -> None:
     with sock:
-        try:
-            peer = peer_of(sock)  # type: ignore[arg-type]
-        except OSError:
-            return
-        if not allowed(peer, d.config.allow_gid):
-            d.metrics.shed.labels(reason="not_allowed").inc()
-            await _refuse_raw(sock, _FORBIDDEN)
-            return
-        held = Held(peer.uid)
-        refused = d.shares.open(held)
-        if refused is not None:
-            d.metrics.shed.labels(reason=f"max_connections{'_per_uid' * (refused == 'per_uid')}"
-                                  ).inc()
-            await _refuse_raw(sock, _MINE if refused == "per_uid" else _BUSY)
-            return
         try:
             with held.scope:
                 shed = await serve_connection(trio.SocketStream(sock), peer, d.config.http,

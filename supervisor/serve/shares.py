@@ -12,7 +12,12 @@ share is the one shed:
   never locks the others out; a newcomer of that uid itself is refused (503);
 - the request bodies a uid's connections are reading or being answered for may hold at most
   ``body_bytes`` at once: a request that would go past it is refused (429) before its body is
-  read, so a uid's many connections cannot make the daemon hold many MiB each.
+  read, so a uid's many connections cannot make the daemon hold many MiB each;
+- at most :data:`TURNS` requests of one uid are answered at once (root: any number): one
+  uid's many connections, each with a request ready, take turns among themselves;
+- a refused connection is answered (429 or 503) and closed; while :data:`LINGERING` are being
+  answered, more are closed at once, unanswered, so that a flood of connections costs the
+  daemon little more than the accepts.
 
 Pure bookkeeping on the trio thread.
 """
@@ -20,11 +25,16 @@ Pure bookkeeping on the trio thread.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
+from collections.abc import AsyncIterator
 
 import trio
 
-__all__ = ["Held", "Shares"]
+__all__ = ["LINGERING", "TURNS", "Held", "Shares"]
+
+TURNS = 4  # requests of one uid answered at once (the others wait their turn)
+LINGERING = 64  # refused connections answered at once; past that, closed without an answer
 
 
 class Held:
@@ -50,6 +60,8 @@ class Shares:
         self.count = 0
         self.bodies: collections.Counter[int] = collections.Counter()  # uid -> bytes
         self.shed = 0  # connections shed to make room for another uid's
+        self._turns: dict[int, trio.Semaphore] = {}
+        self.refusing = 0  # refused connections being answered (each lingers a moment)
 
     def open(self, conn: Held) -> str | None:
         """Admit ``conn`` (then :meth:`close` it), or say why not: ``"per_uid"`` (429) or
@@ -84,6 +96,22 @@ class Shares:
         self.count -= 1
         if not mine:
             del self.held[conn.uid]
+
+    @contextlib.asynccontextmanager
+    async def turn(self, uid: int) -> AsyncIterator[None]:
+        """Held while a request of ``uid`` is answered (not a long poll or a stream): at most
+        :data:`TURNS` at once per uid (root: any number), so that one uid's many connections,
+        each with a request ready, wait for each other and not for everyone else."""
+        if uid == 0:
+            yield
+            return
+        sem = self._turns.setdefault(uid, trio.Semaphore(TURNS))
+        try:
+            async with sem:
+                yield
+        finally:
+            if sem.value == TURNS and not sem.statistics().tasks_waiting:
+                self._turns.pop(uid, None)
 
     def connections_of(self, uid: int) -> int:
         return len(self.held.get(uid, ()))

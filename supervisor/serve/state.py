@@ -38,6 +38,7 @@ __all__ = ["DEFAULT_STATE_DIR", "Config", "Daemon", "OutputDisk", "expired_error
            "refuse_while_restarting"]
 
 DEFAULT_STATE_DIR = "/var/lib/corral"
+BIG_REQUEST = 64 << 10  # a finished task with a request above this is not kept in memory
 
 
 class Config(NamedTuple):
@@ -194,6 +195,8 @@ class Daemon:
         self.metrics.finished.labels(outcome=t.outcome or "lost").inc()
         self.publish(t, "finished")
         self._finished[t.id] = None
+        if t.size > BIG_REQUEST and t.recorded:
+            self.forget(t.id)  # (answered from its record: a MiB of request held 5 MiB)
         self.evict()
         self.live -= 1
         self.retention_due.set()

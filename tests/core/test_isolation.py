@@ -585,3 +585,82 @@ async def test_a_user_task_stopped_before_its_exec_fails_alone_and_holds_nothing
     assert root.outcome == "succeeded"
     # the loop was never held until the stopper's end (20 s): at most a guard's round or two
     assert worst < 5.0, worst
+
+
+def test_our_memory_stays_undumpable_while_any_child_of_another_uid_shares_it(
+        test_user: User, stopper: str, test_cgroup: cgroupfs.Cgroup) -> None:
+    """A child that takes another uid makes our memory not dumpable until it execs: that is
+    what keeps a process of that uid from ptrace-attaching to it (our memory) before then.
+    With spawns in more than one thread, a spawn that gave the flag back at its own end (it
+    began before the other child's uid change) would give it back while that child, stopped
+    before its exec, still shares our memory: the flag comes back only once no spawn is in
+    flight.  Here one thread spawns children of the user (stopped before their exec, often),
+    this one slow spawns of its own (a long PATH), and between them the flag is read."""
+    import ctypes
+
+    from supervisor._spawn import shares_our_memory, spawn
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def dumpable() -> int:
+        return int(libc.prctl(3, 0, 0, 0, 0))  # PR_GET_DUMPABLE
+
+    def held() -> list[int]:
+        return [p for p in leaf.procs() if _state(p) == "T" and shares_our_memory(p)]
+
+    assert dumpable() == 1
+    leaf = test_cgroup.make_child("held")
+    # (2000 missing directories first: 2000 failed execve(2) before the real one, a few ms in
+    # which a stop lands, or another thread's spawn goes by)
+    path = ":".join([f"/nonexistent/{i}" for i in range(2000)] + ["/usr/bin", "/bin"])
+    stopping = subprocess.Popen(["setpriv", f"--reuid={test_user.uid}",
+                                 f"--regid={test_user.gid}", "--clear-groups", "--", stopper,
+                                 "30"])
+    done: list[str] = []
+    seen_held = bad = 0
+
+    def users_spawns() -> None:
+        while not done:
+            s = spawn(["true"], env={"PATH": path}, cgroup_fd=leaf.fd, stdin=0, stdout=1,
+                      stderr=2, uid=test_user.uid, gid=test_user.gid, groups=[])
+            signal.pidfd_send_signal(s.pidfd, signal.SIGKILL)  # (stopped after its exec?)
+            os.waitid(os.P_PIDFD, s.pidfd, os.WEXITED)
+            os.close(s.pidfd)
+
+    thread = threading.Thread(target=users_spawns, daemon=True)
+    thread.start()
+    try:
+        for _ in range(300):
+            s = spawn(["true"], env={"PATH": path}, stdin=0, stdout=1, stderr=2)
+            os.waitid(os.P_PIDFD, s.pidfd, os.WEXITED)
+            os.close(s.pidfd)
+            stopped = held()
+            if stopped:
+                seen_held += 1
+                bad += dumpable() == 1 and bool(held())  # (still held: no exec meanwhile)
+                for pid in stopped:
+                    os.kill(pid, signal.SIGKILL)  # (the guard's job in a supervisor)
+    finally:
+        done.append("enough")
+        stopping.kill()
+        stopping.wait()
+        deadline = time.monotonic() + 30
+        while thread.is_alive() and time.monotonic() < deadline:
+            for pid in held():  # (one stopped since: it would wait for a SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            thread.join(0.05)
+    assert seen_held, "no child of the user was ever stopped before its exec"
+    assert bad == 0, f"{bad} of {seen_held} times our memory was dumpable while a child of " \
+                     f"uid {test_user.uid} shared it"
+    assert dumpable() == 1  # none in flight: given back
+    leaf.kill()
+    assert leaf.wait_unpopulated(10)
+    leaf.remove()
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0].decode()
+    except (OSError, IndexError):
+        return None
