@@ -65,6 +65,9 @@ T = TypeVar("T")
 
 HANDOVER_START_WAIT = 30.0  # seconds tasks being started may take before a hand-over
 UNRECORDED_WAIT = 10.0  # seconds a drain retries end records that failed
+# the core's own results kept in memory (the daemon records each itself: these only carry the
+# records of tasks a hand-over could not adopt to recover(); a result holds its argv)
+CORE_RESULTS = 16
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain; again: kill (HUP: ignored)
 
 
@@ -135,7 +138,8 @@ async def _supervisor(config: Config, notifier: Notifier,
     opened = False
     try:
         async with open_supervisor(config.cgroup_root, config.default_time_limit,
-                                   config.max_time_limit, **adopt) as sup:
+                                   config.max_time_limit, retain_results=CORE_RESULTS,
+                                   **adopt) as sup:
             opened = True
             if handover is not None:
                 await trio.to_thread.run_sync(fdstore.release, notifier, passed)

@@ -8,6 +8,7 @@ and groups, unless root submitted it.
 
 from __future__ import annotations
 
+import _socket
 import dataclasses
 import os
 import pwd
@@ -15,7 +16,7 @@ import socket
 import struct
 from typing import Any, NamedTuple
 
-__all__ = ["Peer", "peer_of", "run_as_isolation", "task_environment"]
+__all__ = ["Peer", "peer_of", "peer_of_fd", "run_as_isolation", "task_environment"]
 
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; Python 3.11 lacks it
 _UCRED = struct.Struct("3i")
@@ -56,6 +57,15 @@ def peer_of(sock: socket.socket) -> Peer:
                 continue
             break  # an old kernel: no supplementary groups known
     return Peer(pid, uid, gid, groups)
+
+
+def peer_of_fd(fd: int) -> Peer:
+    """:func:`peer_of` for a connected socket's bare fd (left open)."""
+    sock = _socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd)
+    try:
+        return peer_of(sock)  # type: ignore[arg-type]
+    finally:
+        sock.detach()
 
 
 def allowed(peer: Peer, allow_gid: int | None) -> bool:

@@ -16,8 +16,8 @@ share is the one shed:
 - at most :data:`TURNS` requests of one uid are answered at once (root: any number): one
   uid's many connections, each with a request ready, take turns among themselves;
 - a refused connection is answered (429 or 503) and closed; while :data:`LINGERING` are being
-  answered, more are closed at once, unanswered, so that a flood of connections costs the
-  daemon little more than the accepts.
+  answered, or after one of the same uid in the last second, it is closed at once,
+  unanswered, so that a flood of connections costs the daemon little more than the accepts.
 
 Pure bookkeeping on the trio thread.
 """
@@ -62,6 +62,7 @@ class Shares:
         self.shed = 0  # connections shed to make room for another uid's
         self._turns: dict[int, trio.Semaphore] = {}
         self.refusing = 0  # refused connections being answered (each lingers a moment)
+        self._answered: dict[int, float] = {}  # uid -> when a refusal of its was answered
 
     def open(self, conn: Held) -> str | None:
         """Admit ``conn`` (then :meth:`close` it), or say why not: ``"per_uid"`` (429) or
@@ -112,6 +113,18 @@ class Shares:
         finally:
             if sem.value == TURNS and not sem.statistics().tasks_waiting:
                 self._turns.pop(uid, None)
+
+    def may_answer(self, uid: int) -> bool:
+        """Whether a refused connection of ``uid`` gets an answer: one a second per uid
+        (the rest are closed at once: a client re-making connections as fast as it can
+        learns nothing more from a thousand 429s than from one)."""
+        now = trio.current_time()
+        if now - self._answered.get(uid, -1.0) < 1.0:
+            return False
+        self._answered[uid] = now
+        if len(self._answered) > 4096:
+            self._answered = {u: t for u, t in self._answered.items() if now - t < 1.0}
+        return True
 
     def connections_of(self, uid: int) -> int:
         return len(self.held.get(uid, ()))
