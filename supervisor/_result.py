@@ -314,7 +314,7 @@ class TaskResult:
             "schema_version": SCHEMA_VERSION,
             "id": self.id,
             "name": None if self.name is None else _text(self.name),
-            "argv": [_text(a) for a in self.argv],
+            "argv": _texts(self.argv),
             "outcome": str(self.outcome),
             "started": self.started,
             "exit": {"code": self.exit_code, "signal": self.signal,
@@ -342,6 +342,16 @@ def _text(value: str) -> str:
         return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     except UnicodeEncodeError:  # "\ud800": not one os.fsdecode makes
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _texts(values: tuple[str, ...]) -> list[str]:
+    """:func:`_text` of each, in one pass when none needs it (a command may have tens of
+    thousands of arguments: one encode of them all, not one each)."""
+    try:
+        "".join(values).encode("utf-8")
+        return list(values)
+    except UnicodeEncodeError:
+        return [_text(v) for v in values]
 
 
 def _iso(ts: float | None) -> str | None:

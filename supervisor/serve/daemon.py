@@ -283,7 +283,8 @@ async def _await_unrecorded(d: Daemon) -> None:
         t = d.tasks.get(task_id)
         log.error("task %s: its end record could not be written before the daemon exited "
                   "(the next start records it lost); its result: %s", task_id,
-                  None if t is None else json.dumps(served_result(t.result_json, t.output)))
+                  None if t is None else json.dumps(served_result(t.result_json, t.output,
+                                                                      t.request.argv)))
 
 
 def kill_all(d: Daemon, signum: int | None = None) -> None:

@@ -192,7 +192,8 @@ def _event(row: dict[str, Any], output_dir: str) -> dict[str, Any]:
     return {"id": row["id"], "uid": row["uid"], "name": row["name"], "state": "finished",
             "outcome": row["outcome"], "exit_status": row["exit_status"],
             "at": row["ended_at"] or time.time(),
-            "result": served_result(row["result"], os.path.join(output_dir, row["id"]))}
+            "result": served_result(row["result"], os.path.join(output_dir, row["id"]),
+                                    row["spec"]["argv"])}
 
 
 async def post_json(socket_path: str | None, url: str, obj: Any) -> int:

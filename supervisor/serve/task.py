@@ -83,7 +83,7 @@ class DaemonTask:
             out["record"] = "pending"  # its end row could not be written yet (retried)
         if full:
             out["spec"] = self.request.to_json()
-            out["result"] = served_result(self.result_json, self.output)
+            out["result"] = served_result(self.result_json, self.output, self.request.argv)
         return out
 
     def stop(self, force: bool) -> bool:
@@ -111,6 +111,8 @@ def kept_result(result: TaskResult, result_json: dict[str, Any], output: str,
     beyond the file's cap was written beside it (``<file>.tail``).  So a task's row is a few
     KiB whatever it printed, and :func:`served_result` gives the core's JSON back exactly."""
     kept = dict(result_json)
+    if len(result.argv) > 16 and "argv" in kept:
+        kept["argv"] = None  # (the request has it: served_result puts it back)
     output_json = dict(kept.get("output") or {})
     for stream, out in (("stdout", result.output_stdout), ("stderr", result.output_stderr)):
         part = output_json.get(stream)
@@ -135,11 +137,17 @@ def kept_result(result: TaskResult, result_json: dict[str, Any], output: str,
     return kept
 
 
-def served_result(kept: dict[str, Any] | None, output: str) -> dict[str, Any] | None:
-    """The core's result JSON from what :func:`kept_result` kept: head and tail read back
-    from the output files (a file that went missing since: the text is empty, and the
-    stream says ``"lost_text": true``)."""
-    if not kept or not isinstance(kept.get("output"), dict):
+def served_result(kept: dict[str, Any] | None, output: str,
+                  argv: list[str]) -> dict[str, Any] | None:
+    """The core's result JSON from what :func:`kept_result` kept: the ``argv`` of the request
+    (a long one is kept once, in the request), head and tail read back from the output files
+    (a file that went missing since: the text is empty, and the stream says ``"lost_text":
+    true``)."""
+    if not kept:
+        return kept
+    if kept.get("argv", ()) is None:
+        kept = {**kept, "argv": list(argv)}
+    if not isinstance(kept.get("output"), dict):
         return kept
     streams = kept["output"]
     if not any(isinstance(p, dict) and "in_file" in p for p in streams.values()):
@@ -196,5 +204,5 @@ def row_json(row: dict[str, Any], *, full: bool,
     if full:
         out["spec"] = spec
         assert output_dir is not None
-        out["result"] = served_result(r, os.path.join(output_dir, row["id"]))
+        out["result"] = served_result(r, os.path.join(output_dir, row["id"]), spec["argv"])
     return out

@@ -14,6 +14,10 @@ from supervisor.client import ApiError
 from supervisor.serve.schema import SCHEMA_VERSION
 from supervisor.serve.task import served_result
 
+
+def row_argv(row: dict) -> list[str]:
+    return json.loads(row["spec"])["argv"]
+
 Start = Callable[..., RunningDaemon]
 
 
@@ -44,7 +48,7 @@ def test_submit_wait_show_list_and_records(start_daemon: Start) -> None:
     kept = json.loads(row["result"])
     assert kept["output"]["stdout"]["head"] == "" and kept["output"]["stdout"]["in_file"] == [
         4, 0]
-    assert served_result(kept, str(d.state / "output" / t.id)) == r
+    assert served_result(kept, str(d.state / "output" / t.id), row_argv(row)) == r
     assert row["started_at"] and row["ended_at"] and row["leaf"] == r["id"]
 
 

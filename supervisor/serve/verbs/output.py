@@ -116,7 +116,8 @@ class _Follower:
                 total, tail = t.kept.get(self.stream, (self.pos, b""))
                 await _after_file(send, self, total, tail)
                 await send(_line({"end": True, "exit_status": t.exit_status,
-                                  "result": served_result(t.result_json, t.output)}))
+                                  "result": served_result(t.result_json, t.output,
+                                                         t.request.argv)}))
                 return
             if not self.follow:
                 await send(_line({"end": False, "offset": self.pos, "state": t.live_state}))
@@ -165,7 +166,8 @@ class _Recorded:
         finally:
             if fd is not None:
                 os.close(fd)
-        result = served_result(self.row.get("result"), self.output)
+        result = served_result(self.row.get("result"), self.output,
+                               self.row["spec"]["argv"])
         await _after_file(send, self, _total(result, self.stream), _read_tail(self.path))
         finished = self.row["state"] == "finished"
         await send(_line({"end": True, "exit_status": self.row["exit_status"],
