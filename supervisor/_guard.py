@@ -18,8 +18,10 @@ the root and the base (the cgroup given to corral, which a task may freeze as we
 a child stopped by a signal is killed in its leaf at once (a stopped process dies of SIGKILL)
 and the spawn fails with step ``stopped``.  A freeze from further up (an ancestor of the base:
 not corral's to undo) would still hold the child: after ``GIVE_UP`` it is killed the same way
-and the spawn fails with step ``frozen``.  Either way the thread waiting for the child is
-released.  The spawns a stop could hold run in a worker thread (``_life.py``), so the event
+and the spawn fails with step ``frozen``; so is one not started after ``DEADLINE`` for any
+other reason (a PATH search made slow on purpose, a hung filesystem), with step
+``timeout``.  Either way the thread waiting for the child is released.  The spawns a stop
+could hold run in a worker thread (``_life.py``), so the event
 loop never waits for them; a freeze holds the event loop's thread for at most ``GIVE_UP``.
 
 Cost per spawn: a dict entry and an event set; the thread sleeps while no spawn is in flight,
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 
 STALL = 0.01  # a spawn slower than this gets its cgroups checked for a freeze or a stop
 GIVE_UP = 2.0  # a spawn still frozen this long after it began: its child is killed
+DEADLINE = 10.0  # a spawn not done this long after it began, for any reason: killed too
 _PERIOD = 0.01  # while a spawn is in flight; otherwise the thread sleeps until one begins
 
 
@@ -128,6 +131,10 @@ class SpawnGuard:
                 self._thaw(s, path)
         if stalled > GIVE_UP:
             self._give_up(s)
+        if stalled > DEADLINE and s.killed is None:
+            self._kill(s, "timeout", f"its new process had not started within {DEADLINE:g}s "
+                       f"(a search along a long PATH, a filesystem that does not answer?); "
+                       f"corral killed it in {s.leaf}")
 
     def _stopped_before_exec(self, leaf: str) -> bool:
         """Whether the child in ``leaf`` is stopped and has not exec'd (it still shares our

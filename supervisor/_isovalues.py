@@ -143,9 +143,9 @@ def parse_rlimit(name: str, value: Any, what: str) -> tuple[int, int]:
     """``(soft, hard)`` of one Limit*= value: "N", "SOFT:HARD", "infinity", an int, a pair."""
     kind = RLIMITS[name][1]
     if isinstance(value, tuple | list) and len(value) == 2:
-        parts = [str(v if v is not None else "infinity") for v in value]
+        parts = ["infinity" if v is None or v == INFINITY else str(v) for v in value]
     elif isinstance(value, int) and not isinstance(value, bool):
-        parts = [str(value)]
+        parts = ["infinity" if value == INFINITY else str(value)]
     elif isinstance(value, str) and value.strip() and value.count(":") <= 1:
         parts = [p.strip() for p in value.split(":")]
     else:

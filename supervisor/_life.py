@@ -280,7 +280,9 @@ async def _spawn(task: Task, leaf: Cgroup, kwargs: dict[str, Any], *,
     """The spawn, watched by the spawn guard.  On the event loop's thread unless the child
     takes another uid before its exec: then any process of that uid may stop it there, and
     the spawning thread waits for it, so it runs in a worker thread, waited for whatever
-    happens (shielded: the child is ours to hold once it exists)."""
+    happens (shielded: the child is ours to hold once it exists); at most
+    ``SPAWN_SLOTS`` at once per uid, so that one user's held spawns never take every
+    worker thread from the others'."""
     rt = task.rt
     spawning = rt.guard.begin(leaf)
     try:
@@ -288,16 +290,17 @@ async def _spawn(task: Task, leaf: Cgroup, kwargs: dict[str, Any], *,
             spawned = spawn(task.spec.argv, **kwargs)
         else:
             with trio.CancelScope(shield=True):
-                spawned = await trio.to_thread.run_sync(
-                    functools.partial(spawn, task.spec.argv, **kwargs))
+                async with rt.spawn_slots(kwargs["uid"]):
+                    spawned = await trio.to_thread.run_sync(
+                        functools.partial(spawn, task.spec.argv, **kwargs))
     finally:
         killed, notes = rt.guard.end(spawning)
         if notes:
             task.notes = (*task.notes, *notes)
-    if killed is not None:  # frozen from above, or stopped: the guard killed the child
+    if killed is not None:  # frozen from above, stopped, too slow: the guard killed it
         _reap(spawned)
-        raise SpawnError(errno.EBUSY if killed == "frozen" else errno.ECANCELED, killed,
-                         leaf.path)
+        raise SpawnError({"frozen": errno.EBUSY, "timeout": errno.ETIMEDOUT}.get(
+            killed, errno.ECANCELED), killed, leaf.path)
     return spawned
 
 
@@ -360,9 +363,10 @@ async def _held_outside(task: Task, driver: Driver, still_open: list[tuple[Any, 
     and says so."""
     names = [("stdout" if capture is task.stdout else "stderr") for capture, _ in still_open]
     what = " and ".join(names) + (" were" if len(names) > 1 else " was")
+    uid = task.spec.isolation.describe()["uid"]
     holders = await trio.to_thread.run_sync(driver.tracker.holders_of,
                                             {link for _, link in still_open},
-                                            trio.current_time() - started.t0)
+                                            trio.current_time() - started.t0, uid)
     who = "; ".join(holders) if holders else "no process could be found holding it"
     return [f"the task's {what} still held open after its cgroup had emptied: something of "
             f"the task lived outside it ({who})"]

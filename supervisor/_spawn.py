@@ -97,6 +97,8 @@ _WHAT = {
               "given to corral is frozen); corral killed it in",
     "stopped": "the new process was stopped by a signal before it could run (SIGSTOP: any "
                "process of the user it runs as may send it); corral killed it in",
+    "timeout": "the new process had not started after 10s (a long PATH search, a hung "
+               "filesystem?); corral killed it in",
 }
 
 
@@ -159,7 +161,18 @@ def resolve_executable(file: str, env_path: str | None) -> list[str]:
     if "/" in file:
         return [file]
     path = os.defpath if env_path is None else env_path
-    return [os.path.join(d or ".", file) for d in path.split(os.pathsep)]
+    entries = path.split(os.pathsep)
+    if len(entries) > MAX_PATH_ENTRIES:
+        # each candidate is an execve(2) in the child before its exec, and a symbolic link
+        # chain makes one cost milliseconds: a PATH of a hundred thousand would hold the
+        # spawn (and its thread) for minutes
+        raise SpawnError(errno.E2BIG, "exec", f"{file} (PATH has {len(entries)} entries, more "
+                                              f"than {MAX_PATH_ENTRIES}; shorten it, or give "
+                                              f"the command's full path)")
+    return [os.path.join(d or ".", file) for d in entries]
+
+
+MAX_PATH_ENTRIES = 256
 
 
 def _cstrings(items: Sequence[bytes], keep: list[Any]) -> Any:
@@ -174,9 +187,12 @@ def _cstrings(items: Sequence[bytes], keep: list[Any]) -> Any:
 def _cached_cstrings(items: tuple[str, ...]) -> tuple[Any, list[Any]]:
     """A NULL-terminated C array of ``items`` and what keeps its strings alive.  Most spawns
     repeat the same environment, PATH candidates and mount points: encoding them anew cost
-    ~40 us per spawn."""
+    ~40 us per spawn.  (Only small ones are cached: see :func:`_strings_for_child`.)"""
     keep: list[Any] = []
     return _cstrings([os.fsencode(s) for s in items], keep), keep
+
+
+_CACHED_BYTES = 16 << 10  # a C array cached for reuse holds at most this much text
 
 
 def _environment_for_child(env: Mapping[str, str] | None, keep: list[Any]) -> Any:
@@ -201,6 +217,11 @@ def _cached_env(items: tuple[tuple[bytes, bytes], ...]) -> tuple[Any, list[Any]]
 
 
 def _strings_for_child(items: tuple[str, ...], keep: list[Any]) -> Any:
+    """A C array of ``items``, alive while ``keep`` is: reused from the cache if small (a
+    task's environment and PATH are the submitter's: a MiB of them, cached, would be held
+    64 times over)."""
+    if sum(len(i) for i in items) > _CACHED_BYTES:
+        return _cstrings([os.fsencode(i) for i in items], keep)
     held = _cached_cstrings(items)
     keep.append(held)  # alive for this spawn even if the cache lets it go meanwhile
     return held[0]

@@ -43,7 +43,7 @@ from ._interrupt import CtrlC, Interrupts, from_ctrl_c
 from ._keeper import Keeper
 from ._life import live
 from ._output import IoReactor, Latch
-from ._result import StopReason, TaskResult
+from ._result import Cleanup, Outcome, StopReason, TaskResult
 from ._sample import Sampler
 from ._spec import DEFAULT_GRACE, TaskSpec
 from ._task import (
@@ -53,6 +53,7 @@ from ._task import (
     TaskHandle,
     final_result,
     finish_unstarted,
+    record,
     request_stop,
 )
 from ._tracking import remember_home
@@ -276,16 +277,39 @@ class Supervisor:
     def record_unstarted(self, argv: Sequence[str] | TaskSpec, *,
                          reason: StopReason | str = StopReason.CANCEL,
                          task_id: str | None = None, by_signal: int | None = None,
-                         **options: Any) -> TaskResult:
+                         notes: Sequence[str] = (), **options: Any) -> TaskResult:
         """The final record of a task that was accepted but will never run (a daemon's own
         queue dropped it, a shutdown came first, a Ctrl-C before the spawn): ``cancelled``,
         ``started=False``, with ``reason`` (``cancel`` as the caller's, or ``shutdown``,
         ``fail_fast``...) and ``by_signal`` (see ``TaskHandle.stop``) in its stop record.
-        Nothing is created; the task takes an id like any other."""
+        ``notes`` go into the record too.  Nothing is created; the task takes an id like
+        any other."""
         reason = StopReason(reason)
         task = self._new_task(TaskSpec.from_call(argv, options), task_id)
+        task.notes = (*task.notes, *notes)
         request_stop(task, reason, by_caller=reason == StopReason.CANCEL, by_signal=by_signal)
         result = finish_unstarted(task)
+        self._ended(task)
+        return result
+
+    def record_lost(self, argv: Sequence[str] | TaskSpec, *, why: str, started: bool,
+                    task_id: str | None = None, cleanup: Cleanup | None = None,
+                    created_at: float | None = None, started_at: float | None = None,
+                    notes: Sequence[str] = (), **options: Any) -> TaskResult:
+        """The final record of a task this supervisor cannot follow to its end (the daemon
+        that ran it died, or failed it): ``lost``, error step ``daemon`` with ``why``, the
+        ``cleanup`` as known (default: incomplete, nothing known), ``created_at`` and
+        ``started_at`` as they were (wall clock).  A complete record of the result format,
+        like any other; nothing is created."""
+        task = self._new_task(TaskSpec.from_call(argv, options), task_id)
+        if created_at is not None:
+            task.created_at = created_at
+        task.stop.finish()
+        result = record(task, Outcome.LOST, started=started, error=RuntimeError(why),
+                        step="daemon", started_at=started_at if started else None,
+                        cleanup=cleanup or Cleanup("incomplete", detail="what became of the "
+                                                   "task's processes is not known"),
+                        notes=[*notes, why])
         self._ended(task)
         return result
 

@@ -11,12 +11,13 @@ an InternalError).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import termios
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,9 @@ class Incident:
     text: str
 
 
+SPAWN_SLOTS = 2  # worker threads spawning children of one uid at once
+
+
 @dataclass(slots=True)
 class Runtime:
     """What a task's life needs of its supervisor, and nothing more."""
@@ -82,6 +86,20 @@ class Runtime:
     on_detach: Callable[..., None] = lambda *args: None
     # the caller's cancellation reached a running task's driver (a Ctrl-C's, perhaps)
     on_cancelled: Callable[[Task, trio.Cancelled], None] = lambda *args: None
+    # worker threads spawning children of each uid (see _life._spawn)
+    _spawning_as: dict[int, trio.Semaphore] = field(default_factory=dict)
+
+    @contextlib.asynccontextmanager
+    async def spawn_slots(self, uid: int) -> AsyncIterator[None]:
+        """One of ``SPAWN_SLOTS`` places to spawn a child that takes ``uid`` in a worker
+        thread (its wait may be long: a stop, a slow PATH, until the guard ends it)."""
+        slots = self._spawning_as.setdefault(uid, trio.Semaphore(SPAWN_SLOTS))
+        try:
+            async with slots:
+                yield
+        finally:
+            if slots.value == SPAWN_SLOTS and not slots.statistics().tasks_waiting:
+                self._spawning_as.pop(uid, None)
     incidents: list[Incident] = field(default_factory=list)
 
 

@@ -161,14 +161,16 @@ class Tracker:
         self.escaped[pid] = EscapedProcess(pid, comm, where, "killed" if killed else "exited")
 
 
-    def holders_of(self, links: set[str], ago: float) -> list[str]:
+    def holders_of(self, links: set[str], ago: float, uid: int) -> list[str]:
         """The leaf is empty, and pipes of the task (``links``: ``pipe:[inode]``) are still
         held open: by processes outside the leaf.  Each one that started after the task's
-        spawn (``ago`` seconds ago) is the task's: a child that left before corral ever
-        listed it (root, cgroupfs writable).  It is killed through a pidfd, checked again,
-        and recorded escaped.  One that started before (an fd passed to an older process)
-        is named, not killed.  Returns what the record's cleanup says of them all.  A scan
-        of /proc (blocking: run it in a thread); rare, as escapes are."""
+        spawn (``ago`` seconds ago) and runs as the task's ``uid`` (any, for a root task) is
+        the task's: a child that left before corral ever listed it (root, cgroupfs
+        writable).  It is killed through a pidfd, checked again, and recorded escaped.  One
+        that started before, or runs as another user (the task passed its pipe to someone
+        else's process: corral must not kill that on the task's say-so), is named, not
+        killed.  Returns what the record's cleanup says of them all.  A scan of /proc
+        (blocking: run it in a thread); rare, as escapes are."""
         found = []
         born_after = _ticks_since_boot(ago)
         for pid in _holders(links):
@@ -177,9 +179,11 @@ class Tracker:
                 continue
             where = read_cgroup(pid)
             comm = read_comm(pid)
-            if start < born_after:
-                found.append(f"{comm}[{pid}] in {where} (started before the task: left as "
-                             f"it is)")
+            owner = _uid_of(pid)
+            if start < born_after or (uid != 0 and owner != uid):
+                why = "started before the task" if start < born_after else \
+                    f"runs as uid {owner}, not the task's"
+                found.append(f"{comm}[{pid}] in {where} ({why}: left as it is)")
                 continue
             try:
                 pidfd = os.pidfd_open(pid)
@@ -215,6 +219,13 @@ def _holders(links: set[str]) -> list[int]:
             except OSError:
                 continue
     return holders
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def _ticks_since_boot(ago: float) -> int:

@@ -139,12 +139,20 @@ def parse_duration(
     return float(total)
 
 
+MAX_DURATION_TEXT = 64  # characters: "1h 30min 20s" is 12; systemd's longest sane spans fit
+
+
 def _duration_value(value: object, what: str, rule: str) -> Fraction | None:
     """The exact seconds ``value`` says, None for infinity; refuses what is no duration."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise _refuse(what, rule, value, _type_detail(value, "a duration"))
     if isinstance(value, str):
         text = value.strip()
+        if len(text) > MAX_DURATION_TEXT:  # (read piece by piece: a long one costs a while)
+            error = _refuse(what, rule, value[:40] + "...", f"it is {len(text)} characters "
+                            f"long; a duration is at most {MAX_DURATION_TEXT}")
+            error.value = value  # (the message shows its start)
+            raise error
         return None if text == "infinity" else _sum_duration(text, what, rule, value)
     if isinstance(value, float) and (math.isnan(value) or value == -math.inf):
         raise _refuse(what, rule, value, "NaN is not a duration" if math.isnan(value) else "")

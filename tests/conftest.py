@@ -101,3 +101,24 @@ def stopper() -> Iterator[str]:
         yield os.path.join(where, "stopper")
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slow_path() -> Iterator[str]:
+    """A PATH whose first 8 entries each take the kernel milliseconds to refuse (a chain of
+    40 symbolic links, each walking ~1600 path components), then /usr/bin:/bin: a child's
+    search along it holds it a few tens of milliseconds between its uid change and its exec,
+    the window a tenant's SIGSTOP lands in.  (What an attacker builds to widen that window;
+    corral caps PATH at 256 entries, so this is about as wide as it gets.)"""
+    where = tempfile.mkdtemp(prefix="corral-test-chain-")
+    os.chmod(where, 0o755)
+    os.mkdir(os.path.join(where, "d"))
+    pad = "d/../" * 818
+    for i in range(39):
+        os.symlink(f"{pad}l{i + 1}", os.path.join(where, f"l{i}"))
+    os.symlink(f"{pad}d", os.path.join(where, "l39"))
+    os.symlink("l0", os.path.join(where, "a"))
+    try:
+        yield ":".join([os.path.join(where, "a")] * 8 + ["/usr/bin", "/bin"])
+    finally:
+        shutil.rmtree(where, ignore_errors=True)

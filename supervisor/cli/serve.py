@@ -51,6 +51,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--allow-group", metavar="GROUP",
                    help="only root and members of GROUP may connect (the socket is made "
                         "0660 root:GROUP)")
+    p.add_argument("--metrics-group", metavar="GROUP",
+                   help="members of GROUP may read GET /metrics (default: root only; its "
+                        "counts are of every tenant's tasks)")
     p.add_argument("--max-running", type=int, default=16, metavar="N")
     p.add_argument("--max-running-per-uid", type=int, default=None, metavar="N",
                    help="default: half of --max-running (one uid never holds every slot)")
@@ -99,6 +102,10 @@ def _add_durability(p: Any) -> None:
                    help="POST each finished task's event to URL over --on-finish-socket")
     p.add_argument("--on-finish-socket", metavar="PATH",
                    help="the Unix socket --on-finish-url is reached through")
+    p.add_argument("--drain-timeout", default="60s", metavar="DURATION",
+                   help="on shutdown, tasks still running this long after their stop are "
+                        "killed, whatever grace they asked for (default 60s: below the unit's "
+                        "TimeoutStopSec=90s, so that the daemon writes their records itself)")
     p.add_argument("--no-hand-over", dest="hand_over", action="store_false",
                    help="stop tasks on `systemctl restart` too, instead of handing them to the "
                         "restarted daemon")
@@ -117,13 +124,8 @@ def _config(args: argparse.Namespace) -> Any:
             die(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     import os
 
-    allow_gid = None
-    if args.allow_group is not None:
-        try:
-            allow_gid = grp.getgrnam(args.allow_group).gr_gid
-        except KeyError:
-            die(f"--allow-group {args.allow_group!r}: no such group; create it (groupadd) or "
-                f"name an existing one")
+    allow_gid = _gid(args.allow_group, "--allow-group")
+    metrics_gid = _gid(args.metrics_group, "--metrics-group")
     http = HttpLimits(
         max_body=_size(args.max_body, "--max-body"),
         header_timeout=parse_duration(args.header_timeout, "--header-timeout"),
@@ -145,6 +147,7 @@ def _config(args: argparse.Namespace) -> Any:
         state_dir=os.path.abspath(args.state_dir), cgroup_root=args.cgroup_root,
         default_time_limit=args.default_time_limit, max_time_limit=args.max_time_limit,
         allow_gid=allow_gid, socket_mode=0o666 if allow_gid is None else 0o660,
+        metrics_gid=metrics_gid,
         queue=queue, http=http, output_cap=_size(args.output_cap, "--output-cap"),
         max_connections=args.max_connections,
         max_connections_per_uid=args.max_connections_per_uid,
@@ -152,7 +155,8 @@ def _config(args: argparse.Namespace) -> Any:
         keep_finished=args.keep_finished,
         retention=_retention(args), on_finish_exec=args.on_finish_exec,
         on_finish_url=args.on_finish_url, on_finish_socket=args.on_finish_socket,
-        hand_over=args.hand_over)
+        hand_over=args.hand_over,
+        drain_timeout=parse_duration(args.drain_timeout, "--drain-timeout"))
 
 
 def _retention(args: argparse.Namespace) -> Any:
@@ -184,11 +188,22 @@ def _size(text: str, what: str) -> int:
     return size
 
 
-def _raise_nofile() -> None:
-    """Connections and tasks are descriptors: use what the hard limit allows."""
+def _gid(name: str | None, option: str) -> int | None:
+    if name is None:
+        return None
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        die(f"{option} {name!r}: no such group; create it (groupadd) or name an existing one")
+
+
+def _raise_nofile() -> int:
+    """Connections and tasks are descriptors: use what the hard limit allows.  Returns the
+    soft limit as it was (root's tasks start with it again)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft
 
 
 def main(args: argparse.Namespace) -> int:
@@ -204,7 +219,7 @@ def main(args: argparse.Namespace) -> int:
         die(str(e))
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="corral serve: %(levelname)s %(name)s: %(message)s")
-    _raise_nofile()
+    config = config._replace(task_nofile_soft=_raise_nofile())
     try:
         trio.run(serve, config)
     except* (PlacementError, SupervisorError, RecordsError, OSError, ValueError) as eg:

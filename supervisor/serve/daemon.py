@@ -253,8 +253,9 @@ async def _tell_systemd(d: Daemon) -> None:
 
 async def drain(d: Daemon, server: trio.CancelScope, signum: int | None = None) -> None:
     """Stop accepting tasks (503; the other verbs still answer, so that clients can wait
-    for their results); queued tasks end unstarted, running ones stop (reason shutdown);
-    once every record is written, close the listeners and the connections."""
+    for their results); queued tasks end unstarted, running ones stop (reason shutdown),
+    killed if still running ``--drain-timeout`` after; once every record is written, close
+    the listeners and the connections."""
     d.draining = True
     d.notifier.notify(STOPPING="1", STATUS=f"draining: {d.scheduler.total_running} "
                       f"running, {d.scheduler.total_queued} queued")
@@ -262,7 +263,14 @@ async def drain(d: Daemon, server: trio.CancelScope, signum: int | None = None) 
         stop_queued(d, t, "shutdown")
     d.sup.stop_all(reason=_shutdown_reason(), by_signal=signum)
     if d.live:
-        await d.all_ended.wait()
+        with trio.move_on_after(d.config.drain_timeout):
+            await d.all_ended.wait()
+        if d.live:
+            log.warning("drain: %d task(s) still running %gs after their stop (a longer "
+                        "grace, or a stop signal ignored): killing them (--drain-timeout)",
+                        d.live, d.config.drain_timeout)
+            kill_all(d, signum)
+            await d.all_ended.wait()
     await _await_unrecorded(d)
     # let answers already made (waits, the end frames of followed streams) go out
     with trio.move_on_after(1.0):

@@ -95,6 +95,7 @@ class Connection:
         self.shed_reason: str | None = None  # why the daemon gave up on this client
         self.held = held or Held(peer.uid)  # (its uid's share: idle or not)
         self.shares = shares
+        self.body_limit: Callable[[str, str, int], int] = lambda method, path, cap: cap
         self.body_taken = 0  # bytes of the current request's body counted in its uid's share
 
     async def _receive(self, deadline: float) -> int:
@@ -159,12 +160,19 @@ class Connection:
                        self.peer)
 
     async def _read_body(self, request: h11.Request, deadline: float) -> bytes:
-        cap = self.limits.max_body
+        cap = self.body_limit(request.method.decode("ascii", "replace"),
+                              unquote(urlsplit(request.target.decode("ascii", "replace")).path),
+                              self.limits.max_body)
         for name, value in request.headers:
             if name == b"content-length":
                 if int(value) > cap:
                     raise _too_large(int(value), cap)
                 self._take_body(int(value))  # (the whole body, before a byte of it is read)
+            elif name == b"transfer-encoding":
+                # a chunked body is read one h11 event per chunk: a byte a chunk costs the
+                # event loop a million rounds a MiB.  Clients send the length (curl does).
+                raise ApiError(411, "length_required", "send the request body with a "
+                               "Content-Length, not chunked (Transfer-Encoding)")
         parts: list[bytes] = []
         size = 0
         while True:
@@ -235,10 +243,10 @@ class Connection:
 
     async def watch_eof(self, scope: trio.CancelScope) -> None:
         """Cancel ``scope`` when the client closes its end (while a long answer is made).
-        What the client sends meanwhile is kept for later (a pipelined request), up to one
-        request's worth (the head and body limits): a client that sends more while it waits
-        is disconnected, never buffered without bound."""
-        room = self.limits.max_header_bytes + self.limits.max_body
+        What the client sends meanwhile is kept for later (a pipelined request), up to a
+        request head's worth: a client that sends more while it waits is disconnected,
+        never buffered without bound."""
+        room = self.limits.max_header_bytes
         while True:
             try:
                 data = await self.stream.receive_some(65536)
@@ -305,26 +313,34 @@ async def _answer(conn: Connection, req: Request, router: Router) -> bool:
     if long:
         return await _answer_long(conn, req, handler, verb)
     if conn.shares is None:
-        resp = await _handle(handler, req)
+        await _answer_now(conn, req, handler, verb)
     else:
+        # (the sending too: a client that does not read its answers holds its own turns)
         async with conn.shares.turn(req.peer.uid):
-            resp = await _handle(handler, req)
+            await _answer_now(conn, req, handler, verb)
+    return True
+
+
+async def _answer_now(conn: Connection, req: Request, handler: Handler, verb: str) -> None:
+    resp = await _handle(handler, req)
     conn.on_answer(verb, resp.status)
     if isinstance(resp, Streaming):
         await conn.send_streaming(resp)
     else:
         await conn.send_response(resp)
-    return True
 
 
 async def serve_connection(stream: trio.SocketStream, peer: Peer, limits: HttpLimits,
                            router: Router, on_answer: Callable[[str, int], None],
-                           held: Held | None = None,
-                           shares: Shares | None = None) -> str | None:
+                           held: Held | None = None, shares: Shares | None = None,
+                           body_limit: Callable[[str, str, int], int] | None = None,
+                           ) -> str | None:
     """Answer requests on one connection until it closes or breaks a limit; why the daemon
     ended it (``send_timeout``, ``idle_timeout``, ...), or None if the client did.
     ``held``/``shares``: its place in its uid's share of the daemon (``shares.py``)."""
     conn = Connection(stream, peer, limits, on_answer, held, shares)
+    if body_limit is not None:
+        conn.body_limit = body_limit
     try:
         await _serve(conn, stream, router)
     finally:

@@ -23,6 +23,7 @@ Only the library's public API is used: ``sup.start``, ``sup.record_unstarted``,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -137,7 +138,11 @@ async def run_task(d: Daemon, t: DaemonTask, marked: bool) -> None:
         if t.state != "queued":  # (put back in the queue: not running)
             d.scheduler.finished(t.uid)
             dispatch(d)
-    await take_result(d, t, result)
+    try:
+        await take_result(d, t, result)
+    except Exception as e:  # (a bug of ours with this result: this task alone pays)
+        log.exception("task %s: keeping its result failed", t.id)
+        await _record_failure(d, t, e)
 
 
 async def _mark_starting(d: Daemon, t: DaemonTask) -> bool:
@@ -256,18 +261,24 @@ async def _retry_end_loop(d: Daemon, t: DaemonTask, values: dict[str, Any]) -> N
 
 
 async def _record_failure(d: Daemon, t: DaemonTask, error: Exception) -> None:
-    """The core's record if it made one before failing; else the daemon's own, ``lost``."""
-    if t.handle is not None and t.handle.result is not None:
-        await take_result(d, t, t.handle.result)
-        return
-    t.started.set()
-    t.outcome = "lost"
-    t.ended_at = time.time()
-    t.exit_status = 125
-    t.result_json = {"outcome": "lost", "started": t.started_at is not None,
-                     "daemon_error": f"corral serve could not run this task (a bug; see the "
-                                     f"daemon's log): {error!r}"}
-    await write_end(d, t)
+    """The core's record if it made one before failing and it can be kept; else one of
+    ``lost`` the core's record builder makes (``Supervisor.record_lost``): a complete record
+    of the result format that says what happened."""
+    core = None if t.handle is None else t.handle.result
+    if core is not None and t.result_json is None:
+        try:
+            await take_result(d, t, core)
+            return
+        except Exception:
+            log.exception("task %s: keeping the core's record failed too", t.id)
+    why = (f"corral serve could not run this task to its end (a bug; the daemon's log has "
+           f"it): {error!r}")
+    # (without the id: the core may hold it, for the record it made and we failed to keep)
+    result = dataclasses.replace(d.sup.record_lost(
+        tuple(t.request.argv), name=t.request.name, why=why, started=t.started_at is not None),
+        id=t.id)
+    t.result_json = None
+    await take_result(d, t, result)
 
 
 def _write_tail(path: str, tail: bytes) -> bool:

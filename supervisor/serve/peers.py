@@ -3,7 +3,8 @@
 The kernel tells the daemon who connected (``SO_PEERCRED``: pid, uid, gid at ``connect()``;
 ``SO_PEERGROUPS``: the supplementary groups then), see unix(7).  Nothing a client says about
 itself counts.  A task belongs to its submitter's uid and runs with the submitter's uid, gid
-and groups, unless root submitted it.
+and groups, unless root submitted it, and with no resource limit above the submitter's own
+(:func:`rlimits_of`: what PAM or its service manager gave the process that connected).
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ import _socket
 import dataclasses
 import os
 import pwd
+import signal
 import socket
 import struct
 from typing import Any, NamedTuple
 
-__all__ = ["Peer", "peer_of", "peer_of_fd", "run_as_isolation", "task_environment"]
+__all__ = ["Peer", "PeerGone", "parse_limits", "peer_of", "peer_of_fd", "rlimits_of",
+           "run_as_isolation", "task_environment"]
 
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; Python 3.11 lacks it
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
 _UCRED = struct.Struct("3i")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -30,6 +34,7 @@ class Peer(NamedTuple):
     uid: int
     gid: int
     groups: tuple[int, ...]
+    fd: int = -1  # the connection (while it is open): the kernel is asked about its peer
 
     @property
     def is_root(self) -> bool:
@@ -56,7 +61,7 @@ def peer_of(sock: socket.socket) -> Peer:
                 size *= 4
                 continue
             break  # an old kernel: no supplementary groups known
-    return Peer(pid, uid, gid, groups)
+    return Peer(pid, uid, gid, groups, sock.fileno())
 
 
 def peer_of_fd(fd: int) -> Peer:
@@ -66,6 +71,71 @@ def peer_of_fd(fd: int) -> Peer:
         return peer_of(sock)  # type: ignore[arg-type]
     finally:
         sock.detach()
+
+
+class PeerGone(Exception):
+    """The process that connected cannot be asked about (it has exited, or it lives in a pid
+    namespace this daemon cannot see into)."""
+
+
+def rlimits_of(peer: Peer) -> dict[str, tuple[int, int]]:
+    """The resource limits of the process that connected, ``{"NOFILE": (soft, hard), ...}``
+    for each ``Limit*=`` systemd knows (2**64-1: infinity).  PeerGone if it cannot be known.
+
+    They are read from ``/proc/PID/limits`` (prlimit(2) would need CAP_SYS_RESOURCE, which a
+    container's root may lack) while a pidfd holds that very process: the kernel's
+    ``SO_PEERPIDFD`` (Linux 6.5) names the process that called connect(), and as long as it
+    has not exited its pid is no other process's, so the limits read through the pid are its
+    own.  (Older kernels: a pidfd opened on the pid ``SO_PEERCRED`` gave, which a pid reused
+    between the connect and this call would fool.)"""
+    if peer.pid <= 0:
+        raise PeerGone("the process that connected lives in a pid namespace this daemon "
+                       "cannot see into, so its resource limits cannot be read")
+    gone = PeerGone(f"the process that connected (pid {peer.pid}) has exited")
+    pidfd = _pidfd_of(peer, gone)
+    try:
+        try:
+            with open(f"/proc/{peer.pid}/limits", "rb") as f:
+                text = f.read()
+            signal.pidfd_send_signal(pidfd, 0)  # still that process: the limits were its own
+        except (ProcessLookupError, FileNotFoundError):
+            raise gone from None
+    finally:
+        os.close(pidfd)
+    return parse_limits(text)
+
+
+def parse_limits(text: bytes) -> dict[str, tuple[int, int]]:
+    """``/proc/PID/limits`` as ``{name: (soft, hard)}``: one line per resource after the
+    header, in the kernel's order of resource numbers, each ``%-25s %-20s %-20s`` (the
+    label, soft, hard) and maybe the units (fs/proc/base.c, proc_pid_limits)."""
+    from .._isovalues import INFINITY, RLIMITS
+
+    lines = text.decode("ascii", "replace").splitlines()[1:]
+    limits = {}
+    for name, (number, _) in RLIMITS.items():
+        soft, hard = lines[number][26:].split()[:2]
+        limits[name] = (INFINITY if soft == "unlimited" else int(soft),
+                        INFINITY if hard == "unlimited" else int(hard))
+    return limits
+
+
+def _pidfd_of(peer: Peer, gone: PeerGone) -> int:
+    if peer.fd >= 0:
+        sock = _socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=peer.fd)
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4)
+            return int(struct.unpack("i", raw)[0])
+        except OSError as e:
+            if e.errno == 3:  # ESRCH: it has exited
+                raise gone from None
+            # ENOPROTOOPT (before Linux 6.5): a pidfd on the pid, below
+        finally:
+            sock.detach()
+    try:
+        return os.pidfd_open(peer.pid)
+    except ProcessLookupError:
+        raise gone from None
 
 
 def allowed(peer: Peer, allow_gid: int | None) -> bool:

@@ -32,7 +32,6 @@ __all__ = [
     "Frame",
     "SubmitRequest",
     "TaskInfo",
-    "exit_status",
     "parse_frame",
     "parse_json_body",
     "parse_stop",
@@ -75,12 +74,6 @@ SOCKET_ENV = "CORRAL_SOCKET"
 STATES = ("queued", "starting", "running", "stopping", "finished")
 MAX_TEXT = 4096  # name, idempotency key: a sane bound for a label
 MAX_ARGS = 65536  # argv items (the kernel's own limit is on total bytes)
-
-# exit statuses, as ``corral run`` (see supervisor/cli/run.py)
-EXIT_FAILURE = 125
-EXIT_CANNOT_RUN = 126
-EXIT_NOT_FOUND = 127
-EXIT_TIMED_OUT = 124
 
 
 class ApiError(Exception):
@@ -167,24 +160,41 @@ class _LazyPattern:
 _ESCAPED_SURROGATE = _LazyPattern(r"\\[uU][dD][89a-fA-F]")
 
 
-def _no_lone_surrogates(value: Any, where: str = "the request", field: str | None = None) -> None:
+def _no_lone_surrogates(value: Any) -> None:
     """JSON's "\\udcff" escapes decode to text that is not Unicode (a lone surrogate): no
-    record, log or terminal can hold it.  ApiError 400 naming where it is."""
+    record, log or terminal can hold it.  ApiError 400 naming where it is.  (The place is
+    described only once one is found: a request may hold a hundred thousand strings.)"""
+    path = _lone_surrogate_at(value, [])
+    if path is None:
+        return
+    text, index, keys = path
+    field = None if not keys else str(keys[0])
+    where = "the request" if not keys else (
+        str(keys[0]) + "".join(f"[{_show(k)}]" for k in keys[1:]))
+    raise ApiError(400, "invalid_utf8", f"{where} holds a lone surrogate "
+                   f"(\\u{ord(text[index]):04x} at character {index}), which is not text; "
+                   f"send UTF-8 text", field)
+
+
+def _lone_surrogate_at(value: Any, keys: list[Any]) -> tuple[str, int, list[Any]] | None:
+    """(the string, the character, the keys on the way) of the first lone surrogate."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ApiError(400, "invalid_utf8", f"{where} holds a lone surrogate "
-                           f"(\\u{ord(value[e.start]):04x} at character {e.start}), which is "
-                           f"not text; send UTF-8 text", field) from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _no_lone_surrogates(k, f"a field name in {where}", field)
-            top = field if field is not None else k
-            _no_lone_surrogates(v, f"{where}[{_show(k)}]" if field is not None else k, top)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _no_lone_surrogates(v, f"{where}[{i}]", field)
+            return value, e.start, keys
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for k, v in items:
+        if isinstance(k, str):
+            found = _lone_surrogate_at(k, [*keys, "(a field name)"])
+            if found is not None:
+                return found
+        found = _lone_surrogate_at(v, [*keys, k])
+        if found is not None:
+            return found
+    return None
 
 
 def _object(obj: Any, what: str) -> dict[str, Any]:
@@ -434,22 +444,3 @@ class TaskInfo(NamedTuple):
     def from_json(cls, obj: dict[str, Any]) -> TaskInfo:
         fields: dict[str, Any] = {k: obj.get(k) for k in cls._fields}
         return cls(**fields)
-
-
-def exit_status(outcome: str | None, code: int | None, signal: int | None,
-                error_step: str | None = None, error_errno: int | None = None,
-                stop_reason: str | None = None) -> int:
-    """The exit status ``corral run`` gives for a result with these facts."""
-    if outcome == "spawn_failed":
-        if error_step == "exec":
-            return EXIT_NOT_FOUND if error_errno == 2 else EXIT_CANNOT_RUN
-        return EXIT_FAILURE
-    if outcome == "timed_out":
-        return EXIT_TIMED_OUT
-    if outcome == "cancelled":
-        return 128 + (15 if stop_reason == "shutdown" else 2)
-    if signal is not None:
-        return 128 + int(signal)
-    if code is not None:
-        return int(code)
-    return EXIT_FAILURE

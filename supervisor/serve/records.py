@@ -30,7 +30,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import trio
@@ -55,6 +55,7 @@ class RecordsError(Exception):
 
 RESERVE = 4 << 20  # bytes held for the records on the state filesystem (less on a small one)
 _NO_ROOM = 64 << 10  # free bytes below which a filesystem counts as full
+WAL_LIMIT = 4 << 20  # bytes the write-ahead log is truncated to at a checkpoint
 
 
 def out_of_space(directory: str) -> bool:
@@ -159,7 +160,9 @@ class Records:
         self._db = db
         self._lock_fd = lock_fd
         self.reserve = reserve
-        self._worker = _Worker()
+        self._worker = _Worker()  # writes (and the connection that makes them)
+        self._reader = _Worker()  # reads, on a connection of their own
+        self._rdb: sqlite3.Connection | None = None
         self._batch: list[_Write] = []
         self._lazy: dict[int, dict[str, Any]] = {}  # seq -> the "running" update
         self._flushing = False
@@ -183,10 +186,22 @@ class Records:
         return cls(path, db, lock_fd, reserve)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """A read: ``fn(connection, *args)`` on the readers' own connection, in their own
+        thread (WAL: a read sees what is committed, and no write waits behind it: one
+        tenant's large listings delay reads, never another's submission or end record)."""
         try:
-            return await self._worker.run(fn, *args)
+            return await self._reader.run(self._read_with, fn, args)
         except sqlite3.Error as e:
             raise explain(e, self.path, "reading") from e
+
+    def _read_with(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """(in the readers' thread) ``fn`` on the readers' connection, opened the first time."""
+        if self._rdb is None:
+            rdb = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            rdb.execute("PRAGMA busy_timeout=5000")
+            rdb.execute("PRAGMA query_only=1")
+            self._rdb = rdb
+        return fn(self._rdb, *args)
 
     async def _write(self, fn: Callable[..., Any] | None, *args: Any,
                      precious: bool = False) -> Any:
@@ -242,7 +257,7 @@ class Records:
                           (now, how, run), precious=True)
 
     async def runs(self) -> dict[int, dict[str, Any]]:
-        return await self._call(rows.runs, self._db)
+        return await self._call(rows.runs)
 
     # ---- a task's transitions -----------------------------------------------------------------
 
@@ -286,54 +301,55 @@ class Records:
     # ---- reading ----------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> dict[str, Any] | None:
-        return await self._call(rows.get, self._db, task_id)
+        return await self._call(rows.get, task_id)
 
     async def list_rows(self, uid: int | None, state: str | None,
                         limit: int) -> list[dict[str, Any]]:
         """Newest first; ``uid`` None means every uid."""
-        return await self._call(rows.list_rows, self._db, uid, state, limit)
+        return await self._call(rows.list_rows, uid, state, limit)
 
     async def find_key(self, uid: int, key: str) -> dict[str, Any] | None:
         """The row with this idempotency key, or ``{"id", "state": "expired", ...}`` when
         retention removed it, or None."""
-        return await self._call(rows.find_key, self._db, uid, key)
+        return await self._call(rows.find_key, uid, key)
 
     async def unfinished(self) -> list[dict[str, Any]]:
         """Rows without an end, oldest first (an earlier run's, at start-up)."""
-        return await self._call(rows.select, self._db,
+        return await self._call(rows.select,
                                 "SELECT * FROM tasks WHERE state != 'finished' ORDER BY seq", ())
 
     async def ids(self) -> set[str]:
         """Every task id that has a row."""
-        found = await self._call(rows.select, self._db, "SELECT seq FROM tasks", ())
+        found = await self._call(rows.select, "SELECT seq FROM tasks", ())
         return {r["id"] for r in found}
 
     async def pending_notifications(self) -> list[dict[str, Any]]:
-        return await self._call(rows.select, self._db, "SELECT * FROM tasks WHERE notified = 0 "
+        return await self._call(rows.select, "SELECT * FROM tasks WHERE notified = 0 "
                                 "ORDER BY seq", ())
 
     async def expired(self, task_id: str) -> dict[str, Any] | None:
         """What retention left of a task: uid, ended_at, expired_at, why; or None."""
         if not (task_id.isascii() and task_id.isdigit()):
             return None
-        found = await self._call(rows.select, self._db, "SELECT * FROM expired WHERE seq = ?",
+        found = await self._call(rows.select, "SELECT * FROM expired WHERE seq = ?",
                                  (int(task_id),))
         return found[0] if found else None
 
     # ---- retention --------------------------------------------------------------------------
 
-    async def expire(self, policy: Retention, now: float,
-                     bytes_cap: int | None = None) -> list[dict[str, Any]]:
+    async def expire(self, policy: Retention, now: float, bytes_cap: int | None = None,
+                     running: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
         """Remove finished rows past ``policy`` (shared fairly between uids: ``rows.expire``;
-        ``bytes_cap`` instead of ``policy.max_bytes``), leaving a tombstone each; returns them
-        (id, uid, idempotency_key, why) so that their files and memory can go.  Committed
-        before any file is removed."""
-        gone: list[dict[str, Any]] = await self._write(rows.expire, policy, now, bytes_cap)
+        ``bytes_cap`` instead of ``policy.max_bytes``; ``running``: each uid's running tasks'
+        bytes), leaving a tombstone each; returns them (id, uid, idempotency_key, why) so
+        that their files and memory can go.  Committed before any file is removed."""
+        gone: list[dict[str, Any]] = await self._write(rows.expire, policy, now, bytes_cap,
+                                                       running)
         return gone
 
     async def held_bytes(self) -> int:
         """What finished tasks hold on disk (rows and output files), by their records."""
-        return await self._call(rows.held_bytes, self._db)
+        return await self._call(rows.held_bytes)
 
     async def close(self) -> None:
         try:
@@ -342,8 +358,11 @@ class Records:
         finally:
             try:
                 await self._worker.run(self._db.close)
+                if self._rdb is not None:
+                    await self._reader.run(self._rdb.close)
             finally:
                 self._worker.stop()
+                self._reader.stop()
                 os.close(self._lock_fd)
 
 
@@ -511,6 +530,9 @@ def _connect(path: str, state_dir: str, synchronous: str) -> sqlite3.Connection:
             raise ValueError(f"synchronous must be FULL, NORMAL, OFF or EXTRA, got "
                              f"{synchronous!r}")
         db.execute(f"PRAGMA synchronous={synchronous}")
+        # a checkpoint truncates the WAL back to this (it grew to 7 MB beside an 8 MB
+        # database of large requests, on a disk the output budget had measured without it)
+        db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
         check = db.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             raise sqlite3.DatabaseError(f"database disk image is malformed ({check})")

@@ -21,7 +21,6 @@ unlinks) are removed.  Returns a summary for the log.
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -32,9 +31,9 @@ import trio
 
 from cgroupfs import Cgroup, CgroupError, CgroupNotFound
 
-from .life import adopt, dispatch, take_result, write_end
+from .life import adopt, dispatch, take_result
 from .peers import Peer
-from .protocol import ApiError, exit_status, parse_submit
+from .protocol import ApiError, parse_submit
 from .task import DaemonTask
 
 if TYPE_CHECKING:
@@ -107,8 +106,10 @@ def _task_of(d: Daemon, row: dict[str, Any]) -> DaemonTask:
 async def _requeue(d: Daemon, row: dict[str, Any]) -> None:
     t = _task_of(d, row)
     peer = Peer(t.peer_pid, t.uid, t.gid, t.groups)
+    rlimits = row.get("rlimits")
     try:
-        t.spec = d.spec_for(peer, t.request, t.output)
+        t.spec = d.spec_for(peer, t.request, t.output, rlimits=None if rlimits is None else
+                            {name: (soft, hard) for name, (soft, hard) in rlimits.items()})
     except ApiError as e:
         # accepted by an earlier run, refused by this one (its limits or controllers changed)
         d.add(t)
@@ -121,13 +122,11 @@ async def _requeue(d: Daemon, row: dict[str, Any]) -> None:
 async def _end_refused(d: Daemon, t: DaemonTask, error: ApiError) -> None:
     import supervisor
 
-    result = d.sup.record_unstarted(supervisor.TaskSpec(tuple(t.request.argv)), reason="cancel",
-                                    task_id=t.id)
-    out = result.to_dict()
-    out["notes"] = [*out["notes"], f"accepted before a restart of corral serve, and refused "
-                    f"after it: {error.message}"]
-    _finish_from_dict(t, out, "cancelled")
-    await write_end(d, t)
+    result = d.sup.record_unstarted(
+        supervisor.TaskSpec(tuple(t.request.argv), name=t.request.name), reason="cancel",
+        task_id=t.id, notes=[f"accepted before a restart of corral serve, and refused after "
+                             f"it: {error.message}"])
+    await take_result(d, t, result)
 
 
 async def _take_core_record(d: Daemon, row: dict[str, Any]) -> None:
@@ -144,22 +143,11 @@ def _adopt(d: Daemon, row: dict[str, Any], handle: TaskHandle) -> None:
 
 
 async def _record_lost(d: Daemon, row: dict[str, Any], cleanup: _Cleanup) -> None:
-    """The one final record of a task whose daemon died while it was starting or running."""
+    """The one final record of a task whose daemon died while it was starting or running:
+    the core's record builder makes it (``Supervisor.record_lost``), as for any task."""
     import supervisor
 
     t = _task_of(d, row)
-    result = d.sup.record_unstarted(supervisor.TaskSpec(tuple(t.request.argv), name=t.request.name),
-                                    reason="shutdown", task_id=t.id)
-    d.add(t)
-    _finish_from_dict(t, lost_result(result.to_dict(), row, cleanup), "lost")
-    t.started_at = row["started_at"]
-    t.pid = row["pid"]
-    await write_end(d, t)
-
-
-def lost_result(base: dict[str, Any], row: dict[str, Any], cleanup: _Cleanup) -> dict[str, Any]:
-    """The result format's record for a lost task, made from an unstarted one's (so that
-    every field the format has is there)."""
     started = row["state"] == "running"
     if started:
         what = (f"corral serve (run {row['run']}) died while this task ran (main pid "
@@ -168,31 +156,14 @@ def lost_result(base: dict[str, Any], row: dict[str, Any], cleanup: _Cleanup) ->
         what = (f"corral serve (run {row['run']}) died while starting this task; whether its "
                 f"process had started is not known (if it had, it was killed with that run's "
                 f"cgroup root); it was not started again")
-    out = dict(base)
-    out.update(outcome="lost", started=started, stop=None,
-               created_at=_iso(row["created_at"]),
-               started_at=_iso(row["started_at"]) if started else None,
-               exit={"code": None, "signal": None, "signal_name": None},
-               cleanup={"state": cleanup.state, "leftovers": [], "leftovers_ended_by": None,
-                        "detail": cleanup.detail},
-               error={"message": what, "errno": None, "errno_name": None, "step": "daemon"},
-               notes=[*base.get("notes", ()), what])
-    return out
-
-
-def _finish_from_dict(t: DaemonTask, result: dict[str, Any], outcome: str) -> None:
-    t.outcome = outcome
-    t.result_json = result
-    t.exit_status = exit_status(outcome, None, None)
-    t.ended_at = time.time()
-    t.started.set()
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    moment = datetime.datetime.fromtimestamp(ts, datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    result = d.sup.record_lost(
+        supervisor.TaskSpec(tuple(t.request.argv), name=t.request.name), task_id=t.id,
+        why=what, started=started, created_at=row["created_at"],
+        started_at=row["started_at"], cleanup=supervisor.Cleanup(cleanup.state,
+                                                                 detail=cleanup.detail))
+    d.add(t)
+    t.pid = row["pid"]
+    await take_result(d, t, result)
 
 
 def root_cleanup(root: str | None, notes: list[str]) -> _Cleanup:

@@ -7,6 +7,11 @@ task expired rather than that it never existed), then forgets the tasks held in 
 removes their output files.  A crash between the commit and the unlinks leaves files without a
 row: the next start removes them (``recover.py``).  Running and queued tasks never expire, nor
 do finished ones whose end row is still being retried (their row is not "finished" yet).
+
+The bytes are shared fairly between uids (``rows.expire``): what a uid's running tasks'
+files hold now counts as its own, so that one tenant's idle tasks never take another's
+finished results (a reservation of the worst case for each running task did: eight idle
+sleeps of one uid erased everyone's results).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import time
 import trio
 
 from .records import RecordsError
+from .schema import output_bytes
 from .state import Daemon
 
 __all__ = ["expire_now", "retention_loop"]
@@ -42,9 +48,11 @@ async def retention_loop(d: Daemon) -> None:
 
 async def expire_now(d: Daemon) -> int:
     """One pass; how many tasks expired."""
+    running = await trio.to_thread.run_sync(
+        _running_bytes, [(t.uid, t.output) for t in d.tasks.values() if t.state != "finished"
+                         and t.state != "queued"])
     try:
-        gone = await d.records.expire(d.config.retention, time.time(),
-                                      d.disk.finished_cap(d.scheduler.total_running))
+        gone = await d.records.expire(d.config.retention, time.time(), d.disk.budget, running)
     except RecordsError as e:
         log.error("retention: %s; retrying in %gs", e, PERIOD)
         return 0
@@ -55,6 +63,14 @@ async def expire_now(d: Daemon) -> int:
         log.info("retention: %d finished task(s) expired (ids %s...)", len(gone),
                  ", ".join(g["id"] for g in gone[:5]))
     return len(gone)
+
+
+def _running_bytes(tasks: list[tuple[int, str]]) -> dict[int, int]:
+    """What each uid's running tasks' output files hold now (a few stats a task)."""
+    held: dict[int, int] = {}
+    for uid, output in tasks:
+        held[uid] = held.get(uid, 0) + output_bytes(output)
+    return held
 
 
 def _remove_files(output_dir: str, ids: list[str]) -> None:

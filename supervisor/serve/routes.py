@@ -25,7 +25,7 @@ from .verbs import (
 if TYPE_CHECKING:
     from .state import Daemon
 
-__all__ = ["ROUTES", "canonical_id", "make_router"]
+__all__ = ["ROUTES", "SMALL_BODY", "body_limit", "canonical_id", "make_router"]
 
 _ID = r"(?P<id>[0-9A-Za-z_.-]{1,64})"
 MAX_ID_DIGITS = 18  # below 2**63: what SQLite's INTEGER holds
@@ -45,6 +45,18 @@ ROUTES: list[tuple[str, str, Any, bool]] = [
     ("GET", r"/metrics", metrics, False),
 ]
 _COMPILED = [(m, re.compile(p), v, long) for m, p, v, long in ROUTES]
+# the requests whose body may be up to --max-body (a command, stdin bytes); every other body
+# is at most SMALL_BODY (a stop's {"force": true}): read and parsed before the route knows
+# whether the task is the caller's, it must cost little
+_LARGE_BODIES = [re.compile(p) for p in (r"/v1/tasks", rf"/v1/tasks/{_ID}/stdin")]
+SMALL_BODY = 16 * 1024
+
+
+def body_limit(method: str, path: str, max_body: int) -> int:
+    """How large the body of ``method path`` may be."""
+    if method == "POST" and any(p.fullmatch(path) for p in _LARGE_BODIES):
+        return max_body
+    return min(max_body, SMALL_BODY)
 
 
 def canonical_id(task_id: str) -> bool:

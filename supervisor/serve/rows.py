@@ -2,13 +2,14 @@
 thread by ``records.Records``, never on the trio thread).
 
 A row comes back as a dict of its columns, ``seq`` as ``id`` (a string: the task's id) and the
-JSON columns (``spec``, ``result``, ``groups``) decoded.
+JSON columns (``spec``, ``result``, ``groups``, ``rlimits``) decoded.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 __all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "execute", "expire", "fair_level",
@@ -18,7 +19,7 @@ __all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "execute", "expire", "fair_
 MAX_TOMBSTONES = 100_000  # expired ids remembered (~50 bytes each); the oldest go first
 COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key", "spec",
            "state", "created_at", "started_at", "ended_at", "pid", "leaf", "run", "outcome",
-           "exit_status", "bytes", "notified", "result")
+           "exit_status", "bytes", "notified", "rlimits", "result")
 
 
 class Retention(NamedTuple):
@@ -33,7 +34,7 @@ def row_of(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> dict[str, Any]:
     row = {d[0]: v for d, v in zip(cursor.description, values, strict=True)}
     if "seq" in row:
         row["id"] = str(row.pop("seq"))
-    for key in ("spec", "result", "groups"):
+    for key in ("spec", "result", "groups", "rlimits"):
         if row.get(key) is not None:
             row[key] = json.loads(row[key])
     return row
@@ -49,7 +50,8 @@ def execute(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
 
 
 def insert(db: sqlite3.Connection, row: dict[str, Any]) -> str:
-    row = dict(row, spec=json.dumps(row["spec"]), groups=json.dumps(row.get("groups") or []))
+    row = dict(row, spec=json.dumps(row["spec"]), groups=json.dumps(row.get("groups") or []),
+               rlimits=None if row.get("rlimits") is None else json.dumps(row["rlimits"]))
     names = ", ".join(row)
     marks = ", ".join("?" * len(row))
     cur = db.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", tuple(row.values()))
@@ -121,13 +123,16 @@ def fair_level(usage: dict[int, int], cap: int) -> float:
 
 
 def expire(db: sqlite3.Connection, policy: Retention, now: float,
-           bytes_cap: int | None = None) -> list[dict[str, Any]]:
+           bytes_cap: int | None = None,
+           running: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
     """Expire finished rows past ``policy`` (tombstones left in ``expired``); returns them.
 
     Age is per task.  Count and bytes (``bytes_cap``, else ``policy.max_bytes``) are shared
     fairly between uids: when the total is over, the uids above their max-min fair share
     lose their oldest tasks, down to that share; a uid within an equal share loses nothing
-    to another's flood."""
+    to another's flood.  ``running``: what each uid's running tasks' files hold now, counted
+    as that uid's in the bytes share (a uid's idle running tasks cost nobody anything; one
+    whose running tasks write much loses its own finished ones first)."""
     gone: list[dict[str, Any]] = []
     if policy.max_age is not None:
         gone += _tombstone(db, select(
@@ -148,10 +153,13 @@ def expire(db: sqlite3.Connection, policy: Retention, now: float,
                 r["b"] -= sum(o["bytes"] or 0 for o in oldest)
     cap = policy.max_bytes if bytes_cap is None else bytes_cap
     if cap is not None:
-        level = fair_level({u: r["b"] for u, r in per_uid.items()}, cap)
+        used = {u: r["b"] for u, r in per_uid.items()}
+        for uid, held in (running or {}).items():
+            used[uid] = used.get(uid, 0) + held
+        level = fair_level(used, cap)
         for uid, r in per_uid.items():
-            if r["b"] > level:
-                gone += _trim_bytes(db, uid, r["b"] - level, now)
+            if used[uid] > level:
+                gone += _trim_bytes(db, uid, min(used[uid] - level, r["b"]), now)
     if gone:
         db.execute("DELETE FROM expired WHERE seq IN (SELECT seq FROM expired ORDER BY seq "
                    "DESC LIMIT -1 OFFSET ?)", (MAX_TOMBSTONES,))

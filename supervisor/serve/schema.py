@@ -15,6 +15,9 @@ Versions::
        callback: 0 pending, 1 delivered); the state "starting" (written before the spawn, so
        a task is never started twice); runs (each daemon run: its cgroup root, how it ended);
        expired (what retention removed, so that a late request is told so)
+    3  tasks.rlimits (a non-root submitter's resource limits when it submitted, JSON
+       ``{"NOFILE": [soft, hard], ...}``: a queued task run after a restart gets no more
+       than its submitter had; NULL for root's tasks and for rows of earlier versions)
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Callable
 
 __all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE tasks (
@@ -79,6 +82,10 @@ CREATE UNIQUE INDEX expired_idempotency ON expired (uid, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 """
 
+_V3 = """
+ALTER TABLE tasks ADD COLUMN rlimits TEXT;        -- the submitter's limits (JSON), non-root
+"""
+
 
 class SchemaError(Exception):
     """The database's schema cannot be used by this corral (the message has the fix)."""
@@ -109,6 +116,7 @@ def _to_v2(db: sqlite3.Connection, state_dir: str) -> None:
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
     1: lambda db, _: _script(db, _V1),
     2: _to_v2,
+    3: lambda db, _: _script(db, _V3),
 }
 
 

@@ -23,7 +23,7 @@ import trio
 
 from .http import serve_connection
 from .peers import Peer, allowed, peer_of_fd
-from .routes import make_router
+from .routes import body_limit, make_router
 from .shares import LINGERING, Held
 from .state import Config, Daemon
 from .statedir import StateDirError, check_ancestors
@@ -213,7 +213,8 @@ async def _connection(d: Daemon, sock: trio.socket.SocketType, router: Any, peer
         try:
             with held.scope:
                 shed = await serve_connection(trio.SocketStream(sock), peer, d.config.http,
-                                              router, _answered(d), held, d.shares)
+                                              router, _answered(d), held, d.shares,
+                                              body_limit)
                 if shed is not None:
                     d.metrics.shed.labels(reason=shed).inc()
             if held.scope.cancelled_caught:

@@ -6,6 +6,9 @@ and never started (``recover.py``): the same request and submitter make the same
 
 from __future__ import annotations
 
+import dataclasses
+import resource
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..placement import check_limits
@@ -19,14 +22,23 @@ if TYPE_CHECKING:
 __all__ = ["build_spec"]
 
 
+Rlimits = Mapping[str, tuple[int, int]]
+
+
 def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], root: str,
-               output_cap: int, stdin_pipes: bool, log_file: str | None = None) -> TaskSpec:
+               output_cap: int, stdin_pipes: bool, log_file: str | None = None,
+               rlimits: Rlimits | None = None, nofile_soft: int | None = None) -> TaskSpec:
     """The core's TaskSpec for a submission (its output to ``log_file``, capped at
     ``output_cap`` per stream); ApiError 400/403 naming the field.
 
     The request is parsed first (the core's property parser: the one place their syntax
     lives), then what was parsed is checked against what the submitter may have
-    (``policy.py``), then the submitter's identity is added."""
+    (``policy.py``), then the submitter's identity is added, and its resource limits
+    (``rlimits``, :func:`peers.rlimits_of`: a non-root submitter's task starts with its
+    submitter's limits, and may lower them, never raise them).  Without them (root, or a task
+    an older corral accepted) the open-files soft limit is ``nofile_soft``, the daemon's own
+    before it raised it for its connections (a program using select(2) needs at most
+    1024)."""
     import supervisor
 
     if r.stdin == "pipe" and not stdin_pipes:
@@ -35,6 +47,7 @@ def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], roo
     try:
         options, limits = _options(r)
         check_tenant(peer, options, limits)
+        _with_rlimits(peer, options, rlimits, nofile_soft)
         options["env"] = task_environment(peer, options.get("env", {}))
         if limits:
             options["limits"] = supervisor.Limits(**limits)
@@ -53,6 +66,57 @@ def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], roo
         raise ApiError(400, "invalid", str(e), field) from None
     check_run_as(spec, peer)
     return spec
+
+
+def _with_rlimits(peer: Peer, options: dict[str, Any], rlimits: Rlimits | None,
+                  nofile_soft: int | None) -> None:
+    """``options["isolation"]`` with the task's starting resource limits (see build_spec);
+    ApiError 403 for a limit asked above the submitter's own hard limit."""
+    import supervisor
+
+    from .._isovalues import INFINITY
+
+    asked: supervisor.Isolation = options.get("isolation") or supervisor.Isolation()
+    # (normalized by the parser: {name: (soft, hard)})
+    given: dict[str, tuple[int, int]] = dict(asked.rlimits)  # type: ignore[arg-type]
+    if rlimits is not None and not peer.is_root:
+        for name, (soft, hard) in given.items():
+            if hard > rlimits[name][1]:
+                raise ApiError(403, "forbidden", f"Limit{name}={soft}:{hard} is above your "
+                               f"own hard limit ({_shown(rlimits[name][1])}; uid {peer.uid}): "
+                               f"a task gets no more than its submitter has; ask for at most "
+                               f"that", f"properties.Limit{name}")
+        given = {**_within_ours(rlimits), **given}
+    elif nofile_soft is not None and "NOFILE" not in given:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        if nofile_soft < hard or hard == resource.RLIM_INFINITY:
+            given["NOFILE"] = (nofile_soft, INFINITY if hard == resource.RLIM_INFINITY
+                               else hard)
+    if given != dict(asked.rlimits):
+        options["isolation"] = dataclasses.replace(asked, rlimits=given)
+
+
+def _within_ours(rlimits: Rlimits) -> dict[str, tuple[int, int]]:
+    """``rlimits`` with no hard limit above the daemon's own unless it may raise one
+    (CAP_SYS_RESOURCE; a container's root may lack it): a submitter's session may have more
+    than the service, and its task then gets what the service can give."""
+    from .._isohost import has_cap
+    from .._isovalues import INFINITY, RLIMITS
+
+    if has_cap("CAP_SYS_RESOURCE"):
+        return dict(rlimits)
+    within = {}
+    for name, (soft, hard) in rlimits.items():
+        ours = resource.getrlimit(RLIMITS[name][0])[1]
+        ours = INFINITY if ours == resource.RLIM_INFINITY else ours
+        within[name] = (min(soft, ours), min(hard, ours))
+    return within
+
+
+def _shown(value: int) -> str:
+    from .._isovalues import INFINITY
+
+    return "infinity" if value == INFINITY else str(value)
 
 
 def _options(r: SubmitRequest) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
@@ -48,6 +48,7 @@ class Config(NamedTuple):
     default_time_limit: str | None = None
     max_time_limit: str | None = None
     allow_gid: int | None = None
+    metrics_gid: int | None = None  # who besides root may read /metrics
     socket_mode: int = 0o666
     queue: QueueLimits = QueueLimits()
     http: HttpLimits = HttpLimits()
@@ -64,10 +65,19 @@ class Config(NamedTuple):
     on_finish_socket: str | None = None  # ... over this Unix socket
     # under systemd, `systemctl restart` hands running tasks to the next daemon
     hand_over: bool = True
+    # the open-files soft limit root's tasks start with: the daemon's own before it raised it
+    # for its connections (None: as the daemon has it); tenants' tasks start with their own
+    task_nofile_soft: int | None = None
+    # on shutdown, tasks still running this long after their stop are killed (a tenant's
+    # grace of a year, or a stop signal it ignores, never holds the shutdown)
+    drain_timeout: float = 60.0
 
 
 MIN_STREAM_CAP = 64 << 10  # a task's output file keeps at least this much of each stream
 DISK_SHARE = 0.8  # of the state filesystem's room (free + ours) the output may take
+# kept aside first (at most a quarter of the room) for the records' own growth: the WAL
+# (journal_size_limit: 4 MiB once checkpointed) and the rows of queued and running tasks
+RECORDS_ROOM = 8 << 20
 
 
 class OutputDisk(NamedTuple):
@@ -79,8 +89,8 @@ class OutputDisk(NamedTuple):
     disk the records live on.  ``stream_cap``: the bytes of each stream a task's file keeps
     (``--output-cap``; less, down to :data:`MIN_STREAM_CAP`, on a filesystem too small for
     ``--max-running`` tasks at that cap: every running task may fill its file at once).
-    Retention keeps the finished tasks within what the running ones leave
-    (:meth:`finished_cap`)."""
+    Retention keeps the finished tasks and what the running ones hold within the budget,
+    shared fairly between uids (``retention.py``)."""
 
     budget: int
     stream_cap: int
@@ -89,7 +99,8 @@ class OutputDisk(NamedTuple):
     def measure(cls, config: Config, held: int) -> OutputDisk:
         try:
             st = os.statvfs(config.state_dir)
-            room = int((st.f_bavail * st.f_frsize + held) * DISK_SHARE)
+            there = st.f_bavail * st.f_frsize + held
+            room = int((there - min(RECORDS_ROOM, there // 4)) * DISK_SHARE)
         except OSError:
             room = 1 << 62
         limit = config.retention.max_bytes
@@ -97,9 +108,13 @@ class OutputDisk(NamedTuple):
         per_stream = budget // (2 * config.queue.max_running)
         return cls(budget, min(config.output_cap, max(MIN_STREAM_CAP, per_stream)))
 
-    def finished_cap(self, running: int) -> int:
-        """What finished tasks may hold while ``running`` tasks may fill their files."""
-        return max(0, self.budget - running * 2 * self.stream_cap)
+    def queue_within(self, limits: QueueLimits) -> QueueLimits:
+        """``limits`` with the queued requests' bytes at most a quarter of the budget: each
+        is in the records until it starts, and a full state filesystem refuses everyone."""
+        most = max(1 << 20, self.budget // 4)
+        return limits._replace(
+            max_queued_bytes=min(limits.max_queued_bytes, most),
+            max_queued_bytes_per_uid=min(limits.max_queued_bytes_per_uid, most))
 
 
 class Daemon:
@@ -120,7 +135,7 @@ class Daemon:
         self.tasks: dict[str, DaemonTask] = {}
         self.keys: dict[tuple[int, str], str] = {}  # (uid, idempotency key) -> task id
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self.scheduler: Scheduler[DaemonTask] = Scheduler(config.queue)
+        self.scheduler: Scheduler[DaemonTask] = Scheduler(self.disk.queue_within(config.queue))
         self.hub = EventHub()
         self.shares = Shares(config.max_connections, config.max_connections_per_uid,
                              max(config.body_bytes_per_uid, config.http.max_body))
@@ -156,11 +171,14 @@ class Daemon:
                 raise expired_error(task_id, gone, self.config.retention)
         raise not_found(task_id)
 
-    def spec_for(self, peer: Peer, r: SubmitRequest, log_file: str | None = None) -> TaskSpec:
-        """The core's TaskSpec for a request of ``peer``'s (ApiError 400/403)."""
+    def spec_for(self, peer: Peer, r: SubmitRequest, log_file: str | None = None,
+                 rlimits: Mapping[str, tuple[int, int]] | None = None) -> TaskSpec:
+        """The core's TaskSpec for a request of ``peer``'s (ApiError 400/403), starting with
+        ``rlimits`` (the submitter's, see ``specs.build_spec``)."""
         return build_spec(peer, r, controllers=self.sup.controllers, root=self.sup.cgroup_root,
                           output_cap=self.disk.stream_cap, stdin_pipes=self.stdin_pipes,
-                          log_file=log_file)
+                          log_file=log_file, rlimits=rlimits,
+                          nofile_soft=self.config.task_nofile_soft)
 
     @contextlib.asynccontextmanager
     async def heavy_lock(self, uid: int) -> AsyncIterator[None]:

@@ -69,7 +69,8 @@ class DaemonTask:
 
     def to_json(self, *, full: bool, position: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self.id, "state": self.live_state, "argv": list(self.request.argv),
+            "id": self.id, "state": self.live_state,
+            "argv": list(self.request.argv) if full else listed_argv(self.request.argv),
             "uid": self.uid, "gid": self.gid, "name": self.request.name,
             "created_at": self.created_at, "started_at": self.started_at,
             "ended_at": self.ended_at,
@@ -95,6 +96,26 @@ class DaemonTask:
             self.stop_force = self.stop_force or force
             return True
         return self.handle.stop(force=force)
+
+
+LISTED_ARGV = 4096  # characters of a command a listing shows (``show`` has all of it)
+
+
+def listed_argv(argv: list[str]) -> list[str]:
+    """A command as a listing shows it: whole if short, else its first arguments up to
+    :data:`LISTED_ARGV` characters and a last item saying how many more there are (a
+    listing of a thousand tasks of a MiB of arguments each must not be a GiB)."""
+    if len(argv) <= 64 and sum(len(a) for a in argv) <= LISTED_ARGV:
+        return list(argv)
+    out: list[str] = []
+    room = LISTED_ARGV
+    for a in argv:
+        if len(a) > room or len(out) == 64:
+            break
+        out.append(a)
+        room -= len(a)
+    return [*out, f"... ({len(argv) - len(out)} more arguments: GET /v1/tasks/ID shows "
+                  f"them all)"]
 
 
 def stream_path(output: str, stream: str) -> str:
@@ -196,7 +217,8 @@ def row_json(row: dict[str, Any], *, full: bool,
     spec = row["spec"]
     assert r is None or isinstance(r, dict)
     out: dict[str, Any] = {
-        "id": row["id"], "state": row["state"], "argv": spec["argv"], "uid": row["uid"],
+        "id": row["id"], "state": row["state"],
+        "argv": spec["argv"] if full else listed_argv(spec["argv"]), "uid": row["uid"],
         "gid": row["gid"], "name": row["name"], "created_at": row["created_at"],
         "started_at": row["started_at"], "ended_at": row["ended_at"], "pid": row["pid"],
         "outcome": row["outcome"], "exit_status": row["exit_status"],

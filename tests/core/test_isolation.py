@@ -544,17 +544,16 @@ async def test_numeric_ids_are_used_as_given(sup: supervisor.Supervisor) -> None
 
 
 async def test_a_user_task_stopped_before_its_exec_fails_alone_and_holds_nothing_else(
-        sup: supervisor.Supervisor, test_user: User, stopper: str) -> None:
+        sup: supervisor.Supervisor, test_user: User, stopper: str, slow_path: str) -> None:
     """From its uid change to its exec the child runs as the user, and any process of that
-    user may SIGSTOP it there (here a loop of ``kill(-1, SIGSTOP)``, with a PATH of 300
-    missing directories to widen the window: each failed execve is a moment for it to land).
+    user may SIGSTOP it there (here a loop of ``kill(-1, SIGSTOP)``, with a PATH slow to
+    search to widen the window: each failed execve is a moment for it to land).
     The thread that spawned it waits for that exec: it was the event loop's, so nothing else
     ran until someone sent SIGCONT.  Now such a spawn runs in a worker thread, the guard
     kills a child it finds stopped before its exec (spawn_failed, step ``stopped``), and the
     event loop, a root task's spawn among it, goes on."""
-    path = ":".join([f"/nonexistent/{i}" for i in range(300)] + ["/usr/bin", "/bin"])
     spec = supervisor.TaskSpec(["true"], isolation=Isolation(user=test_user.name),
-                               env={"PATH": path}, time_limit="2s", grace="0.5s")
+                               env={"PATH": slow_path}, time_limit="2s", grace="0.5s")
     worst = 0.0
 
     async def beat() -> None:
@@ -588,7 +587,7 @@ async def test_a_user_task_stopped_before_its_exec_fails_alone_and_holds_nothing
 
 
 def test_our_memory_stays_undumpable_while_any_child_of_another_uid_shares_it(
-        test_user: User, stopper: str, test_cgroup: cgroupfs.Cgroup) -> None:
+        test_user: User, stopper: str, test_cgroup: cgroupfs.Cgroup, slow_path: str) -> None:
     """A child that takes another uid makes our memory not dumpable until it execs: that is
     what keeps a process of that uid from ptrace-attaching to it (our memory) before then.
     With spawns in more than one thread, a spawn that gave the flag back at its own end (it
@@ -610,9 +609,7 @@ def test_our_memory_stays_undumpable_while_any_child_of_another_uid_shares_it(
 
     assert dumpable() == 1
     leaf = test_cgroup.make_child("held")
-    # (2000 missing directories first: 2000 failed execve(2) before the real one, a few ms in
-    # which a stop lands, or another thread's spawn goes by)
-    path = ":".join([f"/nonexistent/{i}" for i in range(2000)] + ["/usr/bin", "/bin"])
+    path = slow_path  # (a few ms before each exec in which a stop lands, or a spawn goes by)
     stopping = subprocess.Popen(["setpriv", f"--reuid={test_user.uid}",
                                  f"--regid={test_user.gid}", "--clear-groups", "--", stopper,
                                  "30"])
@@ -630,7 +627,7 @@ def test_our_memory_stays_undumpable_while_any_child_of_another_uid_shares_it(
     thread = threading.Thread(target=users_spawns, daemon=True)
     thread.start()
     try:
-        for _ in range(300):
+        for _ in range(60):
             s = spawn(["true"], env={"PATH": path}, stdin=0, stdout=1, stderr=2)
             os.waitid(os.P_PIDFD, s.pidfd, os.WEXITED)
             os.close(s.pidfd)

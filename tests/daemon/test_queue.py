@@ -3,7 +3,9 @@ queued tasks that are stopped never start; SIGTERM drains with reason shutdown."
 
 from __future__ import annotations
 
+import json
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -106,14 +108,31 @@ def test_sigterm_drains_and_a_second_kills(start_daemon: Start) -> None:
     d.proc.send_signal(signal.SIGTERM)  # the grace is 60s: the second one kills now
     assert d.proc.wait(30) == 0
     rows = {r["seq"]: r for r in d.rows()}
-    import json
-
     first = json.loads(rows[int(stubborn.id)]["result"])
     assert first["outcome"] == "cancelled" and first["stop"]["reason"] == "shutdown"
     assert stop_reached(first) == "killed"
     second = json.loads(rows[int(queued.id)]["result"])
     assert second["outcome"] == "cancelled" and second["started"] is False
     assert all(r["state"] == "finished" for r in rows.values())
+
+
+def test_a_grace_of_a_year_never_holds_the_shutdown(start_daemon: Start) -> None:
+    """A tenant's grace is its own business until the daemon stops: then --drain-timeout
+    bounds it (a grace of 99 years on a task that ignores SIGTERM held the drain for good,
+    and every other tenant's submissions got 503 meanwhile)."""
+    d = start_daemon("--drain-timeout", "1s")
+    with d.client() as c:
+        stubborn = c.submit(["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.05; "
+                                         "done"], grace="99y")
+        wait_for(lambda: any(f.kind == "data" for f in c.output(stubborn.id)), "it to run")
+    began = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    assert time.monotonic() - began < 20
+    first = json.loads({r["seq"]: r for r in d.rows()}[int(stubborn.id)]["result"])
+    assert first["outcome"] == "cancelled" and first["stop"]["reason"] == "shutdown"
+    assert stop_reached(first) == "killed" and first["cleanup"]["state"] == "clean"
+    assert "--drain-timeout" in d.log_text()
 
 
 def _state(d: RunningDaemon, task_id: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import socket
 import stat
@@ -97,6 +98,75 @@ def test_what_a_tenant_may_ask_for_it_gets_and_runs_as_itself(start_daemon: Star
     assert out.splitlines()[-2:] == ["64", "0027"]
 
 
+LIMITS_SHOWN = ("Max open files", "Max processes", "Max locked memory")
+
+
+def _limits_of_tasks(sock: str, asks: list[dict[str, str]]) -> list[Any]:
+    """For each ``properties`` asked, the task's limits as /proc/self/limits shows them
+    (``LIMITS_SHOWN``: soft, hard), or the refusal's [status, field]."""
+    answers: list[Any] = []
+    with Client(sock) as c:
+        for props in asks:
+            try:
+                t = c.submit(["cat", "/proc/self/limits"], properties=props)
+            except ApiError as e:
+                answers.append([e.status, e.field])
+                continue
+            c.wait(t.id)
+            text = b"".join(f.data for f in c.output(t.id)).decode()
+            answers.append({line[:26].strip(): line[26:].split()[:2]
+                            for line in text.splitlines()
+                            if line.startswith(LIMITS_SHOWN)})
+    return answers
+
+
+def test_a_tenants_task_gets_no_resource_limit_above_its_submitters(start_daemon: Start,
+                                                                     users: list[User]) -> None:
+    """The daemon is root's service with root's limits; a task of a tenant starts with the
+    limits PAM or its service manager gave the process that submitted it, may lower them,
+    and is refused a higher one.  Root's tasks start with the open-files soft limit the daemon
+    itself started with (it raises its own for its connections; select(2) needs <= 1024)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # (raising it needs CAP_SYS_RESOURCE)
+    d = start_daemon(wrap=["prlimit", f"--nofile=512:{hard}", "--"])
+
+    def tenant() -> Any:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 300))
+        resource.setrlimit(resource.RLIMIT_NPROC, (77, 99))
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+        return _limits_of_tasks(d.socket, [{}, {"LimitNOFILE": "100:200"},
+                                           {"LimitNOFILE": "1000"}, {"LimitNPROC": "5:100"}])
+
+    own, lower, higher, nproc = as_user(users[0], tenant)
+    expected = {"Max open files": ["256", "300"], "Max processes": ["77", "99"],
+                "Max locked memory": ["0", "0"]}
+    assert own == expected, own
+    assert lower == {**expected, "Max open files": ["100", "200"]}, lower
+    assert higher == [403, "properties.LimitNOFILE"]
+    assert nproc == [403, "properties.LimitNPROC"]  # (hard 100 > 99)
+    (root,) = as_user(None, lambda: _limits_of_tasks(d.socket, [{}]))
+    assert root["Max open files"] == ["512", str(hard)], root
+    # kept with the accept record: a task queued across a restart runs with the same limits
+    kept = {row["uid"]: row["rlimits"] for row in d.rows()}
+    assert json.loads(kept[users[0].uid])["NOFILE"] == [256, 300] and kept[0] is None
+
+
+def test_the_daemon_wide_metrics_are_root_s_and_the_metrics_group_s(start_daemon: Start,
+                                                                     users: list[User]) -> None:
+    """/metrics counts every tenant's submissions and outcomes: a tenant is not told them
+    unless the admin named its group (a Prometheus scraper's) with --metrics-group."""
+    d = start_daemon("--metrics-group", users[1].name)
+    get = b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+
+    def status() -> int:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(d.socket)
+            s.sendall(get)
+            return int(s.recv(64).split()[1])
+
+    assert as_users([(users[0], status), (users[1], status), (None, status)]) == [403, 200, 200]
+
+
 def _submit_as_if(user: User, sock: str, bodies: list[dict[str, Any]]) -> list[Any]:
     """POST each body on one connection whose peer credentials are ``user``'s, from a process
     whose real uid stays root: the user's own ``kill(-1, SIGSTOP)`` cannot stop this client
@@ -129,7 +199,7 @@ def _submit_as_if(user: User, sock: str, bodies: list[dict[str, Any]]) -> list[A
 
 
 def test_a_tenant_stopping_its_own_processes_never_holds_the_daemon(
-        start_daemon: Start, users: list[User], stopper: str) -> None:
+        start_daemon: Start, users: list[User], stopper: str, slow_path: str) -> None:
     """Item 2 of the tenants' issue: a child that takes the tenant's uid before its exec
     could be SIGSTOPped there by any process of that uid, and the daemon's event loop waited
     for that exec in the kernel: nothing was answered, no time limit fired, SIGTERM waited.
@@ -152,11 +222,10 @@ def test_a_tenant_stopping_its_own_processes_never_holds_the_daemon(
                     took.append([info.outcome, time.monotonic() - start])
             return took
 
-        # (a PATH of 300 missing directories: 300 failed execve(2) before the real one, each
-        # a moment for the SIGSTOP to land in: what a tenant does to widen the window)
-        path = ":".join([f"/nonexistent/{i}" for i in range(300)] + ["/usr/bin", "/bin"])
+        # (a PATH slow to search: a moment before the exec for the SIGSTOP to land in, as a
+        # tenant widens the window)
         attack = [{"argv": ["true"], "time_limit": "2s", "grace": "1s",
-                   "env": {"PATH": path}}] * 20
+                   "env": {"PATH": slow_path}}] * 20
         answers, took = as_users([
             (None, lambda: _submit_as_if(attacker, d.socket, attack)),
             (victim, victim_runs)])
@@ -508,6 +577,40 @@ def test_one_tenants_many_results_never_expire_anothers(start_daemon: Start,
 
     status, message = as_user(attacker, told)
     assert status == 410 and "share" in message, message
+
+
+def test_a_tenants_idle_running_tasks_never_expire_anothers_results(start_daemon: Start,
+                                                                     users: list[User]) -> None:
+    """Retention used to reserve the worst case (two full streams) for every running task:
+    with four slots and --retain-bytes 4M, two idle sleeps of one uid and a cancelled queued
+    task expired every other uid's finished results.  What running tasks' files hold now is
+    what counts, as their uid's."""
+    d = start_daemon("--max-running", "4", "--max-running-per-uid", "2", "--retain-bytes", "4M")
+    attacker, victim = users[0], users[1]
+
+    def finish_some() -> Any:
+        with Client(d.socket) as c:
+            done = [c.wait(c.submit(["echo", str(n)]).id).id for n in range(3)]
+            running = [c.submit(["sleep", "600"]).id for _ in range(2)]
+            return done, running
+
+    done, running = as_user(victim, finish_some)
+
+    def idle() -> Any:
+        with Client(d.socket) as c:
+            sleeps = [c.submit(["sleep", "600"]).id for _ in range(2)]
+            queued = c.submit(["true"]).id
+            c.stop(queued)  # (a finished task: a retention pass)
+            return sleeps, c.wait(queued).outcome
+
+    sleeps, outcome = as_user(attacker, idle)
+    assert outcome == "cancelled"
+    with d.client() as c:
+        time.sleep(2.5)  # (a pass runs at most once a second)
+        assert [_expired_or_outcome(c, i) for i in done] == ["succeeded"] * 3
+        for task_id in running + sleeps:
+            c.stop(task_id)
+    assert "expired" not in d.log_text()
 
 
 def _records_with(tasks: list[tuple[int, int]]) -> Any:

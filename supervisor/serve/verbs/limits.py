@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 async def handle(d: Daemon, req: Request) -> Response:
     from ..._properties import SUPPORTED
 
-    q = d.config.queue
+    q = d.scheduler.limits  # (the queued bytes as the state filesystem allows)
     running, queued = d.scheduler.counts(req.peer.uid)
     return json_response(200, {
         "default_time_limit": d.sup.default_time_limit,

@@ -15,11 +15,14 @@ _RECORDED_STATE = {"queued": "queued", "starting": "starting", "running": "runni
                    "stopping": "running", "finished": "finished"}
 
 
+MAX_LIST = 1000  # tasks per listing (each entry's argv cut short: task.py)
+
+
 async def handle(d: Daemon, req: Request) -> Response:
     state = req.query.get("state")
     if state is not None and state not in STATES:
         raise invalid("state", f"?state= must be one of {', '.join(STATES)}, got {state!r}")
-    limit = query_int(req.query, "limit", 100, 1, 10000)
+    limit = query_int(req.query, "limit", 100, 1, MAX_LIST)
     peer = req.peer
     out: list[dict[str, Any]] = []
     for t in reversed(d.tasks.values()):  # ids are made in order: newest last

@@ -10,6 +10,7 @@ record cannot be written, nothing was accepted: 503 ``records_unavailable`` with
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ import trio
 
 from ..http import Request, Response, json_response
 from ..life import accepted
-from ..peers import Peer
+from ..peers import Peer, PeerGone, rlimits_of
 from ..protocol import ApiError, SubmitRequest, parse_json_body, parse_submit
 from ..records import RecordsError
 from ..task import DaemonTask
@@ -48,18 +49,20 @@ async def handle(d: Daemon, req: Request) -> Response:
         earlier = await _earlier(d, req.peer, r)
         if earlier is not None:
             return json_response(200, earlier)
+    rlimits = None if req.peer.is_root else _rlimits_of(req.peer)
     if len(req.body) <= HEAVY:
-        spec = d.spec_for(req.peer, r)
+        spec = d.spec_for(req.peer, r, rlimits=rlimits)
     else:
         async with d.heavy_lock(req.peer.uid):
-            spec = await trio.to_thread.run_sync(d.spec_for, req.peer, r)
+            spec = await trio.to_thread.run_sync(
+                functools.partial(d.spec_for, req.peer, r, rlimits=rlimits))
     d.scheduler.admit(req.peer.uid, len(req.body))
     key = None if r.idempotency_key is None else (req.peer.uid, r.idempotency_key)
     if key is not None:
         d.keys[key] = ""  # reserved: a concurrent retry is told to retry in a moment
     reserved = d.scheduler.reserve(req.peer.uid)
     try:
-        task_id = await d.records.accept(_row(d, req.peer, r, reserved))
+        task_id = await d.records.accept(_row(d, req.peer, r, reserved, rlimits))
     except BaseException as e:
         if key is not None:
             d.keys.pop(key, None)
@@ -109,8 +112,20 @@ def _parse(body: bytes) -> SubmitRequest:
     return parse_submit(parse_json_body(body))
 
 
-def _row(d: Daemon, peer: Peer, r: SubmitRequest, starting: bool) -> dict[str, Any]:
+def _rlimits_of(peer: Peer) -> dict[str, tuple[int, int]]:
+    """The submitter's resource limits, its task's ceiling (403 if they cannot be read)."""
+    try:
+        return rlimits_of(peer)
+    except PeerGone as e:
+        raise ApiError(403, "forbidden", f"{e}: a task of a non-root submitter gets no more "
+                       f"than its submitter has, and corral reads that from the process that "
+                       f"connected; submit from a process that waits for the answer") from None
+
+
+def _row(d: Daemon, peer: Peer, r: SubmitRequest, starting: bool,
+         rlimits: dict[str, tuple[int, int]] | None) -> dict[str, Any]:
     return {"uid": peer.uid, "gid": peer.gid, "peer_pid": peer.pid, "groups": list(peer.groups),
             "name": r.name, "idempotency_key": r.idempotency_key, "spec": r.to_json(),
             "state": "starting" if starting else "queued",
-            "run": d.run if starting else None, "created_at": time.time()}
+            "run": d.run if starting else None, "created_at": time.time(),
+            "rlimits": rlimits}
