@@ -38,10 +38,12 @@ SIZES: dict[str, dict[str, list[str]]] = {
     "quick": {"spawn": ["--quick"], "run": ["--quick"], "kill": ["--quick"],
               "output": ["--quick"], "memory": ["--quick"], "cli": ["--quick"],
               "keeper": ["--quick"], "isolation": ["--quick"],
-              "serve": ["--rounds", "30", "--held", "100", "--clients", "4"]},
+              "serve": ["--rounds", "30", "--held", "100", "--clients", "4"],
+              "sessions": ["--quick"]},
     "full": {"cli": ["--no-systemd"]},
 }
-ORDER = ("spawn", "run", "kill", "output", "memory", "cli", "keeper", "isolation", "serve")
+ORDER = ("spawn", "run", "kill", "output", "memory", "cli", "keeper", "isolation", "serve",
+         "sessions")
 
 
 @dataclass
@@ -195,10 +197,41 @@ def parse_serve(out: str) -> list[Row]:
     return rows
 
 
+def parse_sessions(out: str) -> list[Row]:
+    rows = []
+    m = re.search(rf"session echo hi \((\d+) commands\): median {NUM} ms p90 {NUM} ms; plain "
+                  rf"submit median {NUM} ms: {NUM}x \(goal <= 2x: (met|NOT met)\); in-process "
+                  rf"sup\.run median {NUM} ms: {NUM}x; swe-rex session(?:: skipped \((.*)\)| "
+                  rf"median {NUM} ms: {NUM}x \(goal <= 0\.1x: (met|NOT met)\))", out)
+    if m:
+        n, med, p90, submit, r_submit, met, inproc, r_inproc, skipped, rex, r_rex, rex_met = \
+            m.groups()
+        ours = f"median {med} ms, p90 {p90} ms"
+        what = f"session exec of `echo hi` ({n} commands)"
+        rows.append(Row(f"{what} vs plain submit", ours, f"submit with wait {submit} ms",
+                        f"{r_submit}x", "<= 2x", "yes" if met == "met" else "no"))
+        rows.append(Row(f"{what} vs in-process", ours, f"sup.run {inproc} ms", f"{r_inproc}x",
+                        "(report)", "-"))
+        if skipped is None:
+            rows.append(Row(f"{what} vs swe-rex", ours, f"swe-rex LocalRuntime session "
+                            f"{rex} ms", f"{r_rex}x", "<= 0.1x",
+                            "yes" if rex_met == "met" else "no"))
+        else:
+            rows.append(Row(f"{what} vs swe-rex", ours, f"swe-rex skipped: {skipped}", "-",
+                            "<= 0.1x", "-"))
+    m = re.search(rf"daemon RSS idle sessions: 0 -> {NUM} MiB, (\d+) -> {NUM} MiB: "
+                  rf"(-?[0-9.]+) KiB per session", out)
+    if m:
+        rows.append(Row(f"`corral serve` RSS with {m.group(2)} idle sessions",
+                        f"{m.group(4)} KiB per session ({m.group(3)} MiB)",
+                        f"no session open {m.group(1)} MiB", "-", "(report)", "-"))
+    return rows
+
+
 PARSERS: dict[str, Callable[[str], list[Row]]] = {
     "spawn": parse_spawn, "run": parse_run, "kill": parse_kill, "output": parse_output,
     "memory": parse_memory, "cli": parse_cli, "keeper": parse_keeper,
-    "isolation": parse_isolation, "serve": parse_serve,
+    "isolation": parse_isolation, "serve": parse_serve, "sessions": parse_sessions,
 }
 
 

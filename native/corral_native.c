@@ -197,6 +197,38 @@ static int child_close_other_fds(const struct corral_spawn_args *a)
     return 0;
 }
 
+/* The numbered fds given to the task as 3, 4, ... in order (as systemd passes sockets, and a
+ * shell can name: dash takes single-digit fd numbers only).  Each source is first moved above
+ * every target, so that installing one cannot clobber the source of another, nor the report
+ * pipe (moved above them too: only the fork-like path has one, in memory of the child's own). */
+static int child_number_fds(struct child_ctx *c)
+{
+    const struct corral_spawn_args *a = c->a;
+    int n = a->n_numbered_fds;
+    int moved[CORRAL_MAX_NUMBERED_FDS];
+    if (n <= 0)
+        return 0;
+    if (n > CORRAL_MAX_NUMBERED_FDS)
+        return EINVAL;
+    if (c->report_fd >= 3 && c->report_fd < 3 + n) {
+        int r = fcntl(c->report_fd, F_DUPFD_CLOEXEC, 3 + n);
+        if (r < 0)
+            return errno;
+        c->report_fd = r;
+    }
+    for (int i = 0; i < n; i++) {
+        moved[i] = fcntl(a->numbered_fds[i], F_DUPFD_CLOEXEC, 3 + n);
+        if (moved[i] < 0)
+            return errno;
+    }
+    for (int i = 0; i < n; i++) {
+        if (dup2(moved[i], 3 + i) < 0)  /* (the new fd is not close-on-exec) */
+            return errno;
+        close(moved[i]);
+    }
+    return 0;
+}
+
 /* "lo" up in a fresh network namespace (the kernel gives it 127.0.0.1/8 and ::1 as it comes
  * up); the SIOCSIFFLAGS ioctl is two syscalls where netlink would be a message exchange. */
 static int child_loopback_up(void)
@@ -427,6 +459,8 @@ static int child_main(void *arg)
     if ((err = child_install_std_fds(a)) != 0)
         child_fail(c, CORRAL_STEP_FDS, err);
     if ((err = child_close_other_fds(a)) != 0)
+        child_fail(c, CORRAL_STEP_FDS, err);
+    if ((err = child_number_fds((struct child_ctx *)c)) != 0)
         child_fail(c, CORRAL_STEP_FDS, err);
     /* After the fds (a low RLIMIT_NOFILE must not break our own dups), before the uid change
      * (raising a hard limit needs CAP_SYS_RESOURCE). */

@@ -57,6 +57,8 @@
 #define CORRAL_STEP_SETPGID    24
 #define CORRAL_STEP_SECCOMP    25  /* installing the NO_CLONE3 filter */
 
+#define CORRAL_MAX_NUMBERED_FDS 16
+
 struct corral_rlimit {
     int resource;
     unsigned long long soft;
@@ -92,6 +94,8 @@ struct corral_spawn_args {
     unsigned long long cap_bset_drop;      /* bit N: drop capability N from the bounding set */
     unsigned long long cap_ambient;        /* bit N: capability N ambient (kept across exec) */
     unsigned long long ignored_signals;    /* bit N-1: signal N starts ignored (as nohup) */
+    const int *numbered_fds;   /* given to the task as fds 3, 4, ... in this order (not with */
+    int n_numbered_fds;        /* pass_fds); at most CORRAL_MAX_NUMBERED_FDS */
 };
 
 struct corral_spawn_result {

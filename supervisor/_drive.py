@@ -328,6 +328,17 @@ class Driver(Sampled):
 
     # ---- pause, resume, sample: called from outside the loop ------------------------------
 
+    def signal(self, sig: int) -> float:
+        """``sig`` to every process of the task's tree, and to the main process wherever it
+        is (a signal verb's: no stop, no SIGCONT); seconds since the spawn."""
+        try:
+            found = signal_tree(self.leaf, (sig,), self.main.pid, self.tracker.keep())
+        except CgroupNotFound:
+            found = None
+        if not self.exited and (found is None or not found.main_listed) and self._main_alive():
+            self.main.signal(sig)
+        return trio.current_time() - self.t0
+
     def pause(self) -> bool:
         """Freeze the task (cgroup.freeze); False unless it is running and not paused."""
         if self.phase != RUNNING or self.exited or self.paused_at is not None:
@@ -364,7 +375,8 @@ class Driver(Sampled):
             self.stop.waker.cancel()
 
     def sample(self, now: float) -> None:
-        """One reading of the leaf's usage, and a pidfd of each process seen in it."""
+        """One reading of the leaf's usage; each process seen in it is remembered (by pid and
+        start time)."""
         if self.phase == DONE:
             return
         cpu, memory, pids, io = sample(self.leaf, self.terms.controllers)

@@ -20,16 +20,45 @@ The next process rebuilds it with :meth:`HandOver.from_json` and passes it to
 Output written meanwhile waits in the pipes (1 MiB each: a task that writes more during the
 restart blocks until it is read again; nothing is lost).  The main processes are no longer our
 children: their exit statuses come from PIDFD_INFO_EXIT (Linux >= 6.15).
+
+Here too: freezing a running task for the hand-over (:func:`export_task`) and resuming it in
+the next supervisor process (:func:`adopt_task`).  Times cross the restart on the monotonic
+clock (``time.monotonic()``: since boot, the same for every process); trio's clock is converted
+on each side.  What cannot cross: the processes seen in the leaf (kept by pid and start time
+for escape checks), so an escape by a process other
+than the main one is seen only if it happens after the adoption; and a process's exit status
+once it is no longer our child (see ``_main.py``).
 """
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import json
+import logging
+import math
 import os
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORMAT", "HandOver", "TaskState"]
+import trio
+
+from cgroupfs import Cgroup
+
+from ._capture import StreamCapture
+from ._drive import DONE, KILL, RUNNING, TERM, Driver
+from ._life import Started, drive, new_driver
+from ._main import Exit, MainProcess
+from ._output import StdinFeed
+from ._result import Cleanup, EscapedProcess, Outcome, ProcessInfo, StopReason, TaskResult
+from ._sample import Series
+from ._spec import TaskSpec
+from ._stdio import TaskIo, register
+from ._task import Runtime, Task, record
+
+__all__ = ["FORMAT", "HandOver", "TaskState", "adopt_all", "adopt_task", "export_task"]
 
 FORMAT = 1  # the JSON's "format"; a newer one is refused
 
@@ -39,7 +68,7 @@ class TaskState:
     """One running task as it is handed over: everything but its fds (named in ``fds``)."""
 
     id: str
-    state: dict[str, Any]  # see _task.export_task / adopt_task
+    state: dict[str, Any]  # see export_task / adopt_task below
     fds: dict[str, int] = field(default_factory=dict)  # kind -> fd: pidfd, stdout, ...
 
 
@@ -93,3 +122,232 @@ class HandOver:
             except OSError:
                 pass
         self.tasks.clear()
+
+
+log = logging.getLogger(__name__)
+
+_TIOCGPTPEER = 0x5441  # ioctl: open the other side of this pseudo-terminal (Linux >= 4.13)
+
+
+class _Clock:
+    """trio time <-> monotonic seconds, read once."""
+
+    def __init__(self) -> None:
+        self.trio, self.mono = trio.current_time(), time.monotonic()
+
+    def out(self, t: float | None) -> float | None:
+        return None if t is None or math.isinf(t) else t - self.trio + self.mono
+
+    def back(self, t: float | None) -> float:
+        return math.inf if t is None else t - self.mono + self.trio
+
+
+def export_task(into: HandOver, task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
+                started: Started) -> None:
+    """``task``'s driver has let go: take its fds off the reactor (unread, unclosed), describe
+    the rest, and add it to ``into``.  The task is handed over: no record here."""
+    clock = _Clock()
+    fds: dict[str, int] = {"pidfd": main.pidfd}
+    if task.io is not None:
+        fds.update(_detach_io(task, task.io))
+    leaf.close()
+    state = {"spec": _spec_state(task.spec), "time_limit": task.time_limit, "pid": main.pid,
+             "created_at": task.created_at, "started_at": started.started_at,
+             "t0": clock.out(started.t0), "method": started.method,
+             "fallback_errno": started.fallback_errno, "notes": list(task.notes),
+             "isolation": task.spec.isolation.describe(),
+             "captures": {name: cap.export() for name, cap in (("stdout", task.stdout),
+                                                               ("stderr", task.stderr))
+                          if cap is not None},
+             "driver": _driver_state(driver, clock), "stop": _stop_state(task, clock)}
+    into.tasks.append(TaskState(task.id, state, fds))
+    task.handed_over = True
+    task.state = "handed over"
+    task.done.set()
+
+
+def _spec_state(spec: TaskSpec) -> dict[str, Any]:
+    return {"argv": list(spec.argv), "name": spec.name, "grace": spec.grace_s,
+            "stop_signal": int(spec.stop_signal), "repeat": spec.repeat_s,
+            "idle_timeout": spec.idle_timeout_s, "output_head": spec.output_head,
+            "output_tail": spec.output_tail, "log_file": spec.log_file,
+            "log_max_bytes": spec.log_max_bytes, "tty": spec.tty,
+            "stdin_pipe": spec.stdin == "pipe" or spec.tty}
+
+
+def _detach_io(task: Task, io: TaskIo) -> dict[str, int]:
+    """Our ends of the task's stdio, named, with a second end of each so that PID 1 never sees
+    POLLHUP on a stored fd (it drops those, unread output with them)."""
+    reactor, fds = task.rt.reactor, {}
+    for stream in io.streams:
+        fd = reactor.detach(stream)
+        if fd is None:
+            continue  # ended already: nothing more will come
+        kind = "tty" if task.spec.tty else ("stdout" if stream.capture is task.stdout
+                                            else "stderr")
+        fds[kind] = fd
+        if kind == "tty":
+            fds["tty.peer"] = fcntl.ioctl(fd, _TIOCGPTPEER,
+                                          os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        else:
+            fds[f"{kind}.w"] = os.open(f"/proc/self/fd/{fd}",
+                                       os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if io.feed_stream is not None:
+        fd = reactor.detach(io.feed_stream)
+        if fd is not None and task.spec.tty:
+            os.close(fd)  # a dup of the terminal: the next process makes its own
+        elif fd is not None:
+            fds["stdin"] = fd
+    return fds
+
+
+def _driver_state(d: Driver, clock: _Clock) -> dict[str, Any]:
+    return {"phase": d.phase, "grace_end": clock.out(d.grace_end),
+            "repeat_at": clock.out(d.repeat_at),
+            "kill_by": clock.out(d.deadline) if d.phase == KILL else None,
+            "paused_at": clock.out(d.paused_at), "paused_s": d.paused_s,
+            "resumed_at": clock.out(d.resumed_at), "exited": d.exited,
+            "exit": None if d.exit is None else [d.exit.code, d.exit.signal],
+            "exited_at": clock.out(d.exited_at) if d.exited else None,
+            "signalled_tree": d.signalled_tree, "killed_tree": d.killed_tree,
+            "notes": list(d.notes), "problems": list(d.problems),
+            "leftovers": [[p.pid, p.comm] for p in d.tracker.leftovers.values()],
+            "escaped": [[e.pid, e.comm, e.cgroup, e.ended] for e in d.tracker.escaped.values()],
+            "series": None if d.series is None else d.series.to_dict()}
+
+
+def _stop_state(task: Task, clock: _Clock) -> dict[str, Any]:
+    s = task.stop
+    feed = task.io.feed if task.io is not None else None
+    return {"reason": None if s.reason is None else str(s.reason), "level": s.level,
+            "caller_requests": s.caller_requests, "kill_because": s.kill_because,
+            "requested_at": clock.out(s.requested_at),
+            "signalled_at": clock.out(s.signalled_at), "killed_at": clock.out(s.killed_at),
+            "landed": s.landed,
+            "stdin_pending": None if feed is None else base64.b64encode(feed.buffer).decode(),
+            "stdin_eof": None if feed is None else feed.eof}
+
+
+def adopt_task(rt: Runtime, state: TaskState, register_task: Callable[[Task], None]
+               ) -> Callable[[], Awaitable[TaskResult | None]]:
+    """The task ``state`` describes, made ours again: registered with ``register_task``, its
+    stdio back on the reactor, its driver where it left off.  Returns its life, to be run in
+    the supervisor's nursery.  Takes ownership of ``state.fds``."""
+    s, clock = state.state, _Clock()
+    spec = _spec_back(s["spec"])
+    task = Task(rt, state.id, spec, s["time_limit"], tuple(s["notes"]))
+    task.created_at, task.pid, task.began = s["created_at"], s["pid"], True
+    task.cgroup = os.path.join(rt.root.path, state.id)
+    caps = s["captures"]
+    task.stdout = StreamCapture.restore(caps["stdout"]) if "stdout" in caps else None
+    task.stderr = StreamCapture.restore(caps["stderr"]) if "stderr" in caps else None
+    _restore_stop(task, s["stop"], clock)
+    task.io = _attach_io(task, state.fds, s["stop"])
+    register_task(task)
+    leaf = rt.root.child(state.id)
+    main = MainProcess(s["pid"], state.fds["pidfd"], adopted=True)
+    t0 = clock.back(s["t0"])
+    driver = new_driver(task, leaf, main, t0)
+    _restore_driver(driver, s["driver"], clock)
+    task.state = "running" if driver.phase == RUNNING else "stopping"
+    started = Started(s["method"], s["fallback_errno"], t0, s["started_at"])
+
+    async def life() -> TaskResult | None:
+        try:
+            return await drive(task, leaf, main, driver, started)
+        finally:
+            rt.on_end(task)
+
+    return life
+
+
+def _spec_back(s: dict[str, Any]) -> TaskSpec:
+    """What the adopted task was told (limits and isolation were applied at its spawn)."""
+    return TaskSpec(tuple(s["argv"]), name=s["name"], grace=s["grace"],
+                    stop_signal=s["stop_signal"], stop_signal_repeat=s["repeat"],
+                    idle_timeout=s["idle_timeout"], output_head=s["output_head"],
+                    output_tail=s["output_tail"], log_file=s["log_file"],
+                    log_max_bytes=s["log_max_bytes"], tty=s["tty"],
+                    stdin="pipe" if s["stdin_pipe"] and not s["tty"] else None)
+
+
+def _attach_io(task: Task, fds: dict[str, int], stop: dict[str, Any]) -> TaskIo:
+    io = TaskIo()
+    for kind, cap in (("stdout", task.stdout), ("stderr", task.stderr), ("tty", task.stdout)):
+        if kind in fds and cap is not None:
+            os.set_blocking(fds[kind], False)
+            io.readers.append((fds[kind], cap))
+    if "tty" in fds:
+        io.master = fds["tty"]
+        io.feed_fd = os.dup(fds["tty"])
+    elif "stdin" in fds:
+        io.feed_fd = fds["stdin"]
+    if io.feed_fd >= 0:
+        pending = base64.b64decode(stop["stdin_pending"] or "")
+        io.feed = StdinFeed(pending, eof=bool(stop["stdin_eof"]))
+    register(io, task.rt.reactor, tty=task.spec.tty)
+    for extra in ("stdout.w", "stderr.w", "tty.peer"):  # our second ends: EOF works again
+        if extra in fds:
+            os.close(fds[extra])
+    return io
+
+
+def _restore_stop(task: Task, s: dict[str, Any], clock: _Clock) -> None:
+    stop = task.stop
+    stop.reason = None if s["reason"] is None else StopReason(s["reason"])
+    stop.level, stop.caller_requests = s["level"], s["caller_requests"]
+    stop.kill_because, stop.landed = s["kill_because"], s["landed"]
+    for name in ("requested_at", "signalled_at", "killed_at"):
+        if s[name] is not None:
+            setattr(stop, name, clock.back(s[name]))
+
+
+def _restore_driver(d: Driver, s: dict[str, Any], clock: _Clock) -> None:
+    d.phase = s["phase"] if s["phase"] != DONE else TERM
+    d.grace_end, d.repeat_at = clock.back(s["grace_end"]), clock.back(s["repeat_at"])
+    d.paused_s, d.resumed_at = s["paused_s"], clock.back(s["resumed_at"])
+    d.paused_at = None if s["paused_at"] is None else clock.back(s["paused_at"])
+    d.exited = s["exited"]
+    d.exit = None if s["exit"] is None else Exit(*s["exit"])
+    d.exited_at = clock.back(s["exited_at"]) if s["exited_at"] is not None else 0.0
+    d.signalled_tree, d.killed_tree = s["signalled_tree"], s["killed_tree"]
+    d.notes, d.problems = tuple(s["notes"]), tuple(s["problems"])
+    d.tracker.leftovers = {pid: ProcessInfo(pid, comm) for pid, comm in s["leftovers"]}
+    d.tracker.escaped = {e[0]: EscapedProcess(*e) for e in s["escaped"]}
+    d.series = None if s["series"] is None else Series.restore(s["series"])
+    if d.phase == KILL:
+        d.deadline = clock.back(s["kill_by"])
+    else:
+        # step at once, before the first wait: a stop asked for just before the hand-over
+        # (exported still RUNNING), or of this process before the life first ran (no waker
+        # to cancel yet), is acted on now; the step sets the real deadline
+        d.deadline = -math.inf
+
+
+def adopt_all(rt: Runtime, handover: HandOver, nursery: trio.Nursery,
+              register_task: Callable[[Task], None]) -> None:
+    """Adopt every task of ``handover``, each life in ``nursery``; one that cannot be adopted
+    gets its record now (``lost``, saying why), so that each still has exactly one."""
+    for state in handover.tasks:
+        try:
+            life = adopt_task(rt, state, register_task)
+        except Exception as e:  # its leaf vanished, an fd is not what it claims...
+            log.exception("adopting task %s", state.id)
+            _lost_in_handover(rt, state, e)
+            continue
+        nursery.start_soon(life)
+    handover.tasks.clear()
+
+
+def _lost_in_handover(rt: Runtime, state: TaskState, error: Exception) -> None:
+    for fd in state.fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    spec = TaskSpec(tuple(state.state["spec"]["argv"]), name=state.state["spec"]["name"])
+    task = Task(rt, state.id, spec, state.state["time_limit"], ())
+    record(task, Outcome.LOST, started=True, error=error, step="adopt",
+           cleanup=Cleanup("incomplete", detail=f"could not be adopted: {error}"),
+           started_at=state.state["started_at"],
+           notes=["handed over by an earlier corral process, but could not be adopted"])

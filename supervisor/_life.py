@@ -11,7 +11,7 @@ Its steps:
    succeeded; a failure undoes it all and records ``spawn_failed``.
 3. ``drive``: the main process, the time limit and stop requests, as named states
    (``_drive.py``), until the main process has exited and the leaf is empty; or until the
-   supervisor hands the task over to another process (``_handoff.py``).
+   supervisor hands the task over to another process (``_handover.py``).
 4. ``_finish``: end of output (short drain deadline), usage, the leaf removed, the record.
 
 Exactly one record per task, whatever happens: a bug of ours after the spawn still kills the
@@ -264,7 +264,8 @@ async def _start(task: Task) -> tuple[Cgroup, Spawned]:
                           stdout=stdio[1], stderr=stdio[2], cwd=spec.cwd,
                           new_session=spec.tty, controlling_tty=spec.tty,
                           new_process_group=not spec.tty and spec.own_process_group(),
-                          ignored_signals=spec.ignored_signal_numbers, **options)
+                          ignored_signals=spec.ignored_signal_numbers,
+                          numbered_fds=spec.pass_fds, **options)
             spawned = await _spawn(task, leaf, kwargs, in_thread=runs_as_another_user(options))
         undo.pop_all()
     register(io, rt.reactor, tty=spec.tty)

@@ -1,7 +1,8 @@
 """The outcome rules: what a finished task's facts add up to in its record.
 
-Pure functions over what the driver found (the main process's status, the stop, leftovers,
-escapes) and what the leaf's accounting says; the task's life calls them once, at the end.
+Rules over what the driver found (the main process's status, the stop, leftovers, escapes),
+pure, and :func:`read_usage`, which reads the leaf's accounting files; the task's life calls
+them once, at the end.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ __all__ = [
     "KillSnapshot",
     "Outcome",
     "ProcessInfo",
+    "SignalSent",
     "SnapshotProcess",
     "StopReason",
     "StopRecord",
@@ -235,6 +236,19 @@ class Containment:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalSent:
+    """A signal sent to a running task without stopping it (``TaskHandle.signal``): which,
+    when (seconds after the spawn), to what (``"tree"``: every process of its leaf;
+    ``"foreground"``: its terminal's foreground process group, as a key would), and who
+    asked (the caller's words, e.g. ``"uid 1000"``; None: not said)."""
+
+    signal: int
+    after_s: float
+    to: str
+    by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskResult:
     """The final record of one task, exactly one per task.
 
@@ -268,6 +282,7 @@ class TaskResult:
     error_step: str | None = None
     name: str | None = None
     kill_snapshot: KillSnapshot | None = None
+    signals: tuple[SignalSent, ...] = ()  # what TaskHandle.signal() sent, in order
 
     @property
     def stdout(self) -> bytes:
@@ -332,6 +347,9 @@ class TaskResult:
             "notes": [_text(n) for n in self.notes],
             "error": _error_dict(self),
             "kill_snapshot": _snapshot_dict(self.kill_snapshot),
+            "signals": [{"signal": int(x.signal), "signal_name": signal_name(x.signal),
+                         "after_s": x.after_s, "to": x.to,
+                         "by": None if x.by is None else _text(x.by)} for x in self.signals],
         }
 
 

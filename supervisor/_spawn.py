@@ -268,7 +268,7 @@ def spawn(
     argv: Sequence[str | bytes], *, env: Mapping[str, str] | None = None, cgroup_fd: int = -1,
     stdin: int, stdout: int, stderr: int, cwd: str | None = None, umask: int | None = None,
     new_session: bool = False, controlling_tty: bool = False, new_process_group: bool = False,
-    pass_fds: Sequence[int] = (), force_fallback: bool = False,
+    pass_fds: Sequence[int] = (), numbered_fds: Sequence[int] = (), force_fallback: bool = False,
     new_netns: bool = False, netns_fd: int | None = None, mount_namespace: bool = False,
     tmpfs: Sequence[str] = (), read_only: Sequence[tuple[str, int]] = (),
     rlimits: Sequence[tuple[int, int, int]] = (),
@@ -279,10 +279,12 @@ def spawn(
     """Start ``argv`` with fds ``stdin``/``stdout``/``stderr`` as 0/1/2, in cgroup ``cgroup_fd``.
 
     ``cgroup_fd`` is an ``O_DIRECTORY`` fd of the leaf (-1: our own cgroup).  Every other fd is
-    closed at exec except ``pass_fds``.  Signal dispositions are reset (``ignored_signals``
-    start ignored instead, as a shell's background job or nohup gets them) and the mask
-    emptied.  ``new_session``: a session of its own (``controlling_tty``: fd 0, a terminal,
-    becomes its controlling terminal); ``new_process_group``: a process group of its own.
+    closed at exec except ``pass_fds`` (at their numbers) and ``numbered_fds`` (given as fds 3,
+    4, ... in order, at most 16; not with ``pass_fds``).  Signal dispositions are reset
+    (``ignored_signals`` start ignored instead, as a shell's background job or nohup gets
+    them) and the mask emptied.  ``new_session``: a session of its own (``controlling_tty``:
+    fd 0, a terminal, becomes its controlling terminal); ``new_process_group``: a process
+    group of its own.
     ``env`` is the complete environment (None: ours).  ``force_fallback`` takes the vfork +
     cgroup.procs path even where clone3 works, so that tests can prove it.
 
@@ -309,8 +311,16 @@ def spawn(
                          drop_bounding_caps, ambient_caps, no_new_privs, no_clone3)
     bargv = [os.fsencode(a) for a in argv]
     keep: list[Any] = []  # every C object the argument block points to, alive until the call
+    if pass_fds and numbered_fds:
+        raise ValueError("spawn: pass_fds and numbered_fds cannot be combined")
     a = _process_args(bargv, env, cgroup_fd, (stdin, stdout, stderr), pass_fds, cwd, umask,
                       ignored_signals, keep)
+    if numbered_fds:
+        if len(numbered_fds) > lib.CORRAL_MAX_NUMBERED_FDS:
+            raise ValueError(f"spawn: at most {lib.CORRAL_MAX_NUMBERED_FDS} numbered_fds")
+        numbered = ffi.new("int[]", list(numbered_fds))
+        keep.append(numbered)
+        a.numbered_fds, a.n_numbered_fds = numbered, len(numbered_fds)
     a.flags = iso.fill(a, keep) | _process_flags(new_session, controlling_tty,
                                                  new_process_group, force_fallback)
     r = ffi.new("struct corral_spawn_result *")

@@ -143,6 +143,10 @@ class TaskSpec:
     ``output_head``/``output_tail``: bytes kept of each stream.  ``log_file``:
     write the full output there too, up to ``log_max_bytes``.  ``limits``: cgroup limits.
     ``isolation``: user, namespaces, capabilities (systemd.exec's names).
+    ``pass_fds``: file descriptors of the caller's that the task gets as fds 3, 4, ... in
+    this order (at most 16; as systemd passes sockets; every other fd above 2 is closed at its
+    exec); the caller keeps and closes its own (e.g. the write end of a pipe it reads a side
+    channel from).
     """
 
     argv: tuple[str, ...]
@@ -169,6 +173,7 @@ class TaskSpec:
     limits: Limits = field(default_factory=lambda: NO_LIMITS)  # (one shared, frozen value)
     isolation: Isolation = field(default_factory=lambda: NO_ISOLATION)  # (the same)
     name: str | None = None
+    pass_fds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # One check per field group, in the order of the fields; each refuses with a
@@ -189,6 +194,14 @@ class TaskSpec:
         if not isinstance(self.isolation, Isolation):
             raise SpecError("isolation", f"isolation must be a supervisor.Isolation, got "
                                          f"{self.isolation!r}")
+        fds: Any = self.pass_fds
+        if not isinstance(fds, Sequence) or isinstance(fds, str | bytes) or any(
+                isinstance(fd, bool) or not isinstance(fd, int) or fd < 0 for fd in fds) \
+                or len(fds) > 16:
+            raise SpecError("pass_fds", f"pass_fds must be a list of at most 16 file "
+                                        f"descriptors (given to the task as 3, 4, ...), got "
+                                        f"{fds!r}")
+        object.__setattr__(self, "pass_fds", tuple(fds))
         if self.name is not None and (not isinstance(self.name, str) or len(self.name) > 256):
             raise SpecError("name", f"name must be a string of at most 256 characters, got "
                                     f"{self.name!r}")

@@ -9,7 +9,8 @@ Who asks matters.  The first request fixes the reason.  After that:
 
 A request after the task has ended changes nothing and says so.  The escalation itself (what is
 sent when) lives in the task's driver (``_drive``); this module holds the state and the one
-place that signals a subtree (``signal_tree``: pidfds only).
+place that signals a subtree (``signal_tree``: by pidfd; by pid, checked again, only when
+out of fds).
 """
 
 from __future__ import annotations

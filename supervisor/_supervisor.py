@@ -3,7 +3,7 @@
 Ownership: the supervisor owns its root (made for it, locked with flock, see ``placement``),
 its keeper (a tiny process that kills the root if this process dies, ``_keeper``), the inotify
 watcher, the I/O reactor and the spawn guard; it hands each task a
-:class:`~supervisor._task.Runtime` with exactly those and two callbacks.  Each task's life runs
+:class:`~supervisor._task.Runtime` with exactly those and four callbacks.  Each task's life runs
 in the caller's nursery (``start``) or the supervisor's own (``run``) and owns its leaf, pipes
 and pidfd.  The supervisor keeps a handle on every live task so that closing it can stop them
 (reason ``shutdown``) and wait for their records before it removes its root.
@@ -37,8 +37,7 @@ from cgroupfs import CgroupError
 from ._batch import Batch, drive_batch
 from ._errors import ConfigError, SpecError, SupervisorError
 from ._guard import SpawnGuard
-from ._handoff import adopt_all, export_task
-from ._handover import HandOver
+from ._handover import HandOver, adopt_all, export_task
 from ._interrupt import CtrlC, Interrupts, from_ctrl_c
 from ._keeper import Keeper
 from ._life import live
@@ -88,6 +87,8 @@ class Supervisor:
         self._live: dict[str, Task] = {}
         self._retain = retain_results
         self.results: collections.OrderedDict[str, TaskResult] = collections.OrderedDict()
+        self._born = 0  # tasks made or adopted so far: the order ``results`` keeps
+        self._order: dict[str, int] = {}  # id -> its place in that order (live or kept)
         self._closing = False
         self._handover: HandOver | None = None
         self._nursery: trio.Nursery  # set by _serving: the supervisor's own nursery
@@ -166,7 +167,12 @@ class Supervisor:
         self._counter += 1
         task = Task(self._rt, task_id or f"{self._prefix}-{self._counter}", spec, limit, notes)
         self._live[task.id] = task
+        self._born_now(task.id)
         return task
+
+    def _born_now(self, task_id: str) -> None:
+        self._born += 1
+        self._order[task_id] = self._born
 
     def _ended(self, task: Task) -> None:
         self._live.pop(task.id, None)
@@ -184,9 +190,22 @@ class Supervisor:
         request_stop(task, StopReason.CANCEL, by_caller=True, by_signal=signal.SIGINT)
 
     def _recorded(self, result: TaskResult) -> None:
+        """Keep ``result`` in ``results``, which are in the order the tasks were made
+        (oldest first), however they ended; the oldest go beyond ``retain_results``."""
+        if result.id not in self._order:  # (a record of a task never made: lost, unstarted)
+            self._born_now(result.id)
+        place = self._order[result.id]
+        later = []  # kept records of tasks made after this one: they go after it
+        for kept in reversed(self.results):
+            if self._order.get(kept, 0) < place:
+                break
+            later.append(kept)
         self.results[result.id] = result
+        for kept in reversed(later):
+            self.results.move_to_end(kept)
         while len(self.results) > self._retain:
-            self.results.popitem(last=False)
+            gone, _ = self.results.popitem(last=False)
+            self._order.pop(gone, None)
 
     # ---- the public verbs ------------------------------------------------------------------
 
@@ -381,6 +400,7 @@ class Supervisor:
 
     def _adopted(self, task: Task) -> None:
         self._live[task.id] = task
+        self._born_now(task.id)
 
     def stop_all(self, *, force: bool = False, reason: StopReason = StopReason.CANCEL,
                  by_signal: int | None = None) -> int:
@@ -514,7 +534,7 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
     """Open a supervisor: find a base, make its own root there, yield it, clean up on exit.
 
     ``cgroup_root``: a cgroup v2 directory to make our root in (default: discovered, see
-    DESIGN.md).  ``default_time_limit`` applies to tasks that give none; ``max_time_limit``
+    ``placement``).  ``default_time_limit`` applies to tasks that give none; ``max_time_limit``
     caps every task (a larger limit is capped, and the result's notes say so); without it, the
     default is the ceiling.  A ceiling below the default is refused here.  ``sample_interval``:
     how often each running task's usage is sampled into its record's series (None: never).

@@ -2,7 +2,7 @@
 
 A :class:`Task` is the supervisor's internal state of one accepted task: its spec and limit,
 its stop, its captures and stdio once it runs, its driver while it runs, its one final record.
-The life (``_life.py``) and the hand-over (``_handoff.py``) work on it; the supervisor holds
+The life (``_life.py``) and the hand-over (``_handover.py``) work on it; the supervisor holds
 the Tasks.  Users hold the :class:`TaskHandle` facade, whose methods are the public verbs.
 
 :func:`record` writes the one final record: exactly once, whatever happens (a second call is
@@ -15,6 +15,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import signal
 import termios
 import time
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +36,7 @@ from ._result import (
     Containment,
     KillSnapshot,
     Outcome,
+    SignalSent,
     StopReason,
     StreamOutput,
     TaskResult,
@@ -107,8 +109,8 @@ class Task:
     """One accepted task, as the supervisor knows it (internal; users hold ``handle``)."""
 
     __slots__ = ("began", "cgroup", "created_at", "done", "driver", "handed_over", "handle",
-                 "id", "io", "notes", "pid", "result", "rt", "spec", "state", "stderr",
-                 "stdout", "stop", "taps", "time_limit")
+                 "id", "io", "notes", "pid", "result", "rt", "signals", "spec", "state",
+                 "stderr", "stdout", "stop", "taps", "time_limit")
 
     def __init__(self, rt: Runtime, task_id: str, spec: TaskSpec, time_limit: float | None,
                  notes: tuple[str, ...]) -> None:
@@ -131,6 +133,7 @@ class Task:
         self.driver: Driver | None = None
         self.began = False  # the life has run (start() hands out a coroutine that might not)
         self.taps: tuple[str, ...] = ()  # streams tapped from the spawn on (start(taps=...))
+        self.signals: list[SignalSent] = []  # sent by TaskHandle.signal(), for the record
         self.handle = TaskHandle(self)
 
     def capture(self, stream: str) -> StreamCapture | None:
@@ -353,6 +356,33 @@ class TaskHandle:
         if master is not None:
             set_window_size(master, rows, columns)
 
+    def signal(self, sig: int | str, *, by: str | None = None) -> bool:
+        """Send ``sig`` to the running task without stopping it: to every process of its
+        tree, or, for a ``tty`` task, to its terminal's foreground process group, as the key
+        would (SIGINT for Ctrl-C: a REPL interrupted this way goes on).  The record lists each
+        signal sent (``signals``: which, when, to what, ``by`` whom).  False if it is not
+        running.  SIGKILL and SIGSTOP are not for this: ``stop(force=True)`` kills the tree,
+        :meth:`pause` freezes it."""
+        from ._units import parse_signal
+
+        number = parse_signal(sig, "signal")
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            raise SpecError("signal", f"signal {signal.Signals(number).name} is not sent this "
+                                      f"way: stop(force=True) kills the task's tree, pause() "
+                                      f"freezes it")
+        t = self._t
+        driver = t.driver
+        if driver is None or t.result is not None or t.state != "running":
+            return False
+        if t.spec.tty:
+            if not self.terminal_signal(number):
+                return False
+            to, after = "foreground", trio.current_time() - driver.t0
+        else:
+            to, after = "tree", driver.signal(number)
+        t.signals.append(SignalSent(number, round(after, 6), to, by))
+        return True
+
     def pause(self) -> bool:
         """Freeze the task where it stands (cgroup.freeze): its processes stop running until
         :meth:`resume`.  Neither its time limit nor its idle timeout counts paused time; the
@@ -424,7 +454,7 @@ def record(task: Task, outcome: Outcome, *, started: bool, exit_code: int | None
         ended_at=time.time(), notes=(*task.notes, *(notes or ())),
         error=None if error is None else str(error),
         error_errno=getattr(error, "errno", None), error_step=step, name=task.spec.name,
-        kill_snapshot=snapshot,
+        kill_snapshot=snapshot, signals=tuple(task.signals),
     )
     task.result = result
     task.io = None

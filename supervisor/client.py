@@ -22,6 +22,8 @@ daemon.  :class:`AsyncClient` has the same methods for trio (``await c.submit(..
 from __future__ import annotations
 
 import _socket
+import builtins
+import errno
 import io
 import json
 import os
@@ -43,8 +45,8 @@ if TYPE_CHECKING:
 
     import trio
 
-__all__ = ["ApiError", "AsyncClient", "Client", "DaemonUnavailable", "Frame", "TaskInfo",
-           "default_socket"]
+__all__ = ["ApiError", "AsyncClient", "Client", "DaemonUnavailable", "Frame", "Session",
+           "TaskInfo", "default_socket"]
 
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -61,6 +63,9 @@ def urlencode(query: dict[str, Any]) -> str:
 
 
 RECONNECT = 60.0  # seconds a waiting or following client tries to reach a restarting daemon
+# what a socket that is not there yet, or not listening yet, answers a connect(2): a daemon
+# that is starting (``corral serve &`` binds its socket a few hundred ms after it starts)
+_NOT_YET = (errno.ENOENT, errno.ECONNREFUSED)
 
 
 class DaemonUnavailable(ConnectionError):
@@ -123,11 +128,18 @@ def _read_exactly(reader: Any, n: int) -> bytes:
 
 
 class Client:
-    """One keep-alive connection to the daemon at ``socket_path``."""
+    """One keep-alive connection to the daemon at ``socket_path``.
 
-    def __init__(self, socket_path: str | None = None, *, timeout: float | None = None) -> None:
+    ``start_wait``: for up to that many seconds, a socket that is not there yet or refuses
+    the connection is tried again, as a daemon that is starting has it (``corral serve &``
+    then ``corral submit``); once a daemon has answered, losing it is a restart's doing
+    (below).  0, the default: an error at once."""
+
+    def __init__(self, socket_path: str | None = None, *, timeout: float | None = None,
+                 start_wait: float = 0.0) -> None:
         self.socket_path = socket_path or default_socket()
         self.timeout = timeout
+        self.start_wait = start_wait
         self._sock: _socket.socket | None = None
         self._reader: Any = None
         self._reached = False  # a daemon answered once: losing it now is a restart's doing
@@ -145,16 +157,31 @@ class Client:
             self._sock = self._reader = None
 
     def _connect(self) -> None:
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.socket_path)
-        except OSError as e:
-            sock.close()
-            raise DaemonUnavailable(
-                f"cannot reach the corral daemon at {self.socket_path}: {e.strerror or e}; "
-                f"start it (corral serve, or systemctl start corral) or point "
-                f"{SOCKET_ENV} / --socket at its socket") from None
+        """Connect, waiting up to ``start_wait`` for a daemon that is starting (never once
+        one has answered); DaemonUnavailable naming the socket and the fix."""
+        import time
+
+        give_up = time.monotonic() + (0.0 if self._reached else self.start_wait)
+        pause = 0.02
+        while True:
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.socket_path)
+                break
+            except OSError as e:
+                sock.close()
+                left = give_up - time.monotonic()
+                if e.errno in _NOT_YET and left > 0:
+                    time.sleep(min(pause, left))  # (the last try: at the end of the wait)
+                    pause = min(pause * 2, 0.25)
+                    continue
+                waited = f" (waited {self.start_wait:g}s for it to start)" if (
+                    e.errno in _NOT_YET and self.start_wait and not self._reached) else ""
+                raise DaemonUnavailable(
+                    f"cannot reach the corral daemon at {self.socket_path}: "
+                    f"{e.strerror or e}{waited}; start it (corral serve, or systemctl start "
+                    f"corral) or point {SOCKET_ENV} / --socket at its socket") from None
         self._sock = sock
         self._reader = io.BufferedReader(_SocketReader(sock))
 
@@ -231,8 +258,11 @@ class Client:
                              submission(argv, options), resend=True)
         return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
 
-    def list(self, state: str | None = None, limit: int = 100) -> list[TaskInfo]:
-        query = urlencode({k: v for k, v in (("state", state), ("limit", limit)) if v})
+    def list(self, state: str | None = None, limit: int = 100,
+             session: str | None = None) -> list[TaskInfo]:
+        """Your tasks, newest first (``session``: that session's commands only)."""
+        query = urlencode({k: v for k, v in (("state", state), ("limit", limit),
+                                             ("session", session)) if v})
         _, obj = self._call("GET", f"/v1/tasks?{query}")
         return [TaskInfo.from_json(t) for t in obj["tasks"]]
 
@@ -328,6 +358,52 @@ class Client:
                              unreachable=False)
         return bool(obj["changed"])
 
+    def signal(self, task_id: str, sig: str) -> dict[str, Any]:
+        """Send ``sig`` (``"INT"``, ``"TERM"``, ``"HUP"``, ``"QUIT"``, ``"USR1"``, ``"USR2"``,
+        ``"WINCH"``, ``"CONT"``) to a running task's whole tree (a terminal task: its
+        foreground process group): not a stop.  ApiError 409 if it is not running."""
+        _, obj = self._call("POST", f"/v1/tasks/{quote(task_id)}/signal", {"signal": sig})
+        return dict(obj)
+
+    # ---- sessions ----------------------------------------------------------------------------
+
+    def open_session(self, **options: Any) -> dict[str, Any]:
+        """A new session (``cwd``, ``env``, ``shell``, ``time_limit``, ``grace``,
+        ``properties``: each command's defaults); its JSON (``id``, ``cwd``, ...)."""
+        _, obj = self._call("POST", "/v1/sessions", options)
+        return dict(obj)
+
+    def session(self, **options: Any) -> Session:
+        """``with c.session(cwd="/src") as s: s.run("cd lib && make")``: a session, closed
+        (everything of it stopped) when the block ends."""
+        return Session(self, self.open_session(**options)["id"])
+
+    def exec(self, session_id: str, command: str, **options: Any) -> dict[str, Any]:
+        """Run ``command`` in the session (``wait``, ``background``, ``time_limit``, ``grace``,
+        ``stdin=b"..."``, ``name``, ``idempotency_key``): the task as the daemon answers it
+        (with ``wait``: finished, with its result, or still running with the output so far)."""
+        body = dict(options)
+        if isinstance(body.get("stdin"), bytes | bytearray):
+            import base64
+
+            body["stdin"] = {"base64": base64.b64encode(body["stdin"]).decode("ascii")}
+        _, obj = self._call("POST", f"/v1/sessions/{quote(session_id)}/exec",
+                            {"command": command, **body}, ok=(200, 201, 202))
+        return dict(obj)
+
+    def close_session(self, session_id: str) -> dict[str, Any]:
+        """Close the session: what of it still runs is stopped (``stopped``: their ids)."""
+        _, obj = self._call("DELETE", f"/v1/sessions/{quote(session_id)}")
+        return dict(obj)
+
+    def sessions(self, limit: int = 100) -> builtins.list[dict[str, Any]]:
+        _, obj = self._call("GET", f"/v1/sessions?limit={int(limit)}")
+        return [dict(x) for x in obj["sessions"]]
+
+    def show_session(self, session_id: str) -> dict[str, Any]:
+        _, obj = self._call("GET", f"/v1/sessions/{quote(session_id)}")
+        return dict(obj)
+
     def write_stdin(self, task_id: str, data: bytes, eof: bool = False) -> None:
         """Write ``data`` to the task's stdin (``eof``: then close it); asked again while the
         daemon is restarting (503 ``restarting``: nothing was written)."""
@@ -421,6 +497,37 @@ def _request_bytes(method: str, path: str, body: bytes | None, content_type: str
     if body is not None:
         head += f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
     return head.encode() + b"\r\n" + (body or b"")
+
+
+class Session:
+    """A session of the daemon's, held by a :class:`Client` (see ``Client.session``)."""
+
+    def __init__(self, client: Client, session_id: str) -> None:
+        self.client = client
+        self.id = session_id
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, command: str, *, wait: float | str = 3600, **options: Any) -> dict[str, Any]:
+        """Run ``command`` and wait for it (at most ``wait``: then the answer says it is still
+        running, with its id and output so far); the task as the daemon answers it."""
+        if isinstance(wait, int | float):
+            wait = f"{wait}s"
+        return self.client.exec(self.id, command, wait=wait, **options)
+
+    def start(self, command: str, **options: Any) -> dict[str, Any]:
+        """Run ``command`` without waiting (``background=True``: beside the foreground one)."""
+        return self.client.exec(self.id, command, **options)
+
+    def show(self) -> dict[str, Any]:
+        return self.client.show_session(self.id)
+
+    def close(self) -> dict[str, Any]:
+        return self.client.close_session(self.id)
 
 
 class AsyncClient:

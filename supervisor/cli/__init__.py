@@ -25,7 +25,7 @@ TYPE_CHECKING = False  # not typing's: importing typing costs every client verb'
 if TYPE_CHECKING:
     from typing import NoReturn
 
-__all__ = ["EXIT_FAILURE", "VERBS", "die", "main"]
+__all__ = ["EXIT_FAILURE", "VERBS", "die", "main", "missing_cgroup_root"]
 
 EXIT_FAILURE = 125
 
@@ -40,6 +40,7 @@ VERBS: dict[str, str] = {
     "wait": ".wait",
     "logs": ".logs",
     "stop": ".stop",
+    "mcp": ".mcp",
 }
 
 
@@ -54,6 +55,31 @@ def die(message: str) -> NoReturn:
     """Print ``corral: message`` on stderr and exit 125 (corral's own failure)."""
     print(f"corral: {message}", file=sys.stderr)
     raise SystemExit(EXIT_FAILURE)
+
+
+def missing_cgroup_root(path: str | None) -> str | None:
+    """Why ``--cgroup-root PATH`` cannot be used because it does not exist, with the fix (make
+    it inside the cgroup2 mount, or mount one); None if it exists (or none was given): the
+    core then checks what it is."""
+    import os
+
+    if path is None or os.path.exists(path):
+        return None
+    from cgroupfs import NoCgroup2Error, find_cgroup2_mount
+
+    try:
+        mount = find_cgroup2_mount().mount_point
+    except NoCgroup2Error:
+        return (f"--cgroup-root {path} does not exist, and this host has no cgroup2 mount to "
+                f"make it in; mount one (mount -t cgroup2 none /sys/fs/cgroup) and make the "
+                f"directory there")
+    absolute = os.path.abspath(path)
+    if os.path.commonpath([absolute, mount]) == mount:
+        return (f"--cgroup-root {path} does not exist; make it first (mkdir -p {path}), or "
+                f"give an existing cgroup")
+    return (f"--cgroup-root {path} does not exist, and is not inside the cgroup2 mount "
+            f"({mount}); give a cgroup there, e.g. mkdir -p {mount}/corral and "
+            f"--cgroup-root {mount}/corral")
 
 
 class _Version(argparse.Action):

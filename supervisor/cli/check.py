@@ -4,6 +4,13 @@ It does not guess from version numbers: it prepares a root exactly as ``corral r
 spawns ``/bin/true`` into a leaf there (which tells whether clone3 placed it, or the fallback),
 looks for cgroup.kill in that leaf, then removes everything it made.  Exit 0 when ``corral run``
 would work.
+
+The ``-p`` properties it lists are every one of the core's table (``SUPPORTED``) that ``corral
+run`` would take here: a limit when its controller is enabled for tasks, an isolation
+property (``User=``, ``PrivateNetwork=``, ...) when the core's own checks of the host accept
+a value that needs what the property needs (:data:`ISOLATION_PROBES`: another uid needs
+CAP_SETUID, a namespace needs the kernel to allow it), everything else always.  The refused
+ones are listed with the reason.
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ from cgroupfs import (
     parse_mountinfo,
 )
 
+from .. import Isolation
 from .._errors import PlacementError
 from .._spawn import SpawnError, spawn
 from ..placement import place_async
+from ..syntax import SUPPORTED
+from . import missing_cgroup_root
 
 __all__ = ["add_parser", "collect", "main", "run_check"]
 
@@ -39,7 +49,52 @@ PROPERTIES_BY_CONTROLLER = {
     "cpu": ("CPUQuota", "CPUWeight"),
     "io": ("IOWeight",),
 }
-ALWAYS = ("RuntimeMaxSec", "TimeoutStopSec", "KillSignal", "Environment", "WorkingDirectory")
+CONTROLLER_OF = {name: c for c, names in PROPERTIES_BY_CONTROLLER.items() for name in names}
+
+# an isolation property -> settings that need what it needs here (a Limit*= lowered to 0
+# needs nothing: those are always taken)
+_OTHER_ID = "65534" if os.geteuid() != 65534 else "65533"  # (numeric: no database entry needed)
+ISOLATION_PROBES: dict[str, tuple[tuple[str, str], ...]] = {
+    "User": (("User", _OTHER_ID), ("Group", _OTHER_ID)),
+    "Group": (("Group", _OTHER_ID),),
+    "SupplementaryGroups": (("SupplementaryGroups", _OTHER_ID),),
+    "NoNewPrivileges": (("NoNewPrivileges", "yes"),),
+    "UMask": (("UMask", "0077"),),
+    "PrivateNetwork": (("PrivateNetwork", "yes"),),
+    "PrivateTmp": (("PrivateTmp", "yes"),),
+    "ProtectControlGroups": (("ProtectControlGroups", "yes"),),
+    "CapabilityBoundingSet": (("CapabilityBoundingSet", "~CAP_SYS_ADMIN"),),
+    "AmbientCapabilities": (("AmbientCapabilities", "CAP_NET_BIND_SERVICE"),),
+}
+
+
+def usable_properties(controllers: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The ``-p`` properties ``corral run`` takes here, in the core's order, and the refused
+    ones with the reason (``controllers``: those enabled for tasks)."""
+    usable: list[str] = []
+    refused: dict[str, str] = {}
+    for name in SUPPORTED:
+        controller = CONTROLLER_OF.get(name)
+        reason = None
+        if controller is not None and controller not in controllers:
+            reason = f"no {controller} controller here"
+        elif name in ISOLATION_PROBES:
+            try:
+                Isolation.from_properties(ISOLATION_PROBES[name])
+            except ValueError as e:
+                reason = str(e)
+        if reason is None:
+            usable.append(name)
+        else:
+            refused[name] = reason
+    return usable, refused
+
+
+def _short(names: list[str]) -> str:
+    """``a, b, Limit{CPU,NOFILE}``: the Limit*= names folded into one."""
+    limits = [n.removeprefix("Limit") for n in names if n.startswith("Limit")]
+    rest = [n for n in names if not n.startswith("Limit")]
+    return ", ".join(rest + ([f"Limit{{{','.join(limits)}}}"] if limits else []))
 
 
 def _probe_spawn(tasks_path: str) -> dict[str, Any]:
@@ -90,6 +145,9 @@ def collect(cgroup_root: str | None = None) -> dict[str, Any]:
     except NoCgroup2Error as e:
         problems.append(str(e))
     report["systemd"] = _systemd_report()
+    missing = missing_cgroup_root(cgroup_root)
+    if missing is not None:
+        problems.append(missing)
     if not problems:
         try:
             placement = trio.run(place_async, cgroup_root)
@@ -107,11 +165,8 @@ def collect(cgroup_root: str | None = None) -> dict[str, Any]:
                     problems.append(f"spawning into a leaf failed: {report['spawn_error']}")
             finally:
                 placement.close()
-            props = list(ALWAYS)
-            for controller, names in PROPERTIES_BY_CONTROLLER.items():
-                if controller in report["controllers"]:
-                    props.extend(names)
-            report["properties"] = props
+            report["properties"], report["properties_refused"] = usable_properties(
+                report["controllers"])
     report["ok"] = not problems
     return report
 
@@ -158,7 +213,12 @@ def run_check(*, json_output: bool, cgroup_root: str | None) -> int:
         lines.append(f"cgroup.kill:        {yes[report.get('cgroup_kill', False)]}"
                      + ("" if report.get("cgroup_kill") else " (freeze + SIGKILL + thaw instead)"))
         lines.append(f"controllers:        {' '.join(report['controllers']) or 'none'}")
-        lines.append(f"-p properties:      {', '.join(report['properties'])}")
+        lines.append(f"-p properties:      {_short(report['properties'])}")
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in report["properties_refused"].items():
+            by_reason.setdefault(reason, []).append(name)
+        for reason, names in by_reason.items():
+            lines.append(f"-p not here:        {_short(names)}: {reason}")
         for note in report.get("notes", []):
             lines.append(f"note:               {note}")
     sd = report["systemd"]

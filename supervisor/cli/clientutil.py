@@ -1,11 +1,17 @@
 """What the daemon's client verbs share: ``--socket``, one Client, errors as corral's own.
 
+A client started right after ``corral serve &`` waits up to :data:`START_WAIT` seconds for the
+daemon's socket to appear and listen.  Ctrl-C (SIGINT) has its default action: the client just
+ends, by that signal (status 130 in a shell), as ``tail -f`` does, never with a traceback;
+``corral submit --wait/--follow`` asks the daemon to stop the task instead (submit.py).
+
 No trio and no core import here: ``corral ps`` must start about as fast as Python does.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 
@@ -18,7 +24,9 @@ if TYPE_CHECKING:
 
     from .printable import TerminalFilter
 
-__all__ = ["add_socket", "run_client"]
+__all__ = ["START_WAIT", "add_socket", "run_client"]
+
+START_WAIT = 5.0  # seconds a client waits for a daemon that is starting (its socket bound)
 
 
 def add_socket(p: Any) -> None:
@@ -30,8 +38,10 @@ def add_socket(p: Any) -> None:
 def run_client(args: argparse.Namespace, body: Callable[[Client], int]) -> int:
     """``body(client)``; an error of the daemon's or of the connection is printed as
     ``corral: message`` and gives exit status 125."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored: `corral logs &`)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
-        with Client(args.socket) as client:
+        with Client(args.socket, start_wait=START_WAIT) as client:
             return body(client)
     except ApiError as e:
         print(f"corral: {e.message}", file=sys.stderr)

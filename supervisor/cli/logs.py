@@ -9,9 +9,9 @@ control character or escape sequence is shown escaped (``\\x1b]52;c;...``, see
 printable.TerminalFilter); ``--raw`` writes the bytes as they are even there.
 
 With ``-f`` it follows until the task ends, then exits with the task's status (as ``corral
-run``), reconnecting (from the next byte) if the daemon restarts meanwhile.  Bytes past the
-daemon's output cap are named on stderr (``bytes A..B are no longer held``), never silently
-skipped.
+run``), reconnecting (from the next byte) if the daemon restarts meanwhile; a Ctrl-C just
+detaches (the task goes on), as from ``tail -f``.  Bytes past the daemon's output cap are
+named on stderr (``bytes A..B are no longer held``), never silently skipped.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
             terminal = TerminalFilter()
         end = write_frames(frames, sys.stdout.buffer, stream, terminal)
         if args.follow and end is not None:
-            return report(end.result.get("outcome"), end.exit_status, quiet=True)
+            return report(args.id, end.result, end.exit_status, quiet=True)
         return 0
 
     return run_client(args, body)

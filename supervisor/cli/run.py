@@ -23,7 +23,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import EXIT_FAILURE, die
+from . import EXIT_FAILURE, die, missing_cgroup_root
 from .terminal import (
     JOB_SIGNALS,
     WAY_OUT_PRESSES,
@@ -75,6 +75,7 @@ the task runs: every key is typed into the task's terminal, whose modes decide w
   Ctrl-D          end of input for a program reading its terminal (a REPL exits)
   Ctrl-Z          a lone program: suspends corral and freezes the task (frozen time is not
                   counted by the time limit); a job-control shell in the task: that shell's
+                  key, for its own jobs
   window size     follows this terminal's (SIGWINCH)
   stdin not a terminal: typed into the task's terminal as it comes (echoed and read as
   keys), its end typed as Ctrl-D; stdout not a terminal: the task's terminal output as is
@@ -131,7 +132,7 @@ EXIT_AT_ONCE = True
 
 def add_parser(sub: Any) -> None:
     block_job_signals()  # (again, for callers that build the parser themselves: idempotent)
-    from .._properties import SUPPORTED
+    from ..syntax import SUPPORTED
 
     run = sub.add_parser("run", help="run a command in the foreground in its own cgroup",
                          usage="corral run [OPTIONS] -- CMD [ARGS...]",
@@ -176,8 +177,8 @@ def _plot_target(value: str) -> str:
 def _spec_from_args(args: argparse.Namespace, pty: PtyRelay | None) -> TaskSpec:
     from cgroupfs import Limits
 
-    from .._properties import parse_properties
     from .._spec import TaskSpec
+    from ..syntax import parse_properties
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -594,6 +595,9 @@ def _leave_full_screen(result: TaskResult) -> None:
 def _prepare(args: argparse.Namespace, pty: PtyRelay | None) -> TaskSpec:
     from .._errors import PlacementError
 
+    missing = missing_cgroup_root(args.cgroup_root)
+    if missing is not None:
+        die(missing)
     try:
         spec = _spec_from_args(args, pty)
         if not spec.limits.is_empty():

@@ -15,7 +15,7 @@ import resource
 import sys
 from typing import Any
 
-from . import die
+from . import die, missing_cgroup_root
 
 __all__ = ["EARLY", "add_parser", "main"]
 
@@ -112,11 +112,11 @@ def _add_durability(p: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from .._units import parse_duration
     from ..serve.http import HttpLimits
     from ..serve.protocol import DEFAULT_SOCKET, SOCKET_ENV
-    from ..serve.queue import QueueLimits
+    from ..serve.scheduler import QueueLimits
     from ..serve.state import Config
+    from ..syntax import parse_duration
 
     for name in ("max_running", "max_queued", "max_queued_per_uid", "max_connections",
                  "max_connections_per_uid", "keep_finished"):
@@ -160,8 +160,8 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _retention(args: argparse.Namespace) -> Any:
-    from .._units import parse_duration
     from ..serve.records import Retention
+    from ..syntax import parse_duration
 
     def unlimited(text: str) -> bool:
         return text.strip().lower() in ("infinity", "inf", "none")
@@ -180,7 +180,7 @@ def _retention(args: argparse.Namespace) -> Any:
 
 
 def _size(text: str, what: str) -> int:
-    from .._units import parse_size
+    from ..syntax import parse_size
 
     size = parse_size(text, what)
     if size == "max":
@@ -213,6 +213,9 @@ def main(args: argparse.Namespace) -> int:
     from ..serve.daemon import serve
     from ..serve.records import RecordsError
 
+    missing = missing_cgroup_root(args.cgroup_root)
+    if missing is not None:
+        die(missing)
     try:
         config = _config(args)
     except ValueError as e:

@@ -7,6 +7,7 @@ import json
 
 from .clientutil import add_socket, run_client
 from .printable import printable
+from .wait import why
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -22,6 +23,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true",
                    help="the task as JSON (its result as `corral run --json-file` writes it)")
     add_socket(p)
+
+
+def _seconds(value: float | None) -> str:
+    """A figure of the record in seconds, or "n/a" where it has none (a task that never ran,
+    a leaf without the accounting)."""
+    return "n/a" if value is None else f"{value:.3f}s"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -40,9 +47,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"Queued: {t.queue_position} ahead of it")
         r = t.result
         if r is not None:
-            print(f"Outcome: {r['outcome']}  exit status {t.exit_status}")
+            reason = why(r)
+            print(f"Outcome: {r['outcome']}  exit status {t.exit_status}"
+                  + (f"  ({reason})" if reason else ""))
             usage = r.get("usage") or {}
-            print(f"Wall: {usage.get('wall_s')}s  CPU: {usage.get('cpu_total_s')}s")
+            print(f"Wall: {_seconds(usage.get('wall_s'))}  "
+                  f"CPU: {_seconds(usage.get('cpu_total_s'))}")
             print(f"Cleanup: {r['cleanup']['state']}")
             for note in r.get("notes") or ():
                 print(f"Note: {printable(note)}")

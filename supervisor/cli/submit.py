@@ -4,12 +4,17 @@ Prints the task's id (stdout) and returns at once; ``--wait`` waits and exits li
 run`` (the task's status, 124 timed out, ...); ``--follow`` also streams its stdout and stderr
 as they come.  The command runs in the daemon's cgroup tree as your uid, in your current
 directory unless ``--chdir``; its environment is a clean login-like one plus ``-E``.
+
+Ctrl-C while it waits or follows stops the task as ``corral run``'s does (:class:`Interrupts`):
+the first asks the daemon for a graceful stop (stop signal, grace, kill) and goes on until the
+record, then exits with the record's status; the next kills the task now.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from . import die
@@ -67,6 +72,66 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+class Interrupts:
+    """While installed (``with``): SIGINT asks the daemon to stop task ``task_id`` (a second
+    one: kill it now) and returns, so that the wait or the follow in progress goes on (its
+    system call is restarted, PEP 475) until the record.  The request goes on a connection
+    of its own, from the signal handler (Python runs it in the main thread, between
+    bytecodes); presses that come while one is being sent are counted and sent after it."""
+
+    def __init__(self, socket_path: str, task_id: str) -> None:
+        self.socket_path = socket_path
+        self.task_id = task_id
+        self.presses = 0
+        self.sent = 0
+        self._sending = False
+        self._previous: Any = None
+
+    def __enter__(self) -> Interrupts:
+        self._previous = signal.getsignal(signal.SIGINT)
+        if self._previous is not signal.SIG_IGN:  # (started with it ignored: `... &`)
+            signal.signal(signal.SIGINT, self._press)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _press(self, signo: int, frame: object) -> None:
+        self.presses += 1
+        if self._sending:
+            return  # (a press during a request: the loop below sends it next)
+        self._sending = True
+        try:
+            while self.sent < min(self.presses, 2):
+                self._send(force=self.sent > 0)
+                self.sent += 1
+        finally:
+            self._sending = False
+
+    def _send(self, force: bool) -> None:
+        from ..client import ApiError, Client, DaemonUnavailable
+
+        try:
+            with Client(self.socket_path) as other:
+                changed = other.stop(self.task_id, force=force)
+        except (ApiError, DaemonUnavailable) as e:
+            _say(f"could not stop task {self.task_id}: {getattr(e, 'message', None) or e}")
+            return
+        if changed:
+            _say(f"{'killing' if force else 'stopping'} task {self.task_id}"
+                 + ("" if force else " (Ctrl-C again: kill it now)"))
+
+
+def _say(line: str) -> None:
+    """``corral: line`` on stderr, unbuffered: from a signal handler, sys.stderr's buffer may
+    be in the middle of a write of the interrupted code (a reentrant call is refused)."""
+    try:
+        os.write(2, f"corral: {line}\n".encode())
+    except OSError:
+        pass  # (stderr gone: nothing to tell)
+
+
 def _follow(client: Any, task_id: str) -> Any:
     """stdout here and stderr in a thread (each its own connection, each reconnecting across
     a restart of the daemon); the end frame."""
@@ -98,11 +163,12 @@ def main(args: argparse.Namespace) -> int:
         if not (args.wait or args.follow):
             print(task.id)
             return 0
-        print(f"corral: task {task.id}", file=sys.stderr)
-        end = _follow(client, task.id) if args.follow else None
-        if end is not None:
-            return report(end.result.get("outcome"), end.exit_status, quiet=False)
-        info = client.wait(task.id)
-        return report(info.outcome, info.exit_status, quiet=False)
+        with Interrupts(client.socket_path, task.id):
+            print(f"corral: task {task.id}", file=sys.stderr)
+            end = _follow(client, task.id) if args.follow else None
+            if end is not None:
+                return report(task.id, end.result, end.exit_status, quiet=False)
+            info = client.wait(task.id)
+        return report(task.id, info.result, info.exit_status, quiet=False)
 
     return run_client(args, body)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._result import KillSnapshot, TaskResult, Usage
-from .._units import format_duration
+from ..syntax import format_duration
 from .printable import printable
 
 __all__ = ["format_bytes", "level_cells", "rate_cells", "sparkline", "summary_lines"]

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .clientutil import add_socket, run_client
+from .printable import printable
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -23,17 +24,42 @@ def add_parser(sub: Any) -> None:
     add_socket(p)
 
 
-def report(outcome: str | None, status: int | None, quiet: bool) -> int:
-    """Print a line unless it succeeded (or ``quiet``); the exit status to give."""
+def report(task_id: str, result: dict[str, Any] | None, status: int | None,
+           quiet: bool) -> int:
+    """Print what ended the task unless it succeeded (or ``quiet``): one line with its outcome,
+    the reason its record gives and the exit status, then its notes; the exit status to
+    give."""
     status = 125 if status is None else status
+    result = result or {}
+    outcome = result.get("outcome") or "ended"
     if not quiet and outcome != "succeeded":
-        print(f"corral: task {outcome}: exit status {status}", file=sys.stderr)
+        reason = why(result)
+        print(f"corral: task {task_id} {outcome}" + (f": {reason}" if reason else "")
+              + f"; exit status {status}", file=sys.stderr)
+        for note in result.get("notes") or ():
+            print(f"corral: note: {printable(note)}", file=sys.stderr)
     return status
+
+
+def why(result: dict[str, Any]) -> str:
+    """What ended the task, as its record says: the error of a task that never ran (or was
+    lost) with the step that failed, else how the main process ended; "" if the record says
+    neither."""
+    error = result.get("error") or {}
+    if error.get("message"):
+        step = f" (step: {error['step']})" if error.get("step") else ""
+        return printable(str(error["message"])) + step
+    exit_ = result.get("exit") or {}
+    if exit_.get("signal_name") or exit_.get("signal"):
+        return f"killed by {exit_.get('signal_name') or 'signal ' + str(exit_['signal'])}"
+    if exit_.get("code") is not None:
+        return f"exited with code {exit_['code']}"
+    return ""
 
 
 def main(args: argparse.Namespace) -> int:
     def body(client: Any) -> int:
         t = client.wait(args.id)
-        return report(t.outcome, t.exit_status, args.quiet)
+        return report(t.id, t.result, t.exit_status, args.quiet)
 
     return run_client(args, body)

@@ -1,6 +1,6 @@
 """Where a supervisor's root may go: the base cgroup, found by reading, never by a fixed path.
 
-Discovery, in order (DESIGN.md; always /proc/self/mountinfo and /proc/self/cgroup):
+Discovery, in order (always from /proc/self/mountinfo and /proc/self/cgroup):
 
 1. ``cgroup_root=PATH``: the caller says where.
 2. Already inside a delegated unit (systemd marks it with the ``trusted.delegate`` xattr): our

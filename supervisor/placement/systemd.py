@@ -2,8 +2,9 @@
 
 On a systemd host the cgroup tree is systemd's; a process may only make cgroups in one that
 systemd delegated.  A supervisor not already in such a unit asks for a transient scope with
-``Delegate=yes`` around its own pid, and makes ``supervisor/`` and ``tasks/`` below it itself
-(DESIGN.md, root discovery).  One scope per supervisor, never one unit per task.
+``Delegate=yes`` around its own pid, and makes its own root (``corral-<pid>-<hex>``) below
+it itself, with ``supervisor/`` for its own process where controllers must be enabled.  One
+scope per supervisor, never one unit per task.
 
     info = await create_delegated_scope(os.getpid())
     info.unit    # "corral-4242-1a2b3c.scope"

@@ -14,13 +14,14 @@ Modules (imports point down this list's dependencies only: no cycles)::
     verbs/          one module per verb: submit, list, show, wait, output, stop, stdin,
                     events, limits, metrics
     state.py        Config, and Daemon: what the verbs work on (task table, queue, records)
-    task.py         a task as the daemon holds it, and a recorded row's JSON
-    life.py         a task's life: queue, "starting" record, start, end record (retried)
+    daemontask.py   a task as the daemon holds it, and a recorded row's JSON
+    dispatch.py     from the queue to the core and back: "starting" record, start, end
+                    record (retried)
     recover.py      start-up: an earlier run's tasks run, go on (adopted) or are recorded lost
     retention.py    finished tasks expire by age, count and bytes
     hooks.py        completion callbacks (--on-finish-exec, --on-finish-url)
     specs.py        a submission's TaskSpec, as its submitter
-    queue.py        the scheduler: global and per-uid limits, round-robin between uids
+    scheduler.py    the queue: global and per-uid limits, round-robin between uids
     records.py      SQLite task records (WAL, synchronous=FULL, group commit), off the trio
                     thread; rows.py: their SQL; schema.py: the schema and its migrations
     peers.py        who is calling (SO_PEERCRED, SO_PEERGROUPS) and as whom tasks run

@@ -24,7 +24,8 @@
 9. On the way out: this run's row ended (stopped or handed_over), the records closed, the
    socket file removed (unless parked).
 
-Ownership: one trio thread.  ``state.Daemon`` holds the task table, the queue and the records;
+Ownership: the trio thread holds ``state.Daemon`` (the task table, the queue, the records'
+front; the records' SQLite threads, the spawn guard's and the worker threads never touch it);
 each task's life runs in the tasks nursery, each connection and helper in the server nursery.
 """
 
@@ -44,8 +45,9 @@ import trio
 
 from .. import open_supervisor
 from . import fdstore
+from .daemontask import served_result
+from .dispatch import stop_queued
 from .hooks import Hooks
-from .life import stop_queued
 from .records import LAZY_DELAY, Records, RecordsError
 from .recover import recover
 from .retention import retention_loop
@@ -53,7 +55,6 @@ from .sdjob import restart_queued
 from .sdnotify import Notifier, listen_fds
 from .server import Bound, accept_loop, bind_listeners
 from .state import Config, Daemon, OutputDisk
-from .task import served_result
 
 if TYPE_CHECKING:
     from .. import Supervisor

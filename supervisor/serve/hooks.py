@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 
 import trio
 
+from .daemontask import served_result
 from .records import Records, RecordsError
-from .task import served_result
 
 if TYPE_CHECKING:
     from .. import Supervisor

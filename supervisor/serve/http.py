@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import h11
 import trio
@@ -156,12 +156,14 @@ class Connection:
         body = await self._read_body(event, start + self.limits.header_timeout)
         url = urlsplit(event.target.decode("ascii", "replace"))
         query = dict(parse_qsl(url.query, keep_blank_values=True))
-        return Request(event.method.decode("ascii", "replace"), unquote(url.path), query, body,
+        # (the path as sent, never percent-decoded: every path and id of the API is plain
+        # ASCII, so each is written one way, and "/v1/tasks/%31" is no task)
+        return Request(event.method.decode("ascii", "replace"), url.path, query, body,
                        self.peer)
 
     async def _read_body(self, request: h11.Request, deadline: float) -> bytes:
         cap = self.body_limit(request.method.decode("ascii", "replace"),
-                              unquote(urlsplit(request.target.decode("ascii", "replace")).path),
+                              urlsplit(request.target.decode("ascii", "replace")).path,
                               self.limits.max_body)
         for name, value in request.headers:
             if name == b"content-length":

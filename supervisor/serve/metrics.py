@@ -39,6 +39,7 @@ class Metrics:
                                 "status", ["verb", "status"], registry=self.registry)
         self.shed = Counter("corral_connections_shed", "Connections closed by the daemon, by "
                             "reason", ["reason"], registry=self.registry)
+        self.shed_rate = self.shed.labels(reason="connection_rate")  # (hot in a flood)
         self.registry.register(_Gauges(gauges))
 
     def render(self) -> bytes:

@@ -64,6 +64,17 @@ def peer_of(sock: socket.socket) -> Peer:
     return Peer(pid, uid, gid, groups, sock.fileno())
 
 
+def uid_of_fd(fd: int) -> int:
+    """The uid that connected on a socket's bare fd (SO_PEERCRED alone: the cheap look a
+    flood of connections is refused after).  OSError if the kernel will not say."""
+    sock = _socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd)
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    finally:
+        sock.detach()
+    return int(_UCRED.unpack(raw)[1])
+
+
 def peer_of_fd(fd: int) -> Peer:
     """:func:`peer_of` for a connected socket's bare fd (left open)."""
     sock = _socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd)
@@ -109,7 +120,7 @@ def parse_limits(text: bytes) -> dict[str, tuple[int, int]]:
     """``/proc/PID/limits`` as ``{name: (soft, hard)}``: one line per resource after the
     header, in the kernel's order of resource numbers, each ``%-25s %-20s %-20s`` (the
     label, soft, hard) and maybe the units (fs/proc/base.c, proc_pid_limits)."""
-    from .._isovalues import INFINITY, RLIMITS
+    from ..syntax import INFINITY, RLIMITS
 
     lines = text.decode("ascii", "replace").splitlines()[1:]
     limits = {}

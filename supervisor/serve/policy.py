@@ -44,7 +44,7 @@ _HARD: dict[str, int] = {}
 
 
 def _hard_limit(name: str) -> int:
-    from .._isovalues import INFINITY, RLIMITS
+    from ..syntax import INFINITY, RLIMITS
 
     if name not in _HARD:
         hard = resource.getrlimit(RLIMITS[name][0])[1]
@@ -55,7 +55,7 @@ def _hard_limit(name: str) -> int:
 def _rlimits(value: Mapping[str, tuple[int, int]]) -> str | None:
     """``Limit*=`` up to the daemon's own hard limit (raising one needs CAP_SYS_RESOURCE:
     ``LimitRTPRIO=`` would give real-time scheduling, ``LimitNICE=`` a higher priority)."""
-    from .._isovalues import INFINITY
+    from ..syntax import INFINITY
 
     for name, (soft, hard) in value.items():
         ceiling = _hard_limit(name)

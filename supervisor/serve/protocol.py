@@ -74,6 +74,7 @@ SOCKET_ENV = "CORRAL_SOCKET"
 STATES = ("queued", "starting", "running", "stopping", "finished")
 MAX_TEXT = 4096  # name, idempotency key: a sane bound for a label
 MAX_ARGS = 65536  # argv items (the kernel's own limit is on total bytes)
+MAX_COMMAND = 1 << 20  # characters of a session's command line (a heredoc of a file is fine)
 
 
 class ApiError(Exception):
@@ -302,12 +303,16 @@ class SubmitRequest(NamedTuple):
     stdin: str | None = None  # "pipe" or None
     stdin_data: bytes | None = None
     idempotency_key: str | None = None
+    # a session's command (the daemon makes these: never from POST /v1/tasks): ``{"id",
+    # "command", "background", "exact_env"}``; ``exact_env``: ``env`` is the whole
+    # environment (carried from the command before), no login-like base under it
+    session: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The request as JSON (what a client sends, what the daemon records)."""
         out: dict[str, Any] = {"argv": list(self.argv)}
         for key in ("env", "cwd", "time_limit", "grace", "stop_signal", "properties", "name",
-                    "idempotency_key"):
+                    "idempotency_key", "session"):
             value = getattr(self, key)
             if value is not None and value != {}:
                 out[key] = value
@@ -323,9 +328,13 @@ class SubmitRequest(NamedTuple):
 SUBMIT_FIELDS = (*SubmitRequest._fields[:8], "stdin", "idempotency_key")
 
 
-def parse_submit(obj: Any) -> SubmitRequest:
-    """Check a submission's shape: fields, types; ApiError 400 naming the field."""
+def parse_submit(obj: Any, *, recorded: bool = False) -> SubmitRequest:
+    """Check a submission's shape: fields, types; ApiError 400 naming the field.
+    ``recorded``: a request as the daemon recorded it (a session's command has ``session``)."""
     obj = _object(obj, "the request body")
+    session = obj.get("session") if recorded else None
+    if session is not None:
+        obj = {k: v for k, v in obj.items() if k != "session"}
     _check_fields(obj, SUBMIT_FIELDS, "a task submission")
     cwd = _string(obj, "cwd")
     if cwd is not None and not cwd.startswith("/"):
@@ -340,7 +349,109 @@ def parse_submit(obj: Any) -> SubmitRequest:
         time_limit=_duration(obj, "time_limit"), grace=_duration(obj, "grace"),
         stop_signal=signal, properties=_string_map(obj, "properties", numbers=True),
         name=_string(obj, "name"), stdin=stdin, stdin_data=stdin_data,
-        idempotency_key=_string(obj, "idempotency_key"))
+        idempotency_key=_string(obj, "idempotency_key"), session=session)
+
+
+MAX_WAIT = 3600.0  # seconds a request may wait for its task (a long poll: wait again)
+
+
+def pop_wait(obj: Any) -> float | None:
+    """Take ``wait`` (a duration: answer when the task ends or this passes) out of a request
+    body; None if it has none.  ApiError 400 for a bad one."""
+    if not isinstance(obj, dict) or obj.get("wait") is None:
+        if isinstance(obj, dict):
+            obj.pop("wait", None)
+        return None
+    return wait_duration(obj.pop("wait"), "wait")
+
+
+def wait_duration(value: Any, field: str) -> float:
+    from ..syntax import UnitsError, parse_duration
+
+    try:
+        seconds = parse_duration(value, field, allow_zero=True)
+    except UnitsError as e:
+        raise invalid(field, str(e)) from None
+    if seconds > MAX_WAIT:
+        raise invalid(field, f"{field} must be at most 1h, got {_show(value)}; wait again "
+                      f"after it passes (GET /v1/tasks/ID/wait)")
+    return seconds
+
+
+class SessionRequest(NamedTuple):
+    """``POST /v1/sessions``: a session's start (each command's defaults)."""
+
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    shell: str | None = None
+    time_limit: str | float | None = None
+    grace: str | float | None = None
+    properties: dict[str, str] | None = None
+
+
+def parse_session(obj: Any) -> SessionRequest:
+    obj = _object(obj, "the request body")
+    _check_fields(obj, SessionRequest._fields, "a session")
+    cwd, shell = _string(obj, "cwd"), _string(obj, "shell", limit=4096)
+    for key, value in (("cwd", cwd), ("shell", shell)):
+        if value is not None and not value.startswith("/"):
+            raise invalid(key, f"{key} must be an absolute path, got {_show(value)}")
+    return SessionRequest(cwd=cwd, env=_string_map(obj, "env"), shell=shell,
+                          time_limit=_duration(obj, "time_limit"),
+                          grace=_duration(obj, "grace"),
+                          properties=_string_map(obj, "properties", numbers=True))
+
+
+class ExecRequest(NamedTuple):
+    """``POST /v1/sessions/ID/exec``: one command of a session."""
+
+    command: str
+    background: bool = False
+    time_limit: str | float | None = None
+    grace: str | float | None = None
+    name: str | None = None
+    stdin: str | None = None
+    stdin_data: bytes | None = None
+    idempotency_key: str | None = None
+
+
+EXEC_FIELDS = ("command", "background", "time_limit", "grace", "name", "stdin",
+               "idempotency_key")
+
+
+def parse_exec(obj: Any) -> ExecRequest:
+    obj = _object(obj, "the request body")
+    _check_fields(obj, EXEC_FIELDS, "a session's command")
+    command = _string(obj, "command", limit=MAX_COMMAND)
+    if not command or not command.strip():
+        raise invalid("command", "command is required: the shell command line to run, like "
+                                 "\"cd src && make\"")
+    if "\0" in command:
+        raise invalid("command", "command must not contain NUL characters")
+    background = obj.get("background", False)
+    if not isinstance(background, bool):
+        raise invalid("background", f"background must be true or false, got "
+                                    f"{_show(background)}")
+    stdin, stdin_data = _stdin(obj)
+    return ExecRequest(command, background, _duration(obj, "time_limit"),
+                       _duration(obj, "grace"), _string(obj, "name"), stdin, stdin_data,
+                       _string(obj, "idempotency_key"))
+
+
+SIGNALS = ("INT", "QUIT", "HUP", "TERM", "USR1", "USR2", "WINCH", "CONT")
+
+
+def parse_signal(obj: Any) -> str:
+    """``{"signal": "INT"}`` -> "INT" (one of :data:`SIGNALS`; "SIGINT" is taken too)."""
+    obj = _object(obj, "the request body")
+    _check_fields(obj, ("signal",), "a signal request")
+    name = obj.get("signal")
+    if isinstance(name, str) and name.upper().removeprefix("SIG") in SIGNALS:
+        return name.upper().removeprefix("SIG")
+    if name in ("KILL", "SIGKILL", "STOP", "SIGSTOP"):
+        raise invalid("signal", f"signal {_show(name)} is not sent this way: POST "
+                      f"/v1/tasks/ID/stop {{\"force\": true}} kills the task's whole tree")
+    raise invalid("signal", f"signal must be one of {', '.join(SIGNALS)}, got {_show(name)}")
 
 
 def parse_stop(obj: Any) -> bool:
@@ -439,6 +550,9 @@ class TaskInfo(NamedTuple):
     queue_position: int | None = None
     spec: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
+    session: str | None = None  # a session's command: its session, and what it carried
+    carried: dict[str, Any] | None = None
+    signals: list[dict[str, Any]] | None = None  # sent so far (the result has them all)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TaskInfo:

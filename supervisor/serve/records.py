@@ -5,11 +5,12 @@ fsynced, before anyone is told of it: the 201 of a submission, the spawn after "
 waiter's result), schema versioned and migrated (``schema.py``).  The state directory is
 locked (``lock``, flock) for the daemon's life: one daemon per state directory.
 
-Every call runs in the records' own thread (:class:`_Worker`), one at a time, never on the
-trio thread: a slow disk delays records, not the event loop.  The trio side hands a call over
-through a queue and waits on an eventfd, not through ``trio.to_thread`` (its thread cache and
-wake-up path cost ~0.1 ms more per call: two calls per task, accept and end, on the path
-from a submission to its result).
+Every write runs in the records' writer thread (:class:`_Worker`), one at a time, and every
+read in a reader thread of its own (its own connection), never on the trio thread: a slow disk
+delays records, not the event loop.  The trio side hands a call over through a queue and waits
+on an eventfd, not through ``trio.to_thread`` (its thread cache and wake-up path cost ~0.1 ms
+more per call: two calls per task, accept and end, on the path from a submission to its
+result).
 Writes are group-committed: every write waiting at a moment goes into one transaction (one
 fsync) and one thread hop, so sixteen busy clients cost about what one does; each caller still
 returns only once its own write is committed.  The "running" update (pid, start time) is lazy:
@@ -286,13 +287,36 @@ class Records:
     def lazy_pending(self) -> bool:
         return bool(self._lazy)
 
-    async def ended(self, task_id: str, values: dict[str, Any]) -> None:
+    async def ended(self, task_id: str, values: dict[str, Any],
+                    session: tuple[str, dict[str, Any]] | None = None) -> None:
         """The end row (``values``: outcome, exit_status, started_at, ended_at, pid, leaf,
         bytes, notified, and ``result``: the result JSON exactly as the core made it, as
-        text)."""
+        text); for a session's command, its session's new state (``(id, columns)``) in the
+        same transaction."""
         seq = int(task_id)
         values = {**self._lazy.pop(seq, {}), **values, "state": "finished"}
-        await self._write(rows.update, seq, values, precious=True)
+        if session is None:
+            await self._write(rows.update, seq, values, precious=True)
+        else:
+            await self._write(rows.ended_in_session, seq, values, *session, precious=True)
+
+    # ---- sessions ---------------------------------------------------------------------------
+
+    async def open_session(self, row: dict[str, Any]) -> str:
+        session_id: str = await self._write(rows.insert_session, row)
+        return session_id
+
+    async def update_session(self, session_id: str, values: dict[str, Any]) -> None:
+        await self._write(rows.update_session, session_id, values)
+
+    async def open_sessions(self) -> list[dict[str, Any]]:
+        return await self._call(rows.open_sessions)
+
+    async def get_session(self, session_id: str) -> dict[str, Any] | None:
+        return await self._call(rows.get_session, session_id)
+
+    async def list_sessions(self, uid: int | None, limit: int) -> list[dict[str, Any]]:
+        return await self._call(rows.list_sessions, uid, limit)
 
     async def notified(self, task_id: str) -> None:
         await self._write(rows.execute, "UPDATE tasks SET notified = 1 WHERE seq = ?",
@@ -303,10 +327,10 @@ class Records:
     async def get(self, task_id: str) -> dict[str, Any] | None:
         return await self._call(rows.get, task_id)
 
-    async def list_rows(self, uid: int | None, state: str | None,
-                        limit: int) -> list[dict[str, Any]]:
-        """Newest first; ``uid`` None means every uid."""
-        return await self._call(rows.list_rows, uid, state, limit)
+    async def list_rows(self, uid: int | None, state: str | None, limit: int,
+                        session: str | None = None) -> list[dict[str, Any]]:
+        """Newest first; ``uid`` None means every uid; ``session``: its commands only."""
+        return await self._call(rows.list_rows, uid, state, limit, session)
 
     async def find_key(self, uid: int, key: str) -> dict[str, Any] | None:
         """The row with this idempotency key, or ``{"id", "state": "expired", ...}`` when

@@ -6,7 +6,7 @@ listens, each row without an end (oldest first) is settled by its state:
 - ``queued`` (accepted, never dispatched): queued again, and runs in this run, with its
   request as accepted and as its submitter (uid, gid, groups from the row).
 - ``starting``/``running`` handed over by ``systemctl restart`` (the core adopted it): its life
-  goes on here (``life.adopt``); its record comes when it ends.
+  goes on here (``dispatch.adopt``); its record comes when it ends.
 - ``starting``/``running`` otherwise: its daemon died.  Its processes were killed with the
   earlier run's cgroup root: by that run's keeper at once (it watches the daemon through a
   pidfd), or, if the keeper died too, by this run's placement, which clears every root whose
@@ -31,10 +31,11 @@ import trio
 
 from cgroupfs import Cgroup, CgroupError, CgroupNotFound
 
-from .life import adopt, dispatch, take_result
+from .daemontask import DaemonTask
+from .dispatch import adopt, dispatch, take_result
 from .peers import Peer
 from .protocol import ApiError, parse_submit
-from .task import DaemonTask
+from .sessions import Session
 
 if TYPE_CHECKING:
     from .. import TaskHandle
@@ -62,6 +63,8 @@ class _Cleanup(NamedTuple):
 async def recover(d: Daemon, runs: dict[int, dict[str, Any]],
                   adopted: dict[str, TaskHandle]) -> Recovered:
     """Settle every unfinished row of earlier runs (see the module docstring)."""
+    for row in await d.records.open_sessions():
+        d.sessions[row["id"]] = Session.from_row(row)
     rows = await d.records.unfinished()  # (this run has accepted nothing yet)
     fates: dict[int | None, _Cleanup] = {}
     counts = {"queued": 0, "adopted": 0, "lost": 0}
@@ -96,11 +99,18 @@ async def recover(d: Daemon, runs: dict[int, dict[str, Any]],
 
 
 def _task_of(d: Daemon, row: dict[str, Any]) -> DaemonTask:
-    """The daemon's task for a recorded row (its spec not made yet)."""
-    return DaemonTask(row["id"], row["uid"], row["gid"], row["peer_pid"] or 0,
-                      parse_submit(row["spec"]), None, os.path.join(d.output_dir, row["id"]),
-                      row["created_at"], tuple(row["groups"] or ()),
-                      size=len(json.dumps(row["spec"])))
+    """The daemon's task for a recorded row (its spec not made yet); a session's command is
+    its session's again (running, and its current one unless in the background)."""
+    t = DaemonTask(row["id"], row["uid"], row["gid"], row["peer_pid"] or 0,
+                   parse_submit(row["spec"], recorded=True), None,
+                   os.path.join(d.output_dir, row["id"]), row["created_at"],
+                   tuple(row["groups"] or ()), size=len(json.dumps(row["spec"])))
+    s = None if t.session is None else d.sessions.get(t.session)
+    if s is not None:
+        s.running.add(t.id)
+        if not (t.request.session or {}).get("background"):
+            s.current = t.id
+    return t
 
 
 async def _requeue(d: Daemon, row: dict[str, Any]) -> None:

@@ -15,7 +15,9 @@ from .verbs import (
     list_tasks,
     metrics,
     output,
+    sessions,
     show,
+    signal,
     stdin,
     stop,
     submit,
@@ -40,6 +42,12 @@ ROUTES: list[tuple[str, str, Any, bool]] = [
     ("GET", rf"/v1/tasks/{_ID}/output", output, True),
     ("POST", rf"/v1/tasks/{_ID}/stop", stop, False),
     ("POST", rf"/v1/tasks/{_ID}/stdin", stdin, True),
+    ("POST", rf"/v1/tasks/{_ID}/signal", signal, False),
+    ("POST", r"/v1/sessions", (sessions, "create"), False),
+    ("GET", r"/v1/sessions", (sessions, "list_sessions"), False),
+    ("GET", rf"/v1/sessions/{_ID}", (sessions, "show"), False),
+    ("DELETE", rf"/v1/sessions/{_ID}", (sessions, "close"), False),
+    ("POST", rf"/v1/sessions/{_ID}/exec", (sessions, "exec_command"), True),
     ("GET", r"/v1/events", events, True),
     ("GET", r"/v1/limits", limits, False),
     ("GET", r"/metrics", metrics, False),
@@ -48,7 +56,8 @@ _COMPILED = [(m, re.compile(p), v, long) for m, p, v, long in ROUTES]
 # the requests whose body may be up to --max-body (a command, stdin bytes); every other body
 # is at most SMALL_BODY (a stop's {"force": true}): read and parsed before the route knows
 # whether the task is the caller's, it must cost little
-_LARGE_BODIES = [re.compile(p) for p in (r"/v1/tasks", rf"/v1/tasks/{_ID}/stdin")]
+_LARGE_BODIES = [re.compile(p) for p in (r"/v1/tasks", rf"/v1/tasks/{_ID}/stdin",
+                                          rf"/v1/sessions/{_ID}/exec")]
 SMALL_BODY = 16 * 1024
 
 
@@ -76,11 +85,15 @@ def make_router(d: Daemon) -> Router:
             if method != req.method:
                 allowed.append(method)
                 continue
-            name = verb.__name__.rpartition(".")[2]
+            module, function = verb if isinstance(verb, tuple) else (verb, "handle")
+            name = module.__name__.rpartition(".")[2]
+            if function != "handle":
+                name = f"{name}.{function}"
             task_id = match.groupdict().get("id")
             if task_id is not None and not canonical_id(task_id):
                 raise not_found(task_id)  # (one spelling per task: "0123" is no task)
-            return functools.partial(verb.handle, d, **match.groupdict()), long, name
+            return (functools.partial(getattr(module, function), d, **match.groupdict()),
+                    long, name)
         if allowed:
             raise ApiError(405, "method_not_allowed", f"{req.method} is not allowed on "
                            f"{req.path}; use {' or '.join(allowed)}")

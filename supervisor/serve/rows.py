@@ -2,7 +2,8 @@
 thread by ``records.Records``, never on the trio thread).
 
 A row comes back as a dict of its columns, ``seq`` as ``id`` (a string: the task's id) and the
-JSON columns (``spec``, ``result``, ``groups``, ``rlimits``) decoded.
+JSON columns (``spec``, ``result``, ``groups``, ``rlimits``, ``carried``; a session's ``env``,
+``defaults``) decoded.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "execute", "expire", "fair_level",
-           "find_key", "get", "held_bytes", "insert", "insert_run", "list_rows", "row_of", "runs",
-           "select", "update"]
+__all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "ended_in_session", "execute", "expire",
+           "fair_level", "find_key", "get", "get_session", "held_bytes", "insert",
+           "insert_run", "insert_session", "list_rows", "list_sessions", "open_sessions",
+           "row_of", "runs", "select", "trim_tombstones", "update", "update_session"]
 
 MAX_TOMBSTONES = 100_000  # expired ids remembered (~50 bytes each); the oldest go first
 COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key", "spec",
            "state", "created_at", "started_at", "ended_at", "pid", "leaf", "run", "outcome",
-           "exit_status", "bytes", "notified", "rlimits", "result")
+           "exit_status", "bytes", "notified", "rlimits", "carried", "result")
 
 
 class Retention(NamedTuple):
@@ -34,7 +36,7 @@ def row_of(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> dict[str, Any]:
     row = {d[0]: v for d, v in zip(cursor.description, values, strict=True)}
     if "seq" in row:
         row["id"] = str(row.pop("seq"))
-    for key in ("spec", "result", "groups", "rlimits"):
+    for key in ("spec", "result", "groups", "rlimits", "carried", "env", "defaults"):
         if row.get(key) is not None:
             row[key] = json.loads(row[key])
     return row
@@ -82,9 +84,12 @@ def get(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
 
 
 def list_rows(db: sqlite3.Connection, uid: int | None, state: str | None,
-          limit: int) -> list[dict[str, Any]]:
+              limit: int, session: str | None = None) -> list[dict[str, Any]]:
     where: list[str] = []
     args: list[Any] = []
+    if session is not None:  # (its commands: the request as recorded names the session)
+        where.append("json_extract(spec, '$.session.id') = ?")
+        args.append(session)
     if uid is not None:
         where.append("uid = ?")
         args.append(uid)
@@ -161,9 +166,24 @@ def expire(db: sqlite3.Connection, policy: Retention, now: float,
             if used[uid] > level:
                 gone += _trim_bytes(db, uid, min(used[uid] - level, r["b"]), now)
     if gone:
-        db.execute("DELETE FROM expired WHERE seq IN (SELECT seq FROM expired ORDER BY seq "
-                   "DESC LIMIT -1 OFFSET ?)", (MAX_TOMBSTONES,))
+        trim_tombstones(db)
     return gone
+
+
+def trim_tombstones(db: sqlite3.Connection, cap: int = MAX_TOMBSTONES) -> None:
+    """Keep at most ``cap`` tombstones, shared fairly between uids (max-min, as the results
+    are): a uid that expires a hundred thousand tasks of its own forgets its own oldest, never
+    another uid's, whose expired ids must still answer 410 and whose expired idempotency keys
+    must never start a task again."""
+    counts = dict(db.execute("SELECT uid, count(*) FROM expired GROUP BY uid").fetchall())
+    if sum(counts.values()) <= cap:
+        return
+    level = fair_level(counts, cap)
+    for uid, n in counts.items():
+        over = n - int(level)
+        if over > 0:
+            db.execute("DELETE FROM expired WHERE seq IN (SELECT seq FROM expired WHERE uid = ? "
+                       "ORDER BY seq LIMIT ?)", (uid, over))
 
 
 def _trim_bytes(db: sqlite3.Connection, uid: int, excess: float,
@@ -197,3 +217,50 @@ def held_bytes(db: sqlite3.Connection) -> int:
     """What finished tasks hold on disk, by their records."""
     return int(db.execute("SELECT coalesce(sum(bytes), 0) FROM tasks WHERE "
                           "state = 'finished'").fetchone()[0])
+
+
+# ---- sessions ---------------------------------------------------------------------------------
+
+def _session_json(row: dict[str, Any]) -> dict[str, Any]:
+    return dict(row, groups=json.dumps(row.get("groups") or []),
+                env=None if row.get("env") is None else json.dumps(row["env"]),
+                defaults=json.dumps(row.get("defaults") or {}))
+
+
+def insert_session(db: sqlite3.Connection, row: dict[str, Any]) -> str:
+    row = _session_json(row)
+    cur = db.execute(f"INSERT INTO sessions ({', '.join(row)}) VALUES "
+                     f"({', '.join('?' * len(row))})", tuple(row.values()))
+    return str(cur.lastrowid)
+
+
+def update_session(db: sqlite3.Connection, session_id: str, values: dict[str, Any]) -> None:
+    values = {k: json.dumps(v) if k == "env" and v is not None else v
+              for k, v in values.items()}
+    sets = ", ".join(f"{k} = ?" for k in values)
+    db.execute(f"UPDATE sessions SET {sets} WHERE seq = ?", (*values.values(), int(session_id)))
+
+
+def ended_in_session(db: sqlite3.Connection, seq: int, values: dict[str, Any],
+                     session_id: str, session: dict[str, Any]) -> None:
+    """A session command's end row and its session's new state: one transaction."""
+    update(db, seq, values)
+    update_session(db, session_id, session)
+
+
+def open_sessions(db: sqlite3.Connection) -> list[dict[str, Any]]:
+    return select(db, "SELECT * FROM sessions WHERE closed_at IS NULL ORDER BY seq", ())
+
+
+def get_session(db: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    if not (session_id.isascii() and session_id.isdigit()):
+        return None
+    found = select(db, "SELECT * FROM sessions WHERE seq = ?", (int(session_id),))
+    return found[0] if found else None
+
+
+def list_sessions(db: sqlite3.Connection, uid: int | None,
+                  limit: int) -> list[dict[str, Any]]:
+    clause, args = ("WHERE uid = ?", (uid,)) if uid is not None else ("", ())
+    return select(db, f"SELECT * FROM sessions {clause} ORDER BY seq DESC LIMIT ?",
+                  (*args, limit))

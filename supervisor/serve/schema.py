@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 __all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = """
 CREATE TABLE tasks (
@@ -86,6 +86,23 @@ _V3 = """
 ALTER TABLE tasks ADD COLUMN rlimits TEXT;        -- the submitter's limits (JSON), non-root
 """
 
+_V4 = """
+ALTER TABLE tasks ADD COLUMN carried TEXT;        -- a session's command: what it carried over
+CREATE TABLE sessions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,   -- the session id is str(seq): never reused
+    uid INTEGER NOT NULL,
+    gid INTEGER NOT NULL,
+    groups TEXT,                             -- JSON list of gids
+    created_at REAL NOT NULL,
+    closed_at REAL,                          -- NULL: open
+    shell TEXT NOT NULL,
+    cwd TEXT NOT NULL,                       -- where its next command starts
+    env TEXT,                                -- JSON: the environment carried (NULL: none yet)
+    defaults TEXT                            -- JSON: time_limit, grace, properties, env asked
+);
+CREATE INDEX sessions_open ON sessions (uid) WHERE closed_at IS NULL;
+"""
+
 
 class SchemaError(Exception):
     """The database's schema cannot be used by this corral (the message has the fix)."""
@@ -117,6 +134,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
     1: lambda db, _: _script(db, _V1),
     2: _to_v2,
     3: lambda db, _: _script(db, _V3),
+    4: lambda db, _: _script(db, _V4),
 }
 
 

@@ -22,9 +22,9 @@ from typing import Any
 import trio
 
 from .http import serve_connection
-from .peers import Peer, allowed, peer_of_fd
+from .peers import Peer, allowed, peer_of_fd, uid_of_fd
 from .routes import body_limit, make_router
-from .shares import LINGERING, Held
+from .shares import LINGERING, RATE, Held
 from .state import Config, Daemon
 from .statedir import StateDirError, check_ancestors
 
@@ -133,6 +133,7 @@ def _remove_stale_socket(path: str) -> None:
 
 
 ACCEPT_BATCH = 64  # connections accepted per wake-up, with no checkpoint between them
+FLOOD_BATCH = 4096  # more, while most of them are refused for their uid's connection rate
 
 
 async def accept_loop(d: Daemon, listener: socket.socket, connections: trio.Nursery) -> None:
@@ -144,7 +145,11 @@ async def accept_loop(d: Daemon, listener: socket.socket, connections: trio.Nurs
     router = make_router(d)
     while True:
         await trio.lowlevel.wait_readable(listener)
-        for _ in range(ACCEPT_BATCH):
+        admitted_now, taken = 0, 0
+        # (a batch ends after ACCEPT_BATCH admitted, so that those get served; refusals
+        # cost microseconds each: a flood is taken off the backlog, every uid shares, whole)
+        while admitted_now < ACCEPT_BATCH and taken < FLOOD_BATCH:
+            taken += 1
             try:
                 fd, _ = listener._accept()  # type: ignore[attr-defined]  # (a bare fd)
             except BlockingIOError:
@@ -157,6 +162,7 @@ async def accept_loop(d: Daemon, listener: socket.socket, connections: trio.Nurs
                 break
             admitted = _admit(d, fd, connections)
             if admitted is not None:
+                admitted_now += 1
                 connections.start_soon(_connection, d, _trio_socket(fd), router, *admitted)
 
 
@@ -170,6 +176,11 @@ def _admit(d: Daemon, fd: int, nursery: trio.Nursery) -> tuple[Peer, Held] | Non
     refused: then answered in a task of its own, or closed at once in a flood) if it has
     none.  No checkpoint."""
     try:
+        uid = uid_of_fd(fd)
+        if uid != 0 and d.shares.over_rate(uid):  # (first: a flood is refused cheaply)
+            d.metrics.shed_rate.inc()
+            _refuse(d, fd, _FAST, nursery, uid)
+            return None
         peer = peer_of_fd(fd)
     except OSError:
         os.close(fd)
@@ -258,3 +269,6 @@ _MINE = _raw_error("429 Too Many Requests", "too_many_connections", "your uid ho
                    "needs one per concurrent request) and retry")
 _FORBIDDEN = _raw_error("403 Forbidden", "forbidden", "your uid is not in the group that "
                         "--allow-group admits; ask the host's administrator to add you to it")
+_FAST = _raw_error("429 Too Many Requests", "too_many_connects", f"your uid opened more than "
+                   f"{RATE:g} connections in the last second; keep a connection open for many "
+                   f"requests (HTTP keep-alive), or retry in a moment")

@@ -4,6 +4,10 @@ The socket is shared by every tenant, and the kernel says who each connection is
 (``SO_PEERCRED``) at accept.  So the limits are per uid, then global, and the uid over its
 share is the one shed:
 
+- a uid may open at most :data:`RATE` connections a second (with a burst of as many; root:
+  any number): past that, a new one is closed at its accept, so that a uid connecting and
+  closing in a loop cannot keep the listen backlog, which every uid shares, full (the daemon
+  drains it faster than one uid fills it);
 - a uid may hold at most ``per_uid`` connections: past that, its next one is refused (429);
   root (the host's operator) is bounded by the total alone;
 - when the daemon holds ``total``, a newcomer whose uid holds fewer than the uid holding the
@@ -31,10 +35,12 @@ from collections.abc import AsyncIterator
 
 import trio
 
-__all__ = ["LINGERING", "TURNS", "Held", "Shares"]
+__all__ = ["LINGERING", "RATE", "TURNS", "Held", "Shares"]
 
 TURNS = 4  # requests of one uid answered at once (the others wait their turn)
 LINGERING = 64  # refused connections answered at once; past that, closed without an answer
+RATE = 100.0  # connections a second one uid may open (a client keeps its connection: a CLI
+# command opens one, a busy agent host's tool calls tens a second)
 
 
 class Held:
@@ -63,10 +69,11 @@ class Shares:
         self._turns: dict[int, trio.Semaphore] = {}
         self.refusing = 0  # refused connections being answered (each lingers a moment)
         self._answered: dict[int, float] = {}  # uid -> when a refusal of its was answered
+        self._rate: dict[int, tuple[float, float]] = {}  # uid -> (connections left, when)
 
     def open(self, conn: Held) -> str | None:
         """Admit ``conn`` (then :meth:`close` it), or say why not: ``"per_uid"`` (429) or
-        ``"total"`` (503)."""
+        ``"total"`` (503).  (The connection rate is checked before: :meth:`over_rate`.)"""
         mine = self.held.get(conn.uid, {})
         if len(mine) >= self.per_uid and conn.uid != 0:  # (root: the total alone)
             return "per_uid"
@@ -75,6 +82,19 @@ class Shares:
         self.held.setdefault(conn.uid, {})[conn.order] = conn
         self.count += 1
         return None
+
+    def over_rate(self, uid: int) -> bool:
+        """Whether ``uid`` has opened more than :data:`RATE` connections in the last second
+        (a token bucket, :data:`RATE` at once); counts this one."""
+        now = trio.current_time()
+        left, then = self._rate.get(uid, (RATE, now))
+        left = min(RATE, left + (now - then) * RATE)
+        over = left < 1.0
+        self._rate[uid] = (left if over else left - 1.0, now)
+        if len(self._rate) > 4096:  # (the full ones say nothing: forget them)
+            self._rate = {u: (n, t) for u, (n, t) in self._rate.items()
+                          if n + (now - t) * RATE < RATE}
+        return over
 
     def _shed_for(self, uid: int, holds: int) -> bool:
         """Shed one connection of the uid that holds the most, if it holds more than

@@ -48,7 +48,10 @@ def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], roo
         options, limits = _options(r)
         check_tenant(peer, options, limits)
         _with_rlimits(peer, options, rlimits, nofile_soft)
-        options["env"] = task_environment(peer, options.get("env", {}))
+        if r.session is not None and r.session.get("exact_env"):
+            pass  # a session's environment as its last command left it: the whole of it
+        else:
+            options["env"] = task_environment(peer, options.get("env", {}))
         if limits:
             options["limits"] = supervisor.Limits(**limits)
         isolation = run_as_isolation(peer, options.get("isolation"))
@@ -74,7 +77,7 @@ def _with_rlimits(peer: Peer, options: dict[str, Any], rlimits: Rlimits | None,
     ApiError 403 for a limit asked above the submitter's own hard limit."""
     import supervisor
 
-    from .._isovalues import INFINITY
+    from ..syntax import INFINITY
 
     asked: supervisor.Isolation = options.get("isolation") or supervisor.Isolation()
     # (normalized by the parser: {name: (soft, hard)})
@@ -101,7 +104,7 @@ def _within_ours(rlimits: Rlimits) -> dict[str, tuple[int, int]]:
     (CAP_SYS_RESOURCE; a container's root may lack it): a submitter's session may have more
     than the service, and its task then gets what the service can give."""
     from .._isohost import has_cap
-    from .._isovalues import INFINITY, RLIMITS
+    from ..syntax import INFINITY, RLIMITS
 
     if has_cap("CAP_SYS_RESOURCE"):
         return dict(rlimits)
@@ -114,7 +117,7 @@ def _within_ours(rlimits: Rlimits) -> dict[str, tuple[int, int]]:
 
 
 def _shown(value: int) -> str:
-    from .._isovalues import INFINITY
+    from ..syntax import INFINITY
 
     return "infinity" if value == INFINITY else str(value)
 

@@ -1,9 +1,10 @@
 """What every verb works on: the configuration and the daemon's state (no I/O of its own).
 
 ``Daemon`` holds the supervisor, the records, the task table (ids -> ``DaemonTask``), the
-queue, the event hub and the metrics.  The lives of tasks are ``life.py``'s, the main loop and
-the connections ``daemon.py``'s; both use this module, and it uses neither (no import cycle).
-One trio thread: nothing here locks.
+queue, the event hub and the metrics.  ``dispatch.py`` moves tasks along, ``daemon.py`` runs
+the main loop and the connections; both use this module, and it uses neither (no import
+cycle).  Nothing here locks: it is changed on the trio thread only (a large submission's
+spec is built in a worker thread, which only reads the configuration).
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
+from .daemontask import DaemonTask
 from .events import EventHub
 from .http import HttpLimits
 from .metrics import Metrics
 from .peers import Peer
 from .protocol import DEFAULT_SOCKET, ApiError, SubmitRequest
-from .queue import QueueLimits, Scheduler
 from .records import Records, Retention
+from .scheduler import QueueLimits, Scheduler
+from .sessions import Session
 from .shares import Shares
 from .specs import build_spec
-from .task import DaemonTask
 
 if TYPE_CHECKING:
     from .. import Supervisor, TaskSpec
@@ -133,6 +135,7 @@ class Daemon:
         self.run = run  # this daemon run's id in the records
         self.output_dir = os.path.join(config.state_dir, "output")
         self.tasks: dict[str, DaemonTask] = {}
+        self.sessions: dict[str, Session] = {}  # the open ones (closed: in the records only)
         self.keys: dict[tuple[int, str], str] = {}  # (uid, idempotency key) -> task id
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.scheduler: Scheduler[DaemonTask] = Scheduler(self.disk.queue_within(config.queue))
@@ -292,7 +295,7 @@ def expired_error(task_id: str, gone: dict[str, Any], policy: Retention) -> ApiE
 def _age(seconds: float | None) -> str:
     if seconds is None:
         return "forever"
-    from .._units import format_duration
+    from ..syntax import format_duration
 
     return format_duration(seconds)
 

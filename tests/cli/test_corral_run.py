@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from cli_util import default_signals
 
 import cgroupfs
 from supervisor._spawn import inotify_add_watch, inotify_init
@@ -383,12 +384,34 @@ def test_sighup_to_corral_stops_the_task_gracefully(root: str) -> None:
     assert b"result: cancelled" in err
 
 
+def test_a_missing_cgroup_root_is_said_to_be_missing_with_the_fix(root: str) -> None:
+    missing = os.path.join(root, "demo")
+    r = corral("run", "--cgroup-root", missing, "--", "true")
+    assert r.returncode == 125
+    assert r.stderr == (f"corral: --cgroup-root {missing} does not exist; make it first "
+                        f"(mkdir -p {missing}), or give an existing cgroup\n")
+    outside = corral("run", "--cgroup-root", "/corral-test-nowhere", "--", "true")
+    assert outside.returncode == 125
+    assert "does not exist, and is not inside the cgroup2 mount" in outside.stderr
+
+
+def test_help_has_no_sentence_cut_off() -> None:
+    # each entry of the key tables ends its sentence before the next entry starts
+    r = corral("run", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "a job-control shell in the task: that shell's key, for its own jobs window size" \
+        in text, text
+
+
 def test_a_background_job_passes_its_ignored_signals_on_as_the_bare_command_would(
         root: str) -> None:
-    # a non-interactive shell starts `cmd &` with SIGINT and SIGQUIT ignored
+    # a non-interactive shell starts `cmd &` with SIGINT and SIGQUIT ignored (and only those:
+    # the shell starts with every default, whatever this pytest inherited, e.g. under nohup)
     r = subprocess.run(["sh", "-c", f'{CORRAL} run --cgroup-root {root} -q -- '
                         f'grep SigIgn /proc/self/status & wait'],
-                       capture_output=True, text=True, timeout=HANG)
+                       capture_output=True, text=True, timeout=HANG,
+                       preexec_fn=default_signals)
     assert r.stdout == "SigIgn:\t0000000000000006\n", r.stderr
 
 

@@ -10,6 +10,7 @@ import pytest
 import trio
 from sup_util import HANG, IGNORE_TERM_READY, wait_for, wait_ready
 
+import cgroupfs
 import supervisor
 from supervisor import TaskSpec
 
@@ -100,3 +101,17 @@ async def test_a_batch_refused_on_its_second_spec_registers_nothing(
     with pytest.raises(supervisor.SpecError, match="pids"):
         await sup.run_batch([TaskSpec(["true"]), bad])
     assert sup.tasks == [] and not sup.results  # closing the supervisor will not wait on it
+
+
+async def test_the_supervisors_records_are_in_the_order_their_tasks_were_made(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    """``sup.results`` is oldest first by creation, however the tasks ended (the last made
+    ends first here); past ``retain_results`` the oldest made go, not the first ended."""
+    async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
+                                          retain_results=3) as sup:
+        specs = [TaskSpec(["sleep", f"{0.3 - 0.06 * i:.2f}"]) for i in range(5)]
+        results = await sup.run_batch(specs, max_concurrency=5)
+        assert sorted(r.ended_at for r in results) == [r.ended_at for r in reversed(results)]
+        assert list(sup.results) == [r.id for r in results[2:]]
+        lost = sup.record_lost(["true"], why="corral-test", started=False)
+        assert list(sup.results) == [r.id for r in results[3:]] + [lost.id]

@@ -189,3 +189,48 @@ def test_the_stop_signal_cannot_start_ignored() -> None:
         supervisor.TaskSpec(["true"], ignored_signals=["TERM"])
     with pytest.raises(supervisor.SpecError, match="list of signals"):
         supervisor.TaskSpec(["true"], ignored_signals="INT")  # type: ignore[arg-type]
+
+
+async def test_signal_reaches_the_whole_tree_without_a_stop_and_is_recorded(
+        sup: supervisor.Supervisor) -> None:
+    script = ("trap 'echo main got USR1' USR1; "
+              "sh -c 'trap \"echo child got USR1; exit 0\" USR1; echo ready; "
+              "while :; do sleep 0.05; done'; echo after")
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", script]))
+        await wait_for(lambda: b"ready" in task.output().data, what="the child to be ready")
+        assert task.signal("USR1", by="corral-test")
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "succeeded"
+    assert r.stop is None or r.stop.reason is None  # (no stop)
+    assert b"main got USR1" in r.stdout and b"child got USR1" in r.stdout
+    assert r.stdout.endswith(b"after\n")
+    (sent,) = r.signals
+    assert (sent.signal, sent.to, sent.by) == (10, "tree", "corral-test") and sent.after_s > 0
+    assert r.to_dict()["signals"][0]["signal_name"] == "SIGUSR1"
+    assert not task.signal("USR1")  # ended: nothing sent
+    with pytest.raises(supervisor.SpecError, match=r"stop\(force=True\) kills"):
+        task.signal("KILL")
+
+
+async def test_a_terminal_tasks_signal_goes_to_its_foreground_as_the_key_would(
+        sup: supervisor.Supervisor) -> None:
+    """A REPL interrupted this way goes on: Python's prompt takes SIGINT as
+    KeyboardInterrupt and asks again."""
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["python3", "-i", "-q"], tty=True,
+                                               stdin="pipe"))
+        await wait_for(lambda: b">>> " in task.output().data, what="the prompt")
+        await task.write_stdin(b"import time; time.sleep(30)\n")
+        await trio.sleep(0.3)
+        assert task.signal("INT")
+        await wait_for(lambda: b"KeyboardInterrupt" in task.output().data,
+                       what="the interrupt")
+        await task.write_stdin(b"print(6 * 7)\n")
+        await wait_for(lambda: b"42" in task.output().data, what="the REPL going on")
+        await task.write_stdin(b"exit()\n")
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert r.outcome == "succeeded"
+    assert [s.to for s in r.signals] == ["foreground"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import termios
 
 import pytest
@@ -223,3 +224,24 @@ async def test_a_terminal_signal_reaches_the_foreground_program_not_the_shell(
         plain = await n.start(sup.start, ["true"])
         with pytest.raises(supervisor.SpecError, match="tty=True"):
             plain.terminal_signal(signal.SIGINT)
+
+
+async def test_pass_fds_gives_the_task_those_fds_as_3_4_and_no_other(
+        sup: supervisor.Supervisor) -> None:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    r2, w2 = os.pipe2(os.O_CLOEXEC)
+    other_r, other_w = os.pipe()  # (inheritable, not passed: closed at the exec all the same)
+    try:
+        # dash takes single-digit fd numbers only: the fds are given as 3 and 4
+        result = await sup.run(["sh", "-c", "echo side >&3; echo two >&4; ls /proc/self/fd"],
+                               pass_fds=[w, w2])
+        os.close(w)
+        os.close(w2)
+        assert (os.read(r, 100), os.read(r2, 100)) == (b"side\n", b"two\n")
+        fds = {int(n) for n in result.stdout.split()}
+        assert fds == {0, 1, 2, 3, 4, 5}  # (5: the directory ls reads)
+    finally:
+        for fd in (r, r2, other_r, other_w):
+            os.close(fd)
+    with pytest.raises(supervisor.SpecError, match="pass_fds must be a list of at most 16"):
+        supervisor.TaskSpec(["true"], pass_fds=[3] * 17)

@@ -216,3 +216,17 @@ def test_a_submission_flood_is_shed_with_429_and_others_still_served(
         wait_for(lambda: c.limits()["daemon"]["queued"] == 0, "the queue to empty", 60)
     still_serving(d)
     assert len(d.rows()) == len(accepted) + 1  # and the one still_serving() made
+
+
+def test_a_task_id_is_written_one_way(start_daemon: Start) -> None:
+    """``0123``, ``%31`` (a percent-encoded ``1``) and ``1%2f`` are no task: an id has one
+    spelling, so nothing keyed by its text (a cache, a log, an access rule) sees two tasks."""
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["true"])
+        c.wait(t.id)
+    assert t.id == "1"
+    for path in (b"/v1/tasks/1", b"/v1/tasks/01", b"/v1/tasks/%31", b"/v1/tasks/1%2f",
+                 b"/v1/sessions/%31"):
+        status, _ = raw(d, b"GET " + path + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert status == (200 if path == b"/v1/tasks/1" else 404), path

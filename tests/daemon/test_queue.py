@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from daemon_util import RunningDaemon, User, as_user, stop_reached, wait_for
+from daemon_util import RunningDaemon, User, as_user, post, raw, stop_reached, wait_for
 
 from supervisor.client import ApiError, Client
 
@@ -133,6 +134,56 @@ def test_a_grace_of_a_year_never_holds_the_shutdown(start_daemon: Start) -> None
     assert first["outcome"] == "cancelled" and first["stop"]["reason"] == "shutdown"
     assert stop_reached(first) == "killed" and first["cleanup"]["state"] == "clean"
     assert "--drain-timeout" in d.log_text()
+
+
+def test_a_submission_accepted_as_the_drain_begins_never_holds_it(start_daemon: Start) -> None:
+    """A submission whose checks passed before SIGTERM and whose record was written after
+    (a large body's spec is built in a worker thread meanwhile) was queued behind the drain,
+    and nothing ever ended it: the daemon never exited (3 of 3; a second SIGTERM did not
+    help).  Now it ends unstarted, as the queued ones do."""
+    d = start_daemon("--max-running-per-uid", "1", "--drain-timeout", "2s",
+                     "--max-queued-per-uid", "1000")
+    # (a large body: its spec is built in a worker thread)
+    heavy = post(json.dumps({"argv": ["true"], "env": {f"V{i}": "y" for i in range(30000)}})
+                 .encode())
+    with d.client() as c:
+        stubborn = c.submit(["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.05; "
+                                         "done"], grace="1s")
+        wait_for(lambda: any(f.kind == "data" for f in c.output(stubborn.id)), "it to run")
+    stop = threading.Event()
+    accepted: list[str] = []
+
+    def submit() -> None:
+        while not stop.is_set():
+            try:
+                status, answer = raw(d, heavy)
+            except (OSError, ValueError, IndexError):  # (refused, or closed unanswered)
+                status = 0
+            if status == 201:
+                accepted.append(answer["id"])
+            else:
+                time.sleep(0.001)
+
+    threads = [threading.Thread(target=submit) for _ in range(6)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(accepted) >= 6, "submissions to flow")
+    d.proc.send_signal(signal.SIGTERM)
+    began = time.monotonic()
+    try:
+        status = d.proc.wait(60)
+        took = time.monotonic() - began
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert status == 0, d.log_text()[-2000:]
+    assert took < 20  # (the 2 s drain timeout, the kill, the records)
+    rows = d.rows()
+    assert {r["state"] for r in rows} == {"finished"}, [r for r in rows
+                                                         if r["state"] != "finished"][:3]
+    assert {r["outcome"] for r in rows if r["seq"] != int(stubborn.id)} <= {"cancelled",
+                                                                             "succeeded"}
 
 
 def _state(d: RunningDaemon, task_id: str) -> str | None:

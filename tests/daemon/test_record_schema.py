@@ -82,7 +82,7 @@ def test_the_records_of_a_restart_follow_the_schema(start_daemon: Start) -> None
 
 
 FAULT = '''
-import supervisor.serve.life as life
+import supervisor.serve.dispatch as life
 _kept = life.kept_result
 
 def kept_result(result, *args, **kwargs):

@@ -12,8 +12,8 @@ import pytest
 from daemon_util import RunningDaemon, stop_reached, wait_for
 
 from supervisor.client import ApiError
+from supervisor.serve.daemontask import served_result
 from supervisor.serve.schema import SCHEMA_VERSION
-from supervisor.serve.task import served_result
 
 
 def row_argv(row: dict) -> list[str]:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 async def handle(d: Daemon, req: Request) -> Response:
-    from ..._properties import SUPPORTED
+    from ...syntax import SUPPORTED
 
     q = d.scheduler.limits  # (the queued bytes as the state filesystem allows)
     running, queued = d.scheduler.counts(req.peer.uid)

@@ -1,12 +1,13 @@
-"""``GET /v1/tasks[?state=running&limit=100]``: the caller's tasks, newest first (root: all)."""
+"""``GET /v1/tasks[?state=running&limit=100&session=ID]``: the caller's tasks, newest first
+(root: all); ``session``: that session's commands only."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..daemontask import row_json
 from ..http import Request, Response, json_response
 from ..protocol import STATES, invalid, query_int
-from ..task import row_json
 
 if TYPE_CHECKING:
     from ..state import Daemon
@@ -15,7 +16,7 @@ _RECORDED_STATE = {"queued": "queued", "starting": "starting", "running": "runni
                    "stopping": "running", "finished": "finished"}
 
 
-MAX_LIST = 1000  # tasks per listing (each entry's argv cut short: task.py)
+MAX_LIST = 1000  # tasks per listing (each entry's argv cut short: daemontask.py)
 
 
 async def handle(d: Daemon, req: Request) -> Response:
@@ -23,16 +24,21 @@ async def handle(d: Daemon, req: Request) -> Response:
     if state is not None and state not in STATES:
         raise invalid("state", f"?state= must be one of {', '.join(STATES)}, got {state!r}")
     limit = query_int(req.query, "limit", 100, 1, MAX_LIST)
+    session = req.query.get("session")
+    if session is not None and not (session.isascii() and session.isdigit()):
+        raise invalid("session", f"?session= must be a session id, got {session!r}")
     peer = req.peer
     out: list[dict[str, Any]] = []
     for t in reversed(d.tasks.values()):  # ids are made in order: newest last
-        if peer.may_see(t.uid) and (state is None or t.live_state == state):
+        if peer.may_see(t.uid) and (state is None or t.live_state == state) and (
+                session is None or t.session == session):
             out.append(t.to_json(full=False, position=d.scheduler.position(t)))
             if len(out) == limit:
                 break
     if len(out) < limit:  # older tasks, no longer held in memory
         rows = await d.records.list_rows(None if peer.is_root else peer.uid,
-                                    None if state is None else _RECORDED_STATE[state], limit)
+                                         None if state is None else _RECORDED_STATE[state],
+                                         limit, session)
         out += [row_json(r, full=False) for r in rows if r["id"] not in d.tasks][
             :limit - len(out)]
     return json_response(200, {"tasks": out})

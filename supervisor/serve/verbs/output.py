@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..daemontask import served_result, stream_path
 from ..http import Request, Send, Streaming
 from ..protocol import data_frame, gap_frame, invalid, query_bool, query_int
-from ..task import served_result, stream_path
 
 if TYPE_CHECKING:
+    from ..daemontask import DaemonTask
     from ..state import Daemon
-    from ..task import DaemonTask
 
 CHUNK = 64 * 1024
 POLL = 1.0  # a safety net: the subscription wakes followers

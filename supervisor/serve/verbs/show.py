@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..daemontask import row_json
 from ..http import Request, Response, json_response
-from ..task import row_json
 
 if TYPE_CHECKING:
     from ..state import Daemon

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..dispatch import stop_queued
 from ..http import Request, Response, json_response
-from ..life import stop_queued
 from ..protocol import parse_json_body, parse_stop
 from ..state import refuse_while_restarting
 

@@ -1,4 +1,6 @@
-"""``POST /v1/tasks``: accept a task (201), or say why not (400/403/409/410/429/503).
+"""``POST /v1/tasks``: accept a task (201), or say why not (400/403/409/410/429/503).  With
+``"wait": "30s"``: answered when the task ends (200, with its result) or when the bound passes
+(202: still running, with its output so far), whichever is first; the task goes on.
 
 Order: the body's shape (protocol), the meaning (the core's TaskSpec and property parser), the
 idempotency key (a retried request gets the first task back, 200), the queue's limits (429),
@@ -17,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..daemontask import STREAMS, DaemonTask, stream_path
+from ..dispatch import accepted
 from ..http import Request, Response, json_response
-from ..life import accepted
 from ..peers import Peer, PeerGone, rlimits_of
-from ..protocol import ApiError, SubmitRequest, parse_json_body, parse_submit
+from ..protocol import ApiError, SubmitRequest, parse_json_body, parse_submit, pop_wait
 from ..records import RecordsError
-from ..task import DaemonTask
 
 if TYPE_CHECKING:
     from ..state import Daemon
@@ -33,12 +35,25 @@ HEAVY = 64 << 10  # a body above this is parsed in a worker thread, one per uid 
 
 async def handle(d: Daemon, req: Request) -> Response:
     if len(req.body) <= HEAVY:
-        r = parse_submit(parse_json_body(req.body))
+        r, wait = _parse(req.body)
     else:
         # tens of milliseconds of parsing for a MiB: off the event loop, and one at a time
         # per uid, so that one tenant's large submissions delay only its own
         async with d.heavy_lock(req.peer.uid):
-            r = await trio.to_thread.run_sync(_parse, req.body)
+            r, wait = await trio.to_thread.run_sync(_parse, req.body)
+    earlier, t = await accept(d, req.peer, r, len(req.body))
+    if earlier is not None:
+        return json_response(200, earlier)
+    assert t is not None
+    if wait is None:
+        return json_response(201, {"id": t.id, "state": t.state})
+    return await answer_after(d, t, wait)
+
+
+async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
+                 ) -> tuple[dict[str, Any] | None, DaemonTask | None]:
+    """Accept ``r`` of ``peer``'s (``size``: its body's bytes): (None, the new task), or (the
+    task an earlier request with its idempotency key made, None).  ApiError if refused."""
     if d.handing_over:
         raise ApiError(503, "restarting", "the daemon is restarting (systemctl restart): "
                        "nothing was accepted; retry in a moment (the clients do)")
@@ -46,37 +61,50 @@ async def handle(d: Daemon, req: Request) -> Response:
         raise ApiError(503, "shutting_down", "the daemon is shutting down and accepts no new "
                        "tasks; retry once it is back")
     if r.idempotency_key is not None:
-        earlier = await _earlier(d, req.peer, r)
+        earlier = await _earlier(d, peer, r)
         if earlier is not None:
-            return json_response(200, earlier)
-    rlimits = None if req.peer.is_root else _rlimits_of(req.peer)
-    if len(req.body) <= HEAVY:
-        spec = d.spec_for(req.peer, r, rlimits=rlimits)
+            return earlier, None
+    rlimits = None if peer.is_root else _rlimits_of(peer)
+    if size <= HEAVY:
+        spec = d.spec_for(peer, r, rlimits=rlimits)
     else:
-        async with d.heavy_lock(req.peer.uid):
+        async with d.heavy_lock(peer.uid):
             spec = await trio.to_thread.run_sync(
-                functools.partial(d.spec_for, req.peer, r, rlimits=rlimits))
-    d.scheduler.admit(req.peer.uid, len(req.body))
-    key = None if r.idempotency_key is None else (req.peer.uid, r.idempotency_key)
+                functools.partial(d.spec_for, peer, r, rlimits=rlimits))
+    d.scheduler.admit(peer.uid, size)
+    key = None if r.idempotency_key is None else (peer.uid, r.idempotency_key)
     if key is not None:
         d.keys[key] = ""  # reserved: a concurrent retry is told to retry in a moment
-    reserved = d.scheduler.reserve(req.peer.uid)
+    reserved = d.scheduler.reserve(peer.uid)
     try:
-        task_id = await d.records.accept(_row(d, req.peer, r, reserved, rlimits))
+        task_id = await d.records.accept(_row(d, peer, r, reserved, rlimits))
     except BaseException as e:
         if key is not None:
             d.keys.pop(key, None)
         if reserved:
-            d.scheduler.finished(req.peer.uid)
+            d.scheduler.finished(peer.uid)
         if isinstance(e, RecordsError):
             raise ApiError(503, "records_unavailable", f"nothing was accepted: {e}") from None
         raise
     output = os.path.join(d.output_dir, task_id)
     spec = spec.from_call(spec, {"log_file": output})
-    t = DaemonTask(task_id, req.peer.uid, req.peer.gid, req.peer.pid, r, spec, output,
-                   time.time(), req.peer.groups, size=len(req.body))
+    t = DaemonTask(task_id, peer.uid, peer.gid, peer.pid, r, spec, output, time.time(),
+                   peer.groups, size=size)
     accepted(d, t, reserved=reserved)
-    return json_response(201, {"id": t.id, "state": t.state})
+    return None, t
+
+
+async def answer_after(d: Daemon, t: DaemonTask, wait: float) -> Response:
+    """The answer of a request with a ``wait`` bound: 200 with the task and its result if it
+    ends within ``wait`` seconds; else 202 with its state and its output so far (the task
+    goes on: nothing is stopped)."""
+    with trio.move_on_after(wait):
+        await t.done.wait()
+    if t.done.is_set():
+        return json_response(200, t.to_json(full=True))
+    so_far = await trio.to_thread.run_sync(output_so_far, t.output)
+    return json_response(202, {**t.to_json(full=False, position=d.scheduler.position(t)),
+                               "output": so_far})
 
 
 async def _earlier(d: Daemon, peer: Peer, r: SubmitRequest) -> dict[str, Any] | None:
@@ -108,8 +136,33 @@ async def _earlier(d: Daemon, peer: Peer, r: SubmitRequest) -> dict[str, Any] | 
     return {"id": task_id, "state": state, "existing": True}
 
 
-def _parse(body: bytes) -> SubmitRequest:
-    return parse_submit(parse_json_body(body))
+def _parse(body: bytes) -> tuple[SubmitRequest, float | None]:
+    obj = parse_json_body(body)
+    wait = pop_wait(obj)
+    return parse_submit(obj), wait
+
+
+SO_FAR = 8 << 10  # bytes of head and of tail of each stream an answer at the wait bound has
+
+
+def output_so_far(stdout_path: str) -> dict[str, Any]:
+    """What a running task printed so far, per stream: ``total_bytes``, its first and last
+    :data:`SO_FAR` bytes as text (``head``, ``tail``) and how many bytes lie between them
+    (``dropped_bytes``: read them with GET /v1/tasks/ID/output?offset=N); blocking."""
+    out = {}
+    for stream in STREAMS:
+        try:
+            with open(stream_path(stdout_path, stream), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(min(size, SO_FAR))
+                tail_from = max(len(head), size - SO_FAR)
+                tail = os.pread(f.fileno(), size - tail_from, tail_from)
+        except FileNotFoundError:
+            size, head, tail, tail_from = 0, b"", b"", 0
+        out[stream] = {"total_bytes": size, "head": head.decode("utf-8", "replace"),
+                       "tail": tail.decode("utf-8", "replace"),
+                       "dropped_bytes": tail_from - len(head), "tail_offset": tail_from}
+    return out
 
 
 def _rlimits_of(peer: Peer) -> dict[str, tuple[int, int]]:

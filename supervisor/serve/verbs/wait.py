@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ..daemontask import row_json
 from ..http import Request, Response, json_response
 from ..protocol import invalid
-from ..task import row_json
 
 if TYPE_CHECKING:
     from ..state import Daemon
@@ -23,7 +23,7 @@ MAX_WAIT = 3600.0
 def _timeout(text: str | None) -> float:
     if text is None:
         return 30.0
-    from ..._units import UnitsError, parse_duration
+    from ...syntax import UnitsError, parse_duration
 
     try:
         value = parse_duration(text, "timeout", allow_zero=True)

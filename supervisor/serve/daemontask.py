@@ -1,4 +1,4 @@
-"""A task as the daemon holds it (the data; its life is ``life.py``), and a recorded row's JSON.
+"""A task as the daemon holds it (the data; ``dispatch.py`` moves it along), and a row's JSON.
 
 States as clients see them: ``queued -> starting -> running -> stopping -> finished``.  What
 the records say at each step is in ``records.py``; what a restart does with each is in
@@ -25,10 +25,10 @@ __all__ = ["DaemonTask", "kept_result", "row_json", "served_result"]
 class DaemonTask:
     """One accepted task.  ``id`` is the record's (never reused) and the core's leaf name."""
 
-    __slots__ = ("created_at", "done", "ended_at", "exit_status", "gid", "groups", "handle",
-                 "id", "kept", "outcome", "output", "peer_pid", "pid", "recorded", "request",
-                 "result_json", "size", "spec", "started", "started_at", "state", "stop_force",
-                 "stop_requests", "uid")
+    __slots__ = ("carried", "created_at", "done", "ended_at", "exit_status", "gid", "groups",
+                 "handle", "id", "kept", "outcome", "output", "peer_pid", "pid", "recorded",
+                 "request", "result_json", "signals", "size", "spec", "started", "started_at",
+                 "state", "stop_force", "stop_requests", "uid")
 
     def __init__(self, task_id: str, uid: int, gid: int, peer_pid: int,
                  request: SubmitRequest, spec: TaskSpec | None, output: str, created_at: float,
@@ -60,6 +60,13 @@ class DaemonTask:
         self.recorded = False  # the end row is on disk (False while a failed write retries)
         self.stop_requests = 0  # asked before a handle existed
         self.stop_force = False
+        self.carried: dict[str, Any] | None = None  # a session's command: what it carried
+        self.signals: list[dict[str, Any]] = []  # sent through POST /v1/tasks/ID/signal
+
+    @property
+    def session(self) -> str | None:
+        """The id of the session this task is a command of, if any."""
+        return None if self.request.session is None else str(self.request.session["id"])
 
     @property
     def live_state(self) -> str:
@@ -78,6 +85,11 @@ class DaemonTask:
             "outcome": self.outcome,
             "exit_status": self.exit_status,
         }
+        if self.session is not None:
+            out["session"] = self.session
+            out["carried"] = self.carried
+        if self.signals:
+            out["signals"] = self.signals
         if position is not None:
             out["queue_position"] = position
         if self.outcome is not None and not self.recorded:
@@ -223,6 +235,9 @@ def row_json(row: dict[str, Any], *, full: bool,
         "started_at": row["started_at"], "ended_at": row["ended_at"], "pid": row["pid"],
         "outcome": row["outcome"], "exit_status": row["exit_status"],
     }
+    if isinstance(spec.get("session"), dict):
+        out["session"] = str(spec["session"]["id"])
+        out["carried"] = row.get("carried")
     if full:
         out["spec"] = spec
         assert output_dir is not None

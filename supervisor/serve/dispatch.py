@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .daemontask import DaemonTask, kept_result, stream_path
 from .records import RecordsError
 from .schema import output_bytes
+from .sessions import MAX_STATE, carried_state, parse_state, state_pipe
 from .state import Daemon
-from .task import DaemonTask, kept_result, stream_path
 
 if TYPE_CHECKING:
     from .. import TaskHandle, TaskResult
@@ -46,6 +47,7 @@ __all__ = ["RETRY", "accepted", "adopt", "dispatch", "run_task",
 log = logging.getLogger(__name__)
 
 RETRY = 1.0  # seconds before a record write that failed is tried again (doubling to 30 s)
+REPORT_WAIT = 2.0  # seconds a session command's report may stay open after its end
 
 
 def accepted(d: Daemon, t: DaemonTask, *, reserved: bool) -> None:
@@ -55,7 +57,11 @@ def accepted(d: Daemon, t: DaemonTask, *, reserved: bool) -> None:
     d.metrics.submitted.inc()
     d.publish(t, "queued")
     if reserved:
-        d.nursery.start_soon(run_task, d, t, True)
+        d.nursery.start_soon(run_task, d, t, True)  # (it checks for a drain itself)
+    elif d.draining:
+        # accepted while the drain began (its checks passed before, its record was written
+        # after): it ends unstarted, as the queued ones did, instead of holding the drain
+        d.nursery.start_soon(_end_unstarted, d, t, "shutdown")
     else:
         d.scheduler.enqueue(t)
         dispatch(d)
@@ -87,15 +93,60 @@ async def _end_unstarted(d: Daemon, t: DaemonTask, reason: str) -> None:
 
 class _Started:
     """The ``task_status`` handed to ``sup.start``: the core calls ``started(handle)`` once
-    the process runs, or once it is known that it never will."""
+    the process runs, or once it is known that it never will.  ``report_w``: a session
+    command's report pipe, whose write end we close then (the task has its own)."""
 
-    def __init__(self, daemon: Daemon, task: DaemonTask) -> None:
+    def __init__(self, daemon: Daemon, task: DaemonTask, report: _Report | None) -> None:
         self.daemon = daemon
         self.task = task
+        self.report = report
 
     def started(self, value: Any = None) -> None:
+        if self.report is not None:
+            self.report.close_write()
         handle: TaskHandle = value
         _running(self.daemon, self.task, handle)
+
+
+class _Report:
+    """A session command's report of what it left (``sessions.py``): a pipe, the task's fd 3,
+    read as it comes (at most ``MAX_STATE`` bytes are kept, the rest drained) so that a large
+    environment never blocks the shell's exit."""
+
+    def __init__(self) -> None:
+        self.r, self.w = state_pipe()
+        self.data = bytearray()
+        self.truncated = False
+        self.ended = trio.Event()
+
+    def close_write(self) -> None:
+        if self.w >= 0:
+            os.close(self.w)
+            self.w = -1
+
+    async def read(self) -> None:
+        stream = trio.lowlevel.FdStream(self.r)
+        try:
+            while chunk := await stream.receive_some(65536):
+                room = MAX_STATE - len(self.data)
+                self.data += chunk[:room]
+                self.truncated = self.truncated or len(chunk) > room
+        except (OSError, trio.ClosedResourceError):
+            pass
+        finally:
+            await stream.aclose()
+            self.ended.set()
+
+    async def state(self) -> tuple[str, dict[str, str]] | str:
+        """What the shell reported, once every writer is gone (the task's processes have all
+        ended when its record exists; an escaped one holding the pipe is waited for briefly)."""
+        self.close_write()
+        with trio.move_on_after(REPORT_WAIT):
+            await self.ended.wait()
+        if not self.ended.is_set():
+            return (f"its report was still held open {REPORT_WAIT:g}s after the command "
+                    f"ended (a process of it outside its cgroup?)")
+        return parse_state(bytes(self.data), self.truncated)
 
 
 def _running(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
@@ -118,16 +169,29 @@ async def run_task(d: Daemon, t: DaemonTask, marked: bool) -> None:
     assert t.spec is not None
     t.state = "starting"
     result: TaskResult | None
+    reported: tuple[str, dict[str, str]] | str | None = None
     try:
         if not marked and not await _mark_starting(d, t):
             return
         if t.stop_requests or d.draining:
             reason = "cancel" if t.stop_requests else "shutdown"
             result = d.sup.record_unstarted(t.spec, reason=reason, task_id=t.id)
-        else:
-            result = await d.sup.start(t.spec, task_id=t.id, task_status=_Started(d, t))
+        elif t.session is None:
+            result = await d.sup.start(t.spec, task_id=t.id, task_status=_Started(d, t, None))
             if result is None:
                 return  # handed over to the next daemon process, which records its end
+        else:
+            report = _Report()
+            try:
+                d.nursery.start_soon(report.read)
+                spec = dataclasses.replace(t.spec, pass_fds=(report.w,))
+                result = await d.sup.start(spec, task_id=t.id,
+                                           task_status=_Started(d, t, report))
+                if result is None:
+                    return
+                reported = await report.state()
+            finally:
+                report.close_write()
     except Exception as e:
         # the core refused or failed (a bug, or a state nobody planned for): this task ends
         # with a record that says so; the daemon and the other tasks go on
@@ -139,7 +203,7 @@ async def run_task(d: Daemon, t: DaemonTask, marked: bool) -> None:
             d.scheduler.finished(t.uid)
             dispatch(d)
     try:
-        await take_result(d, t, result)
+        await take_result(d, t, result, reported)
     except Exception as e:  # (a bug of ours with this result: this task alone pays)
         log.exception("task %s: keeping its result failed", t.id)
         await _record_failure(d, t, e)
@@ -180,7 +244,11 @@ async def adopt(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
     await take_result(d, t, result)
 
 
-async def take_result(d: Daemon, t: DaemonTask, result: TaskResult) -> None:
+async def take_result(d: Daemon, t: DaemonTask, result: TaskResult,
+                      reported: tuple[str, dict[str, str]] | str | None = None) -> None:
+    """Keep ``result`` as the task's and write its end record; ``reported``: a session
+    command's report of what it left (None: there is none, e.g. the task crossed a
+    restart)."""
     t.started.set()
     t.outcome = str(result.outcome)
     tails = {}
@@ -193,24 +261,45 @@ async def take_result(d: Daemon, t: DaemonTask, result: TaskResult) -> None:
     t.exit_status = result.exit_status
     t.ended_at = result.ended_at
     t.started_at = result.started_at
-    await write_end(d, t)
+    await write_end(d, t, _carry(d, t, reported))
 
 
-async def write_end(d: Daemon, t: DaemonTask) -> None:
-    """The end record (shielded: it is written whatever else happens), then the task is
-    finished for waiters, followers and subscribers; a failed write is retried in the
-    background (the task stays in memory, ``"record": "pending"``)."""
+def _carry(d: Daemon, t: DaemonTask,
+           reported: tuple[str, dict[str, str]] | str | None) -> tuple[str, dict[str, Any]] | None:
+    """A session command's end: what it carries over to its session (``t.carried``), and the
+    session's new columns, written with the end row; None for a task of no open session."""
+    if t.session is None:
+        return None
+    s = d.sessions.get(t.session)
+    if s is None:
+        t.carried = {"nothing": f"its session {t.session} was closed"}
+        return None
+    s.running.discard(t.id)
+    if s.current == t.id:
+        s.current = None
+    background = bool((t.request.session or {}).get("background"))
+    started_with = None if t.spec is None or t.spec.env is None else dict(t.spec.env)
+    t.carried = carried_state(s, str(t.outcome), background, reported, started_with)
+    return s.id, {"cwd": s.cwd, "env": s.env}
+
+
+async def write_end(d: Daemon, t: DaemonTask,
+                    session: tuple[str, dict[str, Any]] | None = None) -> None:
+    """The end record (shielded: it is written whatever else happens), with the new state of
+    its session (``session``) if it is a session's command; then the task is finished for
+    waiters, followers and subscribers; a failed write is retried in the background (the
+    task stays in memory, ``"record": "pending"``)."""
     assert t.result_json is not None and t.ended_at is not None
     values = end_values(t, notify=d.hooks.enabled)
     with trio.CancelScope(shield=True):
         try:
-            await d.records.ended(t.id, values)
+            await d.records.ended(t.id, values, session)
             t.recorded = True
         except RecordsError as e:
             log.error("task %s: its end record could not be written: %s; retrying, and "
                       "answering from memory meanwhile", t.id, e)
             d.unrecorded.add(t.id)
-            d.nursery.start_soon(_retry_end, d, t, values)
+            d.nursery.start_soon(_retry_end, d, t, values, session)
     t.state = "finished"
     t.handle = None  # the core's handle is done with: let it go
     t.spec = None  # (so is the spec: a finished task held in memory holds its request only)
@@ -228,26 +317,29 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
         t.request.to_json())))
     return {"outcome": t.outcome, "exit_status": t.exit_status, "started_at": t.started_at,
             "ended_at": t.ended_at, "pid": t.pid, "result": result, "bytes": size,
-            "notified": 0 if notify else None}
+            "notified": 0 if notify else None,
+            "carried": None if t.carried is None else json.dumps(t.carried)}
 
 
-async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any]) -> None:
+async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any],
+                     session: tuple[str, dict[str, Any]] | None) -> None:
     """Retry an end row until it is written (doubling waits up to 30 s), or the daemon gives
     up on it at exit (its scope in ``d.retrying`` cancelled: then it logs the result)."""
     with trio.CancelScope() as scope:
         d.retrying.add(scope)
         try:
-            await _retry_end_loop(d, t, values)
+            await _retry_end_loop(d, t, values, session)
         finally:
             d.retrying.discard(scope)
 
 
-async def _retry_end_loop(d: Daemon, t: DaemonTask, values: dict[str, Any]) -> None:
+async def _retry_end_loop(d: Daemon, t: DaemonTask, values: dict[str, Any],
+                          session: tuple[str, dict[str, Any]] | None) -> None:
     wait = RETRY
     while True:
         await trio.sleep(wait)
         try:
-            await d.records.ended(t.id, values)
+            await d.records.ended(t.id, values, session)
         except RecordsError as e:
             log.error("task %s: its end record still cannot be written: %s", t.id, e)
             wait = min(wait * 2, 30.0)

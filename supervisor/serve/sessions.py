@@ -1,0 +1,174 @@
+"""Sessions: a shell's working directory and exported variables, carried from one command to
+the next, each command a task of its own (own leaf, limits, stop, record).
+
+A command runs as ``SHELL -c SCRIPT SHELL_NAME COMMAND`` in the session's directory and
+environment.  The script runs the command with ``eval`` in that shell, so ``cd`` and
+``export`` act as at an interactive prompt, and at the shell's exit (an ``EXIT`` trap, so a
+failing command or an ``exit 3`` still reports) writes what it left (``$PWD``, then ``env -0``)
+to a pipe the daemon holds the other end of (the task's fd 3: ``TaskSpec.pass_fds``; never a
+file: nothing of it is on a disk a tenant could fill).  The command sees that fd 3 too.  The
+daemon reads at most :data:`MAX_STATE` bytes of it.  What carries, and when (the task's row
+says, as ``carried``):
+
+- a command that ended by itself (``succeeded`` or ``failed``): its directory and its
+  exported variables become the session's (a variable it unset is gone; shell functions,
+  aliases and unexported variables do not carry: each command is a new shell);
+- a command stopped (time limit, stop request, shutdown), killed by a signal, OOM-killed,
+  never started, or lost: nothing, and the row says why;
+- a background command (``"background": true``): nothing; the session goes on meanwhile;
+- a shell that never reported (its command ran ``exec``, replaced the ``EXIT`` trap, or closed
+  the fd): nothing, and the row says so.
+
+No trio here: the pipe is read by ``dispatch.py``; the records are ``records.py``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+__all__ = ["MAX_STATE", "SCRIPT", "Session", "carried_state", "parse_state", "session_argv"]
+
+MAX_STATE = 1 << 20  # bytes of a command's reported state read (its directory + environment)
+MAX_SESSIONS_PER_UID = 64  # open sessions a uid may hold
+MAGIC = b"corral-session-state 1\0"
+
+# The shell's side.  $1 is the command; the positional parameters are empty when it runs, as
+# at a prompt.  `command -p env` finds env(1) whatever PATH the command left.
+SCRIPT = r"""__corral_command=$1
+shift
+__corral_report() {
+    __corral_status=$?
+    trap - EXIT
+    { printf 'corral-session-state 1\000%s\000' "$PWD" && command -p env -0; } \
+        >&3 2>/dev/null
+    exit "$__corral_status"
+}
+trap __corral_report EXIT
+eval "unset __corral_command; $__corral_command"
+"""
+
+# set by the shell itself or by us: never carried
+NOT_CARRIED = frozenset({"_", "SHLVL", "PWD", "OLDPWD"})
+
+# outcomes after which a command's state carries over (it ended by itself)
+CARRIES = frozenset({"succeeded", "failed"})
+
+
+def session_argv(shell: str, command: str) -> list[str]:
+    return [shell, "-c", SCRIPT, os.path.basename(shell) or "sh", command]
+
+
+class Session:
+    """One open (or closed) session, as the daemon holds it."""
+
+    __slots__ = ("closed_at", "created_at", "current", "cwd", "defaults", "env", "gid", "groups",
+                 "id", "running", "shell", "uid")
+
+    def __init__(self, session_id: str, uid: int, gid: int, groups: tuple[int, ...], *,
+                 shell: str, cwd: str, env: dict[str, str] | None, defaults: dict[str, Any],
+                 created_at: float, closed_at: float | None = None) -> None:
+        self.id = session_id
+        self.uid, self.gid, self.groups = uid, gid, groups
+        self.shell = shell
+        self.cwd = cwd
+        # the whole environment once a command carried one; before: what the opener asked
+        # for (the submitter's login-like base is added to it, as for any task)
+        self.env = env
+        self.defaults = defaults  # time_limit, grace, properties: each command's unless given
+        self.created_at, self.closed_at = created_at, closed_at
+        self.current: str | None = None  # the foreground command running now (task id)
+        self.running: set[str] = set()  # every task of the session not finished yet
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "uid": self.uid, "gid": self.gid,
+                "state": "open" if self.closed_at is None else "closed",
+                "created_at": self.created_at, "closed_at": self.closed_at,
+                "shell": self.shell, "cwd": self.cwd, "env": self.env,
+                **{k: v for k, v in self.defaults.items() if v is not None},
+                "current": self.current, "running": sorted(self.running, key=int)}
+
+    def row(self) -> dict[str, Any]:
+        return {"uid": self.uid, "gid": self.gid, "groups": list(self.groups),
+                "created_at": self.created_at, "closed_at": self.closed_at,
+                "shell": self.shell, "cwd": self.cwd, "env": self.env,
+                "defaults": self.defaults}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Session:
+        return cls(row["id"], row["uid"], row["gid"], tuple(row.get("groups") or ()),
+                   shell=row["shell"], cwd=row["cwd"], env=row.get("env"),
+                   defaults=row.get("defaults") or {}, created_at=row["created_at"],
+                   closed_at=row.get("closed_at"))
+
+
+def parse_state(data: bytes, truncated: bool) -> tuple[str, dict[str, str]] | str:
+    """(directory, environment) from what a command's shell reported, or why nothing can be
+    carried from it."""
+    if not data:
+        return ("its shell reported no state (the command ran exec, replaced the EXIT trap, "
+                "or closed fd 3)")
+    if truncated:
+        return f"its shell's report was over {MAX_STATE} bytes (an environment that large)"
+    if not data.startswith(MAGIC):
+        return "its shell's report was not one corral wrote (the command wrote to its fd)"
+    cwd_bytes, _, rest = data[len(MAGIC):].partition(b"\0")
+    try:
+        cwd = cwd_bytes.decode()
+    except UnicodeDecodeError:
+        return "its working directory is not UTF-8"
+    if not cwd.startswith("/"):
+        return f"its working directory {cwd!r} is not an absolute path"
+    env: dict[str, str] = {}
+    for entry in rest.split(b"\0"):
+        name, eq, value = entry.partition(b"=")
+        if not eq or not name:
+            continue
+        try:
+            key, text = name.decode(), value.decode()
+        except UnicodeDecodeError:
+            continue  # (a TaskSpec's environment is text: such a variable cannot carry)
+        if key not in NOT_CARRIED:
+            env[key] = text
+    return cwd, env
+
+
+def carried_state(session: Session, outcome: str, background: bool,
+                  state: tuple[str, dict[str, str]] | str | None,
+                  started_with: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a finished command leaves its session (and the session updated): the ``carried``
+    JSON of its row, ``{"cwd", "set", "unset"}`` (the variables it changed, against the
+    environment it started with: ``started_with``, else the session's) or
+    ``{"nothing": why}``."""
+    if background:
+        return {"nothing": "a background command carries nothing over"}
+    if outcome not in CARRIES:
+        return {"nothing": f"the command ended {outcome}, not by itself: nothing carried over"}
+    if state is None:
+        return {"nothing": "its shell's report was not read (the command crossed a restart "
+                           "of corral serve, or corral failed to follow it)"}
+    if isinstance(state, str):
+        return {"nothing": state}
+    cwd, env = state
+    before = started_with if started_with is not None else session.env or {}
+    changed = sorted(k for k, v in env.items() if before.get(k) != v)
+    gone = sorted(k for k in before if k not in env)
+    session.cwd, session.env = cwd, env
+    return {"cwd": cwd, "set": changed, "unset": gone}
+
+
+def state_pipe() -> tuple[int, int]:
+    """(read end, write end) of a command's state pipe: both close-on-exec (the write end is
+    given to the task as its fd 3 by ``pass_fds``), the read end non-blocking."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(r, False)
+    return r, w
+
+
+def usable_shell(path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)

@@ -1,0 +1,165 @@
+"""Sessions (``sessions.py`` has the model):
+
+- ``POST /v1/sessions`` ``{"cwd", "env", "shell", "time_limit", "grace", "properties"}``:
+  open one (201), owned by the caller's uid like a task; each at most
+  :data:`~supervisor.serve.sessions.MAX_SESSIONS_PER_UID` open per uid.
+- ``GET /v1/sessions``: the caller's (root: everyone's), newest first.
+- ``GET /v1/sessions/ID``: one, with its directory, environment and running commands.
+- ``DELETE /v1/sessions/ID``: close it: every command of it still queued or running is
+  stopped (each still gets its record); it takes no more commands.
+- ``POST /v1/sessions/ID/exec`` ``{"command": "cd src && make", "background", "wait",
+  "time_limit", "grace", "stdin", "name", "idempotency_key"}``: run one command as a task of
+  its own (as ``POST /v1/tasks`` answers; with ``wait``, when it ends or the bound passes).
+  One foreground command at a time (409 ``busy`` names the one running); background ones run
+  beside it and carry nothing.
+
+A session's commands are checked exactly as a submission is (its properties, limits and
+environment, as the caller): a session gives a tenant nothing a task would not.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..http import Request, Response, json_response
+from ..protocol import (
+    ApiError,
+    SubmitRequest,
+    parse_exec,
+    parse_json_body,
+    parse_session,
+    pop_wait,
+    query_int,
+)
+from ..sessions import MAX_SESSIONS_PER_UID, Session, session_argv, usable_shell
+from .submit import accept, answer_after
+
+if TYPE_CHECKING:
+    from ..state import Daemon
+
+DEFAULT_SHELLS = ("/bin/bash", "/bin/sh")
+
+
+async def create(d: Daemon, req: Request) -> Response:
+    r = parse_session(parse_json_body(req.body) if req.body.strip() else {})
+    if d.handing_over or d.draining:
+        raise ApiError(503, "shutting_down", "the daemon is shutting down or restarting: no "
+                       "session was opened; retry once it is back")
+    mine = sum(1 for s in d.sessions.values() if s.uid == req.peer.uid)
+    if not req.peer.is_root and mine >= MAX_SESSIONS_PER_UID:
+        raise ApiError(429, "too_many_sessions", f"uid {req.peer.uid} has {mine} open "
+                       f"sessions, the most one uid may hold; close one first (DELETE "
+                       f"/v1/sessions/ID)")
+    shell = r.shell or next((s for s in DEFAULT_SHELLS if usable_shell(s)), "/bin/sh")
+    defaults = {"time_limit": r.time_limit, "grace": r.grace,
+                "properties": r.properties or None, "env": r.env or None}
+    # the defaults are checked now, as the caller, as a command of them would be
+    probe = SubmitRequest(argv=session_argv(shell, "true"), env=r.env, cwd=r.cwd or None,
+                          time_limit=r.time_limit, grace=r.grace, properties=r.properties)
+    d.spec_for(req.peer, probe, rlimits=None)
+    s = Session("", req.peer.uid, req.peer.gid, req.peer.groups, shell=shell,
+                cwd=r.cwd or _home(req.peer.uid), env=None, defaults=defaults,
+                created_at=time.time())
+    s.id = await d.records.open_session(s.row())
+    d.sessions[s.id] = s
+    return json_response(201, s.to_json())
+
+
+async def list_sessions(d: Daemon, req: Request) -> Response:
+    limit = query_int(req.query, "limit", 100, 1, 1000)
+    rows = await d.records.list_sessions(None if req.peer.is_root else req.peer.uid, limit)
+    return json_response(200, {"sessions": [_json(d, row) for row in rows]})
+
+
+async def show(d: Daemon, req: Request, id: str) -> Response:
+    return json_response(200, _json(d, await _row(d, req, id)))
+
+
+async def close(d: Daemon, req: Request, id: str) -> Response:
+    from ..dispatch import stop_queued
+
+    row = await _row(d, req, id)
+    s = d.sessions.get(id)
+    if s is None:  # closed already
+        return json_response(200, {**_json(d, row), "stopped": []})
+    stopped = []
+    for task_id in sorted(s.running, key=int):
+        t = d.tasks.get(task_id)
+        if t is not None and (stop_queued(d, t) or t.stop(False)):
+            stopped.append(task_id)
+    s.closed_at = time.time()
+    await d.records.update_session(id, {"closed_at": s.closed_at})
+    del d.sessions[id]
+    return json_response(200, {**s.to_json(), "stopped": stopped})
+
+
+async def exec_command(d: Daemon, req: Request, id: str) -> Response:
+    obj = parse_json_body(req.body)
+    wait = pop_wait(obj)
+    e = parse_exec(obj)
+    await _row(d, req, id)
+    s = d.sessions.get(id)
+    if s is None:
+        raise ApiError(409, "closed", f"session {id} is closed: it takes no more commands; "
+                       f"open a new one (POST /v1/sessions)")
+    env = s.env if s.env is not None else s.defaults.get("env")
+    r = SubmitRequest(
+        argv=session_argv(s.shell, e.command), env=env, cwd=s.cwd,
+        time_limit=e.time_limit if e.time_limit is not None else s.defaults.get("time_limit"),
+        grace=e.grace if e.grace is not None else s.defaults.get("grace"),
+        properties=s.defaults.get("properties"), name=e.name, stdin=e.stdin,
+        stdin_data=e.stdin_data, idempotency_key=e.idempotency_key,
+        session={"id": s.id, "command": e.command, "background": e.background,
+                 "exact_env": s.env is not None})
+    if not e.background and s.current is not None and not await _resent(d, req, r):
+        raise ApiError(409, "busy", f"session {id} is running a command (task {s.current}); "
+                       f"wait for it (GET /v1/tasks/{s.current}/wait), stop it, or run this "
+                       f"one with \"background\": true", "command")
+    earlier, t = await accept(d, req.peer, r, len(req.body))
+    if earlier is not None:
+        return json_response(200, earlier)
+    assert t is not None
+    s.running.add(t.id)
+    if not e.background:
+        s.current = t.id
+    if wait is None:
+        return json_response(201, {"id": t.id, "state": t.state, "session": s.id})
+    return await answer_after(d, t, wait)
+
+
+async def _resent(d: Daemon, req: Request, r: SubmitRequest) -> bool:
+    """Whether ``r`` is a retry of a command already accepted (its idempotency key): then it
+    gets that task back, busy or not."""
+    if r.idempotency_key is None:
+        return False
+    if (req.peer.uid, r.idempotency_key) in d.keys:
+        return True
+    return await d.records.find_key(req.peer.uid, r.idempotency_key) is not None
+
+
+async def _row(d: Daemon, req: Request, session_id: str) -> dict[str, Any]:
+    """The session's record, if the caller may see it (404 otherwise: another uid's session
+    is as good as none)."""
+    row = await d.records.get_session(session_id)
+    if row is None or not req.peer.may_see(row["uid"]):
+        raise ApiError(404, "not_found", f"no session {session_id!r} of yours; list yours with "
+                       f"GET /v1/sessions")
+    return row
+
+
+def _json(d: Daemon, row: dict[str, Any]) -> dict[str, Any]:
+    live = d.sessions.get(row["id"])
+    return live.to_json() if live is not None else Session.from_row(row).to_json()
+
+
+def _home(uid: int) -> str:
+    """The user's home directory if it exists, else ``/``."""
+    import os
+    import pwd
+
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return "/"
+    return home if home and os.path.isdir(home) else "/"

@@ -1,0 +1,208 @@
+"""The daemon's client verbs (`corral submit`, `logs`, `wait`, `show`) end to end, through the
+installed `corral` command, against a real `corral serve` (start_daemon: tests/daemon)."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from cli_util import default_signals
+from daemon_util import RunningDaemon, stop_reached, wait_for
+
+from supervisor.cli.clientutil import START_WAIT
+
+CORRAL = os.path.join(os.path.dirname(sys.executable), "corral")
+HANG = 30.0
+
+
+def client(d: RunningDaemon | str, *args: str) -> subprocess.Popen[bytes]:
+    """``corral ARGS`` against ``d`` (a daemon, or a socket path), in a session of its own (its
+    own process group: a Ctrl-C at its terminal is a SIGINT to that group), every signal at
+    its default as a login shell starts it."""
+    sock = d if isinstance(d, str) else d.socket
+    return subprocess.Popen([CORRAL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=dict(os.environ, CORRAL_SOCKET=sock),
+                            start_new_session=True, preexec_fn=default_signals)
+
+
+@pytest.fixture
+def sockdir() -> Iterator[str]:
+    """A directory for a socket of the test's own (removed after the daemon has stopped: ask
+    for it before start_daemon)."""
+    where = tempfile.mkdtemp(prefix="corral-test-sock-")
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture
+def clients() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """``client(...)``, each killed (by its pid) and reaped at teardown if still running."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: Any) -> subprocess.Popen[bytes]:
+        p = client(*args)
+        started.append(p)
+        return p
+
+    try:
+        yield start
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
+def read_until(stream: Any, text: bytes, timeout: float = HANG) -> bytes:
+    """What ``stream`` (a pipe) gives until ``text`` has come (AssertionError if it never
+    does within ``timeout``)."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    while text not in got:
+        left = deadline - time.monotonic()
+        assert left > 0, f"timed out waiting for {text!r}; got {got!r}"
+        if select.select([stream], [], [], left)[0]:
+            chunk = os.read(stream.fileno(), 65536)
+            assert chunk, f"the stream ended before {text!r}; got {got!r}"
+            got += chunk
+    return got
+
+
+def ctrl_c(p: subprocess.Popen[bytes]) -> None:
+    """What a Ctrl-C at its terminal does: SIGINT to its process group."""
+    os.killpg(p.pid, signal.SIGINT)
+
+
+READY = "echo ready; exec sleep 600"
+
+
+# ---- a client started with the daemon: it waits for the socket ------------------------------
+
+def test_a_client_started_before_its_daemon_waits_for_it(
+        sockdir: str, start_daemon: Callable[..., RunningDaemon], clients: Any) -> None:
+    # `corral serve ... & corral submit ...`: the socket appears a few hundred ms later
+    sock = os.path.join(sockdir, "corral.sock")
+    p = clients(sock, "submit", "--wait", "--", "sh", "-c", "echo hello")
+    start_daemon(socket=sock)
+    _, err = p.communicate(timeout=HANG)
+    assert p.returncode == 0, err.decode()
+    assert b"cannot reach" not in err, err.decode()
+
+
+def test_a_client_without_a_daemon_gives_up_after_its_wait_and_says_so(
+        tmp_path: Any, clients: Any) -> None:
+    began = time.monotonic()
+    p = clients(str(tmp_path / "nobody-here.sock"), "ps")
+    _, err = p.communicate(timeout=HANG)
+    took = time.monotonic() - began
+    assert p.returncode == 125
+    assert f"No such file or directory (waited {START_WAIT:g}s for it to start)" in \
+        err.decode(), err.decode()
+    assert START_WAIT <= took < START_WAIT + 5
+
+
+# ---- Ctrl-C: a follow that only watches detaches; one that "exits like run" stops the task ----
+
+def test_ctrl_c_on_logs_follow_detaches_without_a_traceback(
+        start_daemon: Callable[..., RunningDaemon], clients: Any) -> None:
+    d = start_daemon()
+    task_id = d.corral("submit", "--", "sh", "-c", READY, check=True).stdout.decode().strip()
+    p = clients(d, "logs", "-f", task_id)
+    read_until(p.stdout, b"ready\n")
+    ctrl_c(p)
+    _, err = p.communicate(timeout=HANG)
+    # ended by the SIGINT, as `tail -f` is (a shell says 130), and the task goes on
+    assert p.returncode == -signal.SIGINT, err.decode()
+    assert b"Traceback" not in err and err == b"", err.decode()
+    with d.client() as c:
+        assert c.show(task_id).state == "running"
+        c.stop(task_id, force=True)
+        c.wait(task_id)
+
+
+@pytest.mark.parametrize("how", ["--follow", "--wait"])
+def test_ctrl_c_on_submit_stops_the_task_and_exits_with_its_record(
+        start_daemon: Callable[..., RunningDaemon], clients: Any, how: str) -> None:
+    d = start_daemon()
+    p = clients(d, "submit", how, "--", "sh", "-c", READY)
+    err = read_until(p.stderr, b"\n")  # "corral: task ID"
+    task_id = err.decode().split()[-1]
+    with d.client() as c:
+        wait_for(lambda: c.show(task_id).state == "running", "the task to run")
+    if how == "--follow":
+        read_until(p.stdout, b"ready\n")
+    ctrl_c(p)
+    _, rest = p.communicate(timeout=HANG)
+    err += rest
+    with d.client() as c:
+        record = c.show(task_id)
+    assert b"Traceback" not in err, err.decode()
+    assert f"stopping task {task_id}".encode() in err, err.decode()
+    # stopped through the daemon, gracefully (its stop signal: the sleep ends on it), and the
+    # command exits as the record says, as `corral run` does
+    assert record.result["outcome"] == "cancelled", record.result
+    assert stop_reached(record.result) == "signalled", record.result["stop"]
+    assert p.returncode == record.exit_status, err.decode()
+
+
+def test_a_second_ctrl_c_on_submit_follow_kills_the_task_now(
+        start_daemon: Callable[..., RunningDaemon], clients: Any) -> None:
+    d = start_daemon()
+    # the task ignores its stop signal, and has a minute of grace: only the kill ends it
+    p = clients(d, "submit", "--follow", "--grace", "60s", "--", "sh", "-c",
+                "trap '' TERM; echo ready; sleep 600 & wait")
+    task_id = read_until(p.stderr, b"\n").decode().split()[-1]
+    read_until(p.stdout, b"ready\n")
+    began = time.monotonic()
+    ctrl_c(p)
+    read_until(p.stderr, f"stopping task {task_id}".encode())
+    ctrl_c(p)
+    _, err = p.communicate(timeout=HANG)
+    assert time.monotonic() - began < 20  # (not the 60 s grace)
+    with d.client() as c:
+        record = c.show(task_id)
+    assert b"Traceback" not in err, err.decode()
+    assert f"killing task {task_id}".encode() in err, err.decode()
+    assert stop_reached(record.result) == "killed", record.result["stop"]
+    assert p.returncode == record.exit_status, err.decode()
+
+
+# ---- what a task that never ran says ---------------------------------------------------------
+
+def test_a_task_that_fails_to_start_says_why(
+        start_daemon: Callable[..., RunningDaemon]) -> None:
+    d = start_daemon()
+    r = d.corral("submit", "--wait", "--", "corral-no-such-command")
+    assert r.returncode == 127
+    err = r.stderr.decode()
+    assert "spawn_failed: cannot run 'corral-no-such-command'" in err, err
+    assert "No such file or directory (step: exec); exit status 127" in err, err
+    task_id = err.split()[2]  # "corral: task ID"
+    r = d.corral("wait", task_id)
+    assert r.returncode == 127 and "cannot run 'corral-no-such-command'" in r.stderr.decode()
+    shown = d.corral("show", task_id, check=True).stdout.decode()
+    assert "Outcome: spawn_failed  exit status 127  (cannot run" in shown, shown
+    assert "Wall: n/a  CPU: n/a" in shown and "None" not in shown, shown
+
+
+def test_show_gives_the_figures_of_a_task_that_ran(
+        start_daemon: Callable[..., RunningDaemon]) -> None:
+    d = start_daemon()
+    task_id = d.corral("submit", "--", "sh", "-c", "exit 3", check=True).stdout.decode().strip()
+    r = d.corral("wait", task_id)
+    assert r.returncode == 3
+    assert f"task {task_id} failed: exited with code 3; exit status 3" in r.stderr.decode()
+    shown = d.corral("show", task_id, check=True).stdout.decode()
+    wall = next(line for line in shown.splitlines() if line.startswith("Wall: "))
+    assert wall.startswith("Wall: 0.") and "n/a" not in wall.split("CPU")[0], wall

@@ -1,0 +1,206 @@
+"""Sessions (``POST /v1/sessions``, ``.../exec``), the ``wait`` bound and the signal verb, on a
+real daemon, as real second uids: the working directory and exported variables carry as an
+interactive shell's would; a stopped command carries nothing and says so; nothing a session
+started outlives it; a session is its owner's alone and survives a restart."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from daemon_util import RunningDaemon, User, as_user, raw, wait_for
+
+from supervisor.client import ApiError, Client
+
+Start = Callable[..., RunningDaemon]
+
+
+def stdout_of(answer: dict[str, Any]) -> str:
+    return str(answer["result"]["output"]["stdout"]["head"])
+
+
+@pytest.mark.parametrize("shell", ["/bin/bash", "/bin/sh"])
+def test_cd_export_and_unset_carry_as_a_shells_would(start_daemon: Start, users: list[User],
+                                                     shell: str) -> None:
+    d = start_daemon()
+
+    def session() -> Any:
+        out = []
+        with Client(d.socket) as c, c.session(cwd="/", shell=shell,
+                                               env={"KEEP": "1", "DROP": "2"}) as s:
+            for command in ["cd /usr && export A=1", "cd lib; unset DROP; false",
+                            'echo "$PWD $A ${DROP-unset} $KEEP $(id -u)"',
+                            "cd /; export B=2; sleep 30", "echo ${B-none} $PWD",
+                            "export C=3; exec true", "echo ${C-none}"]:
+                answer = s.run(command, time_limit="1s" if "sleep" in command else None,
+                               grace="0.1s")
+                out.append([answer["outcome"], answer["carried"], stdout_of(answer)])
+        return out
+
+    results = as_user(users[0], session)
+    assert results[0] == ["succeeded", {"cwd": "/usr", "set": ["A"], "unset": []}, ""]
+    # a failing command carries (as a shell keeps its cd); an unset variable is gone
+    assert results[1] == ["failed", {"cwd": "/usr/lib", "set": [], "unset": ["DROP"]}, ""]
+    assert results[2][2] == f"/usr/lib 1 unset 1 {users[0].uid}\n"
+    # stopped at its time limit: nothing carries, and the record says so
+    assert results[3][0] == "timed_out"
+    assert "nothing" in results[3][1] and "timed_out" in results[3][1]["nothing"]
+    assert results[4][2] == "none /usr/lib\n"
+    # a command that replaced its shell could not report: nothing carries, it says why
+    assert results[5][0] == "succeeded" and "exec" in results[5][1]["nothing"]
+    assert results[6][2] == "none\n"
+
+
+def test_the_wait_bound_answers_and_the_task_goes_on(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        s = c.open_session()
+        began = time.monotonic()
+        answer = c.exec(s["id"], "echo started; sleep 30", wait="1s")
+        took = time.monotonic() - began
+        assert answer["state"] == "running" and 0.9 < took < 5, (answer, took)
+        assert answer["output"]["stdout"]["head"] == "started\n"
+        assert answer["output"]["stdout"]["dropped_bytes"] == 0
+        with pytest.raises(ApiError) as busy:
+            c.exec(s["id"], "true")
+        assert busy.value.status == 409 and busy.value.code == "busy"
+        assert answer["id"] in busy.value.message
+        assert c.show(answer["id"]).state == "running"  # not stopped by the bound
+        assert c.stop(answer["id"])
+        assert c.wait(answer["id"]).outcome == "cancelled"
+    # the same bound on a plain submission
+    status, body = raw(d, b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-length: 46\r\n\r\n"
+                          b'{"argv": ["echo", "hello"], "wait": "10s"}    ')
+    assert status == 200 and body["outcome"] == "succeeded", body
+    assert body["result"]["output"]["stdout"]["head"] == "hello\n"
+
+
+def test_closing_a_session_stops_everything_of_it(start_daemon: Start,
+                                                  users: list[User]) -> None:
+    d = start_daemon()
+
+    def session() -> Any:
+        with Client(d.socket) as c:
+            s = c.open_session()
+            background = c.exec(s["id"], "setsid sleep 600 & sleep 600", background=True)
+            foreground = c.exec(s["id"], "sleep 600 & wait", wait="0.5s")
+            listed = sorted(t.id for t in c.list())
+            closed = c.close_session(s["id"])
+            ends = [c.wait(background["id"]), c.wait(foreground["id"])]
+            try:
+                c.exec(s["id"], "true")
+            except ApiError as e:
+                late = [e.status, e.code]
+            return (listed, closed["stopped"], [(t.outcome, t.result["cleanup"]["state"])
+                                                for t in ends], late,
+                    sorted([background["id"], foreground["id"]]))
+
+    listed, stopped, ends, late, ids = as_user(users[0], session)
+    assert listed == ids and sorted(stopped) == ids
+    assert ends == [["cancelled", "clean"]] * 2  # (JSON from the child: lists)
+    assert late == [409, "closed"]
+    # (the test's cgroup must be empty at teardown: the fixture checks that nothing survived)
+
+
+def test_a_session_is_its_owners_alone(start_daemon: Start, users: list[User]) -> None:
+    d = start_daemon()
+    opened = as_user(users[0], lambda: Client(d.socket).open_session())
+
+    def intrude() -> Any:
+        answers = []
+        with Client(d.socket) as c:
+            for call in (lambda: c.show_session(opened["id"]),
+                         lambda: c.exec(opened["id"], "id"),
+                         lambda: c.close_session(opened["id"])):
+                try:
+                    call()
+                    answers.append("allowed")
+                except ApiError as e:
+                    answers.append(e.status)
+            return answers, c.sessions()
+
+    answers, listed = as_user(users[1], intrude)
+    assert answers == [404, 404, 404] and listed == []
+    assert as_user(users[0], lambda: Client(d.socket).show_session(opened["id"]))["state"] \
+        == "open"
+
+
+def test_a_session_survives_a_restart_of_the_daemon(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        s = c.open_session(cwd="/")
+        c.exec(s["id"], "cd /etc && export KEPT=yes", wait="10s")
+    assert d.stop() == 0
+    again = start_daemon(like=d)
+    with again.client() as c:
+        answer = c.exec(s["id"], "echo $KEPT $PWD", wait="10s")
+        assert stdout_of(answer) == "yes /etc\n"
+        assert c.list()[0].id == answer["id"]
+
+
+def test_a_signal_reaches_the_whole_tree_and_is_in_the_record(start_daemon: Start,
+                                                              users: list[User]) -> None:
+    d = start_daemon()
+    # (the child runs in the foreground: a non-interactive shell starts its & jobs with
+    # SIGINT ignored, and an ignored signal cannot be trapped)
+    script = ("trap 'echo main got INT' INT; "
+              "sh -c 'trap \"echo child got INT; exit 0\" INT; echo ready; "
+              "while :; do sleep 0.05; done'; echo after")
+
+    def signal() -> Any:
+        with Client(d.socket) as c:
+            t = c.submit(["sh", "-c", script])
+            wait_for(lambda: b"ready" in b"".join(
+                f.data for f in c.output(t.id) if f.kind == "data"), "the task to be ready")
+            sent = c.signal(t.id, "INT")
+            info = c.wait(t.id)
+            refused = []
+            for name in ("KILL", "STOP", "NOPE"):
+                try:
+                    c.signal(t.id, name)
+                except ApiError as e:
+                    refused.append([e.status, e.field])
+            try:
+                c.signal(t.id, "INT")
+            except ApiError as e:
+                refused.append([e.status, e.code])
+            return sent, info.outcome, info.result, refused
+
+    sent, outcome, result, refused = as_user(users[0], signal)
+    assert sent["signal"] == "SIGINT" and sent["to"] == "tree"
+    assert outcome == "succeeded"
+    out = result["output"]["stdout"]["head"]
+    assert "main got INT" in out and "child got INT" in out and out.endswith("after\n")
+    (record,) = result["signals"]
+    assert record["signal_name"] == "SIGINT" and record["to"] == "tree"
+    assert record["by"] == f"uid {users[0].uid}" and record["after_s"] > 0
+    assert refused == [[400, "signal"], [400, "signal"], [400, "signal"],
+                       [409, "not_running"]]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({}, "command"), ({"command": "  "}, "command"), ({"command": "true", "argv": ["x"]}, "argv"),
+    ({"command": "true", "background": "yes"}, "background"),
+    ({"command": "true", "wait": "2h"}, "wait"), ({"command": "true", "wait": "soon"}, "wait"),
+    ({"command": "true", "time_limit": [1]}, "time_limit"),
+])
+def test_a_bad_command_is_refused_naming_its_field(start_daemon: Start,
+                                                   body: dict[str, Any], field: str) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        s = c.open_session()
+        data = json.dumps(body).encode()
+        status, answer = raw(d, b"POST /v1/sessions/" + s["id"].encode() + b"/exec HTTP/1.1\r\n"
+                                b"host: x\r\ncontent-length: " + str(len(data)).encode() +
+                                b"\r\n\r\n" + data)
+        assert status == 400 and answer["error"]["field"] == field, answer
+        assert c.list() == []  # nothing ran
+        for bad, what in (({"cwd": "relative"}, "cwd"), ({"shell": "sh"}, "shell"),
+                          ({"properties": {"MemoryMax": "lots"}}, "properties.MemoryMax"),
+                          ({"colour": "blue"}, "colour")):
+            with pytest.raises(ApiError) as refused:
+                c.open_session(**bad)
+            assert refused.value.status == 400 and refused.value.field == what
