@@ -39,11 +39,11 @@ SIZES: dict[str, dict[str, list[str]]] = {
               "output": ["--quick"], "memory": ["--quick"], "cli": ["--quick"],
               "keeper": ["--quick"], "isolation": ["--quick"],
               "serve": ["--rounds", "30", "--held", "100", "--clients", "4"],
-              "sessions": ["--quick"]},
+              "sessions": ["--quick"], "tenants": ["--quick"]},
     "full": {"cli": ["--no-systemd"]},
 }
 ORDER = ("spawn", "run", "kill", "output", "memory", "cli", "keeper", "isolation", "serve",
-         "sessions")
+         "sessions", "tenants")
 
 
 @dataclass
@@ -228,10 +228,23 @@ def parse_sessions(out: str) -> list[Row]:
     return rows
 
 
+def parse_tenants(out: str) -> list[Row]:
+    """One row per attack: the victim's p99 under it against its p99 alone."""
+    rows = []
+    for m in re.finditer(rf"^(\w+): .*\n  victim alone: median {NUM} ms, p99 {NUM} ms.*\n"
+                         rf"  victim under attack: median {NUM} ms, p99 {NUM} ms.*\n"
+                         rf"  p99 attack/alone {NUM}x .*?: (met|NOT met)", out, re.M):
+        rows.append(Row(f"a tenant's submit-to-result under attack `{m.group(1)}` (p99)",
+                        f"{m.group(5)} ms", f"alone {m.group(3)} ms", f"{m.group(6)}x",
+                        "<= 3x, nothing unanswered", "yes" if m.group(7) == "met" else "no"))
+    return rows
+
+
 PARSERS: dict[str, Callable[[str], list[Row]]] = {
     "spawn": parse_spawn, "run": parse_run, "kill": parse_kill, "output": parse_output,
     "memory": parse_memory, "cli": parse_cli, "keeper": parse_keeper,
     "isolation": parse_isolation, "serve": parse_serve, "sessions": parse_sessions,
+    "tenants": parse_tenants,
 }
 
 

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 RETRY = 1.0  # seconds before a record write that failed is tried again (doubling to 30 s)
 REPORT_WAIT = 2.0  # seconds a session command's report may stay open after its end
+REPORT_DRAIN = 4  # times MAX_STATE a report's pipe is read at most (the rest: not read)
 
 
 def accepted(d: Daemon, t: DaemonTask, *, reserved: bool) -> None:
@@ -110,14 +111,18 @@ class _Started:
 
 class _Report:
     """A session command's report of what it left (``sessions.py``): a pipe, the task's fd 3,
-    read as it comes (at most ``MAX_STATE`` bytes are kept, the rest drained) so that a large
-    environment never blocks the shell's exit."""
+    read as it comes, so that a large environment never blocks the shell's exit.  At most
+    ``MAX_STATE`` bytes are kept, and at most :data:`REPORT_DRAIN` times that read: past it
+    (a process of the task pumping fd 3) the read end is closed, and once the command's record
+    is due the pipe is let go whoever still holds it (fd 3 handed to a process elsewhere):
+    the daemon holds neither the fd nor its reader past the command's end."""
 
     def __init__(self) -> None:
         self.r, self.w = state_pipe()
         self.data = bytearray()
         self.truncated = False
         self.ended = trio.Event()
+        self.scope = trio.CancelScope()
 
     def close_write(self) -> None:
         if self.w >= 0:
@@ -126,11 +131,16 @@ class _Report:
 
     async def read(self) -> None:
         stream = trio.lowlevel.FdStream(self.r)
+        taken = 0
         try:
-            while chunk := await stream.receive_some(65536):
-                room = MAX_STATE - len(self.data)
-                self.data += chunk[:room]
-                self.truncated = self.truncated or len(chunk) > room
+            with self.scope:
+                while chunk := await stream.receive_some(65536):
+                    taken += len(chunk)
+                    room = MAX_STATE - len(self.data)
+                    self.data += chunk[:room]
+                    self.truncated = self.truncated or len(chunk) > room
+                    if taken > REPORT_DRAIN * MAX_STATE:
+                        break
         except (OSError, trio.ClosedResourceError):
             pass
         finally:
@@ -139,13 +149,15 @@ class _Report:
 
     async def state(self) -> tuple[str, dict[str, str]] | str:
         """What the shell reported, once every writer is gone (the task's processes have all
-        ended when its record exists; an escaped one holding the pipe is waited for briefly)."""
+        ended when its record exists; an escaped one holding the pipe is waited for briefly,
+        then the pipe is let go)."""
         self.close_write()
         with trio.move_on_after(REPORT_WAIT):
             await self.ended.wait()
         if not self.ended.is_set():
+            self.scope.cancel()
             return (f"its report was still held open {REPORT_WAIT:g}s after the command "
-                    f"ended (a process of it outside its cgroup?)")
+                    f"ended (fd 3 handed to a process outside its cgroup?)")
         return parse_state(bytes(self.data), self.truncated)
 
 
@@ -192,6 +204,7 @@ async def run_task(d: Daemon, t: DaemonTask, marked: bool) -> None:
                 reported = await report.state()
             finally:
                 report.close_write()
+                report.scope.cancel()  # (read already, or never to be)
     except Exception as e:
         # the core refused or failed (a bug, or a state nobody planned for): this task ends
         # with a record that says so; the daemon and the other tasks go on

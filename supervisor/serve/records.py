@@ -309,6 +309,9 @@ class Records:
     async def update_session(self, session_id: str, values: dict[str, Any]) -> None:
         await self._write(rows.update_session, session_id, values)
 
+    async def close_session(self, session_id: str, now: float, keep: int) -> None:
+        await self._write(rows.close_session, session_id, now, keep)
+
     async def open_sessions(self) -> list[dict[str, Any]]:
         return await self._call(rows.open_sessions)
 
@@ -316,6 +319,7 @@ class Records:
         return await self._call(rows.get_session, session_id)
 
     async def list_sessions(self, uid: int | None, limit: int) -> list[dict[str, Any]]:
+        """Newest first, without their environments (``env`` None)."""
         return await self._call(rows.list_sessions, uid, limit)
 
     async def notified(self, task_id: str) -> None:

@@ -13,10 +13,11 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "ended_in_session", "execute", "expire",
-           "fair_level", "find_key", "get", "get_session", "held_bytes", "insert",
-           "insert_run", "insert_session", "list_rows", "list_sessions", "open_sessions",
-           "row_of", "runs", "select", "trim_tombstones", "update", "update_session"]
+__all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "close_session", "ended_in_session",
+           "execute", "expire", "fair_level", "find_key", "get", "get_session", "held_bytes",
+           "insert", "insert_run", "insert_session", "list_rows", "list_sessions",
+           "open_sessions", "row_of", "runs", "select", "trim_tombstones", "update",
+           "update_session"]
 
 MAX_TOMBSTONES = 100_000  # expired ids remembered (~50 bytes each); the oldest go first
 COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key", "spec",
@@ -248,6 +249,17 @@ def ended_in_session(db: sqlite3.Connection, seq: int, values: dict[str, Any],
     update_session(db, session_id, session)
 
 
+def close_session(db: sqlite3.Connection, session_id: str, now: float, keep: int) -> None:
+    """Closed now: its environment dropped, and of its uid's closed sessions only the latest
+    ``keep`` kept."""
+    db.execute("UPDATE sessions SET closed_at = ?, env = NULL WHERE seq = ?",
+               (now, int(session_id)))
+    db.execute("DELETE FROM sessions WHERE closed_at IS NOT NULL AND uid = (SELECT uid FROM "
+               "sessions WHERE seq = ?) AND seq NOT IN (SELECT seq FROM sessions WHERE uid = "
+               "(SELECT uid FROM sessions WHERE seq = ?) AND closed_at IS NOT NULL ORDER BY "
+               "seq DESC LIMIT ?)", (int(session_id), int(session_id), keep))
+
+
 def open_sessions(db: sqlite3.Connection) -> list[dict[str, Any]]:
     return select(db, "SELECT * FROM sessions WHERE closed_at IS NULL ORDER BY seq", ())
 
@@ -262,5 +274,6 @@ def get_session(db: sqlite3.Connection, session_id: str) -> dict[str, Any] | Non
 def list_sessions(db: sqlite3.Connection, uid: int | None,
                   limit: int) -> list[dict[str, Any]]:
     clause, args = ("WHERE uid = ?", (uid,)) if uid is not None else ("", ())
-    return select(db, f"SELECT * FROM sessions {clause} ORDER BY seq DESC LIMIT ?",
+    columns = "seq, uid, gid, groups, created_at, closed_at, shell, cwd, NULL AS env, defaults"
+    return select(db, f"SELECT {columns} FROM sessions {clause} ORDER BY seq DESC LIMIT ?",
                   (*args, limit))

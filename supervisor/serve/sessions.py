@@ -33,6 +33,7 @@ __all__ = ["MAX_STATE", "SCRIPT", "Session", "carried_state", "parse_state", "se
 MAX_STATE = 1 << 20  # bytes of a command's reported state read (its directory + environment)
 MAX_SESSIONS_PER_UID = 64  # open sessions a uid may hold
 MAGIC = b"corral-session-state 1\0"
+END = b"corral-session-end\0"  # (after the environment: env(1) listed it whole)
 
 # The shell's side.  $1 is the command; the positional parameters are empty when it runs, as
 # at a prompt.  `command -p env` finds env(1) whatever PATH the command left.
@@ -41,7 +42,8 @@ shift
 __corral_report() {
     __corral_status=$?
     trap - EXIT
-    { printf 'corral-session-state 1\000%s\000' "$PWD" && command -p env -0; } \
+    { printf 'corral-session-state 1\000%s\000' "$PWD" && command -p env -0 &&
+      printf 'corral-session-end\000'; } \
         >&3 2>/dev/null
     exit "$__corral_status"
 }
@@ -113,7 +115,10 @@ def parse_state(data: bytes, truncated: bool) -> tuple[str, dict[str, str]] | st
         return f"its shell's report was over {MAX_STATE} bytes (an environment that large)"
     if not data.startswith(MAGIC):
         return "its shell's report was not one corral wrote (the command wrote to its fd)"
-    cwd_bytes, _, rest = data[len(MAGIC):].partition(b"\0")
+    if not data.endswith(END):
+        return ("its shell could not list its environment (env(1) failed: a variable over "
+                "the kernel's 128 KiB for one?)")
+    cwd_bytes, _, rest = data[len(MAGIC):-len(END)].partition(b"\0")
     try:
         cwd = cwd_bytes.decode()
     except UnicodeDecodeError:

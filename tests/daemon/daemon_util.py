@@ -136,7 +136,7 @@ def read_rows(state: Path, table: str = "tasks") -> list[dict[str, Any]]:
     db = sqlite3.connect(f"file:{state}/state.db?mode=ro", uri=True)
     try:
         db.row_factory = sqlite3.Row
-        order = "seq" if table in ("tasks", "expired") else "id"
+        order = "seq" if table in ("tasks", "expired", "sessions") else "id"
         return [dict(r) for r in db.execute(f"SELECT * FROM {table} ORDER BY {order}")]
     finally:
         db.close()

@@ -204,3 +204,64 @@ def test_a_bad_command_is_refused_naming_its_field(start_daemon: Start,
             with pytest.raises(ApiError) as refused:
                 c.open_session(**bad)
             assert refused.value.status == 400 and refused.value.field == what
+
+
+def test_a_session_costs_its_uid_what_its_environment_weighs(start_daemon: Start,
+                                                             users: list[User]) -> None:
+    """A session's environment (up to 1 MiB, copied into each command's request) was not
+    counted: 100 background commands of a 1 MiB environment were queued against a 16 MiB
+    share, and closed sessions kept their last environment for good (400 MB of records from
+    one uid in 40 s; a listing of 300 of them, 297 MB, stalled everyone)."""
+    d = start_daemon("--max-running-per-uid", "1", "--max-queued-bytes-per-uid", "2M")
+
+    def weigh() -> Any:
+        with Client(d.socket) as c:
+            s = c.open_session()
+            # (five of 120 kB: the kernel takes no single variable over 128 KiB)
+            c.exec(s["id"], "for v in A B C D E; do export $v=$(printf %0120000d 0); done",
+                   wait="20s")
+            c.exec(s["id"], "sleep 30", background=True)  # (runs: the queue holds the rest)
+            answers = []
+            for _ in range(5):
+                try:
+                    c.exec(s["id"], "true", background=True)
+                    answers.append("queued")
+                except ApiError as e:
+                    answers.append(e.code)
+            listed = c.sessions()
+            c.close_session(s["id"])
+            for _ in range(103):  # (open and closed: a uid keeps its latest 100)
+                c.close_session(c.open_session()["id"])
+            return answers, [x["env"] for x in listed], len(c.sessions(limit=1000))
+
+    answers, listed_env, kept = as_user(users[0], weigh)
+    assert answers[:3] == ["queued"] * 3 and "queue_full" in answers[3:], answers
+    assert listed_env == [None]  # (a listing carries no environment)
+    assert kept == 100
+    rows = {r["seq"]: r for r in d.rows("sessions")}
+    assert all(r["env"] is None for r in rows.values() if r["closed_at"] is not None)
+
+
+def test_a_command_pumping_its_report_pipe_is_cut_off(start_daemon: Start) -> None:
+    """A process writing to fd 3 for ever had the daemon read it all (36 GiB in 20 s, half a
+    core of the event loop): the pipe is read up to 4 MiB, then closed."""
+    d = start_daemon()
+    with d.client() as c:
+        s = c.open_session()
+        answer = c.exec(s["id"], "head -c 100000000 /dev/zero >&3; echo head $?", wait="30s")
+    assert stdout_of(answer) == "head 141\n"  # (SIGPIPE: nobody reads fd 3 any more)
+    assert "nothing" in answer["carried"]
+
+
+def test_an_environment_env_cannot_list_carries_nothing_and_keeps_the_last(
+        start_daemon: Start) -> None:
+    """A variable over the kernel's 128 KiB for one string makes env(1) unable to start: the
+    report had no environment, and the session lost all of it (HOME, PATH... "unset")."""
+    d = start_daemon()
+    with d.client() as c:
+        s = c.open_session(env={"KEEP": "1"})
+        c.exec(s["id"], "export A=1", wait="10s")
+        answer = c.exec(s["id"], "export HUGE=$(printf %0200000d 0)", wait="10s")
+        assert "could not list its environment" in answer["carried"]["nothing"]
+        after = c.exec(s["id"], "echo $A $KEEP ${HUGE:+huge}", wait="10s")
+    assert stdout_of(after) == "1 1\n"

@@ -19,6 +19,7 @@ environment, as the caller): a session gives a tenant nothing a task would not.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from ..state import Daemon
 
 DEFAULT_SHELLS = ("/bin/bash", "/bin/sh")
+KEEP_CLOSED = 100  # closed sessions a uid's records keep (the oldest go)
 
 
 async def create(d: Daemon, req: Request) -> Response:
@@ -67,9 +69,10 @@ async def create(d: Daemon, req: Request) -> Response:
 
 
 async def list_sessions(d: Daemon, req: Request) -> Response:
+    """Newest first, each without its environment (``GET /v1/sessions/ID`` has it)."""
     limit = query_int(req.query, "limit", 100, 1, 1000)
     rows = await d.records.list_sessions(None if req.peer.is_root else req.peer.uid, limit)
-    return json_response(200, {"sessions": [_json(d, row) for row in rows]})
+    return json_response(200, {"sessions": [{**_json(d, row), "env": None} for row in rows]})
 
 
 async def show(d: Daemon, req: Request, id: str) -> Response:
@@ -89,7 +92,8 @@ async def close(d: Daemon, req: Request, id: str) -> Response:
         if t is not None and (stop_queued(d, t) or t.stop(False)):
             stopped.append(task_id)
     s.closed_at = time.time()
-    await d.records.update_session(id, {"closed_at": s.closed_at})
+    # (a closed session keeps no environment; a uid keeps its latest closed ones only)
+    await d.records.close_session(id, s.closed_at, KEEP_CLOSED)
     del d.sessions[id]
     return json_response(200, {**s.to_json(), "stopped": stopped})
 
@@ -116,7 +120,9 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
         raise ApiError(409, "busy", f"session {id} is running a command (task {s.current}); "
                        f"wait for it (GET /v1/tasks/{s.current}/wait), stop it, or run this "
                        f"one with \"background\": true", "command")
-    earlier, t = await accept(d, req.peer, r, len(req.body))
+    # (its size as held and recorded: the body, and the environment the session adds to it)
+    size = len(req.body) + (len(json.dumps(env)) if env else 0)
+    earlier, t = await accept(d, req.peer, r, size)
     if earlier is not None:
         return json_response(200, earlier)
     assert t is not None
