@@ -344,10 +344,12 @@ class Client:
             time.sleep(0.1)
 
     def output(self, task_id: str, stream: str = "stdout", offset: int = 0,
-               follow: bool = False) -> Iterator[Frame]:
-        """NDJSON frames (see :class:`Frame`): data with its offset, gaps, and the end."""
+               follow: bool = False, tail: int | None = None) -> Iterator[Frame]:
+        """NDJSON frames (see :class:`Frame`): data with its offset, gaps, and the end;
+        ``tail``: from the last ``tail`` bytes held instead of ``offset``."""
         query = urlencode({"stream": stream, "offset": offset,
-                           "follow": "true" if follow else "false"})
+                           "follow": "true" if follow else "false",
+                           **({} if tail is None else {"tail": tail})})
         for line in self._stream(f"/v1/tasks/{quote(task_id)}/output?{query}"):
             yield parse_frame(line)
 
@@ -364,6 +366,10 @@ class Client:
         foreground process group): not a stop.  ApiError 409 if it is not running."""
         _, obj = self._call("POST", f"/v1/tasks/{quote(task_id)}/signal", {"signal": sig})
         return dict(obj)
+
+    def resize(self, task_id: str, rows: int, cols: int) -> None:
+        """Set a terminal task's window size (submitted with ``tty={"rows", "cols"}``)."""
+        self._call("POST", f"/v1/tasks/{quote(task_id)}/resize", {"rows": rows, "cols": cols})
 
     # ---- sessions ----------------------------------------------------------------------------
 

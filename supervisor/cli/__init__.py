@@ -39,7 +39,9 @@ VERBS: dict[str, str] = {
     "show": ".show",
     "wait": ".wait",
     "logs": ".logs",
+    "attach": ".attach",
     "stop": ".stop",
+    "signal": ".signal",
     "mcp": ".mcp",
 }
 

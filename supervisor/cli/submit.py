@@ -33,6 +33,9 @@ def add_parser(sub: Any) -> None:
                        usage="corral submit [OPTIONS] -- CMD [ARGS...]",
                        description="Submit CMD to the corral daemon; print its task id.")
     p.add_argument("--wait", action="store_true", help="wait; exit with the task's status")
+    p.add_argument("-t", "--tty", action="store_true",
+                   help="a terminal of its own, this terminal's size, and attach this terminal "
+                        "to it (corral attach: detach with Ctrl-], q; it goes on)")
     p.add_argument("-f", "--follow", action="store_true",
                    help="stream its output until it ends (implies --wait)")
     p.add_argument("--time-limit", metavar="DURATION")
@@ -157,9 +160,20 @@ def main(args: argparse.Namespace) -> int:
     if not command:
         die("no command given: corral submit [OPTIONS] -- CMD [ARGS...]")
     options = _options(args)
+    if args.tty:
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            die("-t needs a terminal on stdin and stdout (it attaches it to the task)")
+        import os
+
+        size = os.get_terminal_size(1)  # (a terminal never sized says 0 x 0: then 24 x 80)
+        options["tty"] = {"rows": size.lines or 24, "cols": size.columns or 80}
 
     def body(client: Any) -> int:
         task = client.submit(command, **options)
+        if args.tty:
+            from .attach import attach, detach_sequence
+
+            return attach(client, task.id, detach_sequence("ctrl-],q"))
         if not (args.wait or args.follow):
             print(task.id)
             return 0

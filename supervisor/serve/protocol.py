@@ -307,12 +307,13 @@ class SubmitRequest(NamedTuple):
     # "command", "background", "exact_env"}``; ``exact_env``: ``env`` is the whole
     # environment (carried from the command before), no login-like base under it
     session: dict[str, Any] | None = None
+    tty: dict[str, int] | None = None  # {"rows", "cols"}: a pseudo-terminal of its own
 
     def to_json(self) -> dict[str, Any]:
         """The request as JSON (what a client sends, what the daemon records)."""
         out: dict[str, Any] = {"argv": list(self.argv)}
         for key in ("env", "cwd", "time_limit", "grace", "stop_signal", "properties", "name",
-                    "idempotency_key", "session"):
+                    "idempotency_key", "session", "tty"):
             value = getattr(self, key)
             if value is not None and value != {}:
                 out[key] = value
@@ -325,7 +326,23 @@ class SubmitRequest(NamedTuple):
         return out
 
 
-SUBMIT_FIELDS = (*SubmitRequest._fields[:8], "stdin", "idempotency_key")
+SUBMIT_FIELDS = (*SubmitRequest._fields[:8], "stdin", "idempotency_key", "tty")
+MAX_TTY = 10000  # rows or columns of a task's terminal
+
+
+def parse_tty(obj: dict[str, Any]) -> dict[str, int] | None:
+    """``"tty": {"rows": 24, "cols": 80}`` (``true``: 24 x 80); None without one."""
+    value = obj.get("tty")
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {"rows": 24, "cols": 80}
+    if isinstance(value, dict) and set(value) == {"rows", "cols"} and all(
+            isinstance(value[k], int) and not isinstance(value[k], bool)
+            and 1 <= value[k] <= MAX_TTY for k in ("rows", "cols")):
+        return {"rows": value["rows"], "cols": value["cols"]}
+    raise invalid("tty", f"tty must be true or {{\"rows\": 24, \"cols\": 80}} (each 1 to "
+                         f"{MAX_TTY}), got {_show(value)}")
 
 
 def parse_submit(obj: Any, *, recorded: bool = False) -> SubmitRequest:
@@ -349,7 +366,7 @@ def parse_submit(obj: Any, *, recorded: bool = False) -> SubmitRequest:
         time_limit=_duration(obj, "time_limit"), grace=_duration(obj, "grace"),
         stop_signal=signal, properties=_string_map(obj, "properties", numbers=True),
         name=_string(obj, "name"), stdin=stdin, stdin_data=stdin_data,
-        idempotency_key=_string(obj, "idempotency_key"), session=session)
+        idempotency_key=_string(obj, "idempotency_key"), session=session, tty=parse_tty(obj))
 
 
 MAX_WAIT = 3600.0  # seconds a request may wait for its task (a long poll: wait again)
@@ -413,10 +430,11 @@ class ExecRequest(NamedTuple):
     stdin: str | None = None
     stdin_data: bytes | None = None
     idempotency_key: str | None = None
+    tty: dict[str, int] | None = None
 
 
 EXEC_FIELDS = ("command", "background", "time_limit", "grace", "name", "stdin",
-               "idempotency_key")
+               "idempotency_key", "tty")
 
 
 def parse_exec(obj: Any) -> ExecRequest:
@@ -435,7 +453,15 @@ def parse_exec(obj: Any) -> ExecRequest:
     stdin, stdin_data = _stdin(obj)
     return ExecRequest(command, background, _duration(obj, "time_limit"),
                        _duration(obj, "grace"), _string(obj, "name"), stdin, stdin_data,
-                       _string(obj, "idempotency_key"))
+                       _string(obj, "idempotency_key"), parse_tty(obj))
+
+
+def parse_resize(obj: Any) -> tuple[int, int]:
+    """``{"rows": 40, "cols": 120}`` -> (rows, cols)."""
+    obj = _object(obj, "the request body")
+    tty = parse_tty({"tty": obj})
+    assert tty is not None
+    return tty["rows"], tty["cols"]
 
 
 SIGNALS = ("INT", "QUIT", "HUP", "TERM", "USR1", "USR2", "WINCH", "CONT")

@@ -41,6 +41,8 @@ def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], roo
     1024)."""
     import supervisor
 
+    if r.tty is not None and r.stdin is None and r.stdin_data is None:
+        r = r._replace(stdin="pipe")  # (a terminal's keys come later: POST .../stdin)
     if r.stdin == "pipe" and not stdin_pipes:
         raise ApiError(400, "unsupported", "stdin \"pipe\" is not supported by this corral "
                        "build yet; give the bytes at submission: {\"text\": \"...\"}", "stdin")
@@ -58,6 +60,8 @@ def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], roo
         if isolation is not None:
             options["isolation"] = isolation  # what was asked, as the submitter
         stdin: Any = "pipe" if r.stdin == "pipe" else r.stdin_data
+        if r.tty is not None:
+            options.update(tty=True, tty_size=(r.tty["rows"], r.tty["cols"]))
         spec = supervisor.TaskSpec(
             tuple(r.argv), inherit_env=False, cwd=options.pop("cwd", "/"), stdin=stdin,
             name=r.name, log_file=log_file, log_max_bytes=output_cap, **options)

@@ -265,3 +265,144 @@ def test_an_environment_env_cannot_list_carries_nothing_and_keeps_the_last(
         assert "could not list its environment" in answer["carried"]["nothing"]
         after = c.exec(s["id"], "echo $A $KEEP ${HUGE:+huge}", wait="10s")
     assert stdout_of(after) == "1 1\n"
+
+
+def test_a_terminal_task_takes_keys_resizes_and_its_repl_survives_an_interrupt(
+        start_daemon: Start, users: list[User]) -> None:
+    d = start_daemon()
+
+    def terminal() -> Any:
+        with Client(d.socket) as c:
+            t = c.submit(["sh", "-c", "stty size; read x; stty size; exec python3 -i -q"],
+                         tty={"rows": 30, "cols": 100})
+
+            def screen() -> str:
+                return b"".join(f.data for f in c.output(t.id) if f.kind == "data").decode(
+                    errors="replace")
+
+            wait_for(lambda: "30 100" in screen(), "the first size")
+            c.resize(t.id, 40, 120)
+            c.write_stdin(t.id, b"\n")
+            wait_for(lambda: "40 120" in screen() and ">>> " in screen(), "the REPL")
+            c.write_stdin(t.id, b"import time; time.sleep(30)\n")
+            time.sleep(0.3)
+            sent = c.signal(t.id, "INT")
+            wait_for(lambda: "KeyboardInterrupt" in screen(), "the interrupt")
+            c.write_stdin(t.id, b"print(6 * 7)\n")
+            wait_for(lambda: "42" in screen(), "the REPL going on")
+            c.write_stdin(t.id, b"exit()\n")
+            info = c.wait(t.id)
+            return sent, info.outcome, info.result["signals"], info.result["output"]["stdout"]
+
+    sent, outcome, signals, stdout = as_user(users[0], terminal)
+    assert sent["to"] == "foreground" and outcome == "succeeded"
+    assert [s["to"] for s in signals] == ["foreground"]
+    assert stdout["total_bytes"] > 0
+
+
+@pytest.mark.parametrize("tty", [{"rows": 0, "cols": 80}, {"rows": 24}, "yes",
+                                 {"rows": 24, "cols": 80.5}])
+def test_a_bad_terminal_is_refused(start_daemon: Start, tty: Any) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        with pytest.raises(ApiError) as refused:
+            c.submit(["true"], tty=tty)
+        assert refused.value.status == 400 and refused.value.field == "tty"
+        t = c.submit(["true"])
+        c.wait(t.id)
+        with pytest.raises(ApiError) as no_tty:
+            c.resize(t.id, 10, 10)
+        assert no_tty.value.status == 409
+
+
+def test_corral_signal_sends_one_and_refuses_a_kill(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["sh", "-c", "trap 'echo got HUP; exit 3' HUP; echo ready; "
+                                  "while :; do sleep 0.05; done"])
+        wait_for(lambda: any(f.kind == "data" for f in c.output(t.id)), "the task to run")
+    sent = d.corral("signal", t.id, "sighup", check=True)
+    assert f"task {t.id}: SIGHUP sent to its tree" in sent.stderr.decode()
+    with d.client() as c:
+        info = c.wait(t.id)
+    assert info.exit_status == 3 and info.result["signals"][0]["signal_name"] == "SIGHUP"
+    refused = d.corral("signal", t.id, "KILL")
+    assert refused.returncode == 125 and b"invalid choice" in refused.stderr
+    late = d.corral("signal", t.id, "INT")
+    assert late.returncode == 125 and b"is finished" in late.stderr
+
+
+class _Pty:
+    """``corral ARGS`` on a pseudo-terminal of the test's: what it shows, keys to type."""
+
+    def __init__(self, d: RunningDaemon, *args: str) -> None:
+        import os
+        import subprocess
+
+        from daemon_util import CORRAL
+
+        self.master, slave = os.openpty()
+        env = dict(os.environ, CORRAL_SOCKET=d.socket)
+        self.proc = subprocess.Popen([*CORRAL, *args], stdin=slave, stdout=slave,
+                                     stderr=slave, env=env, start_new_session=True)
+        os.close(slave)
+        self.seen = b""
+
+    def read_until(self, what: bytes, timeout: float = 20) -> bytes:
+        import os
+        import select
+
+        deadline = time.monotonic() + timeout
+        while what not in self.seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"never saw {what!r} in {self.seen[-500:]!r}"
+            if select.select([self.master], [], [], left)[0]:
+                try:
+                    self.seen += os.read(self.master, 65536)
+                except OSError:  # (the other side closed)
+                    break
+        return self.seen
+
+    def type(self, keys: bytes) -> None:
+        import os
+
+        os.write(self.master, keys)
+
+    def close(self) -> int:
+        import os
+
+        status = self.proc.wait(20)
+        os.close(self.master)
+        return status
+
+
+def test_attach_detach_and_reattach_to_a_repl(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["python3", "-i", "-q"], tty={"rows": 24, "cols": 80})
+    first = _Pty(d, "attach", t.id)
+    first.read_until(b">>> ")
+    first.type(b"print(6 * 7)\r")
+    first.read_until(b"42")
+    first.type(b"\x1dq")  # Ctrl-], q
+    first.read_until(b"detached")
+    assert first.close() == 0
+    with d.client() as c:
+        assert c.show(t.id).state == "running"  # (detached: it goes on)
+    again = _Pty(d, "attach", t.id)
+    again.read_until(b"42")  # (the recent screen, from the kept output)
+    again.type(b"\x03")  # a Ctrl-C is a key: the REPL's, not attach's
+    again.read_until(b"KeyboardInterrupt")
+    again.type(b"exit(3)\r")
+    assert again.close() == 3
+    with d.client() as c:
+        assert c.wait(t.id).exit_status == 3
+
+
+def test_submit_t_runs_on_this_terminal(start_daemon: Start) -> None:
+    d = start_daemon()
+    term = _Pty(d, "submit", "-t", "--", "sh", "-c", "stty size; read x; echo got $x")
+    term.read_until(b"24 80")
+    term.type(b"hello\r")
+    term.read_until(b"got hello")
+    assert term.close() == 0

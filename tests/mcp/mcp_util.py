@@ -70,8 +70,10 @@ async def open_host(cgroup: cgroupfs.Cgroup, errlog: Path, *options: str,
     """A server on the daemon at ``socket``, else in-process rooted in ``cgroup``."""
     where = ["--socket", socket] if socket is not None else ["--local", "--cgroup-root",
                                                                cgroup.path]
+    # (cwd /: the installed corral, never a checkout's source tree, which has no native part
+    # in CI's clean clone)
     params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "supervisor.mcp", *where, *options])
+                                   args=["-m", "supervisor.mcp", *where, *options], cwd="/")
     with open(errlog, "a") as err:
         async with stdio_client(params, errlog=err) as (r, w), ClientSession(r, w) as session:
             init = await session.initialize()

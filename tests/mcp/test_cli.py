@@ -31,7 +31,7 @@ def test_corral_mcp_help_names_the_backends_and_the_options() -> None:
 async def test_a_host_starts_corral_mcp_local_and_runs_a_command(
         test_cgroup: cgroupfs.Cgroup, tmp_path: Path) -> None:
     params = StdioServerParameters(command=CORRAL[0], args=[
-        *CORRAL[1:], "mcp", "--local", "--cgroup-root", test_cgroup.path])
+        *CORRAL[1:], "mcp", "--local", "--cgroup-root", test_cgroup.path], cwd="/")
     with open(tmp_path / "err", "w") as err, trio.fail_after(HANG):
         async with stdio_client(params, errlog=err) as (r, w), ClientSession(r, w) as s:
             init = await s.initialize()

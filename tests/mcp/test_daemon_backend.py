@@ -70,7 +70,7 @@ async def test_the_descriptions_carry_the_daemons_ceiling(start_daemon: Start,
 
 async def _instructions(env: dict[str, str], tmp_path: Path, *args: str) -> str:
     params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "supervisor.mcp", *args], env=env)
+                                   args=["-m", "supervisor.mcp", *args], env=env, cwd="/")
     with open(tmp_path / "err", "a") as err:
         async with stdio_client(params, errlog=err) as (r, w), ClientSession(r, w) as s:
             return (await s.initialize()).instructions or ""

@@ -243,7 +243,7 @@ def test_bad_options_are_refused_before_anything_runs(test_cgroup: cgroupfs.Cgro
         root = [] if "--socket" in options else ["--cgroup-root", test_cgroup.path]
         done = subprocess.run([sys.executable, "-m", "supervisor.mcp", *root, *options],
                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=HANG)
+                              timeout=HANG, cwd="/")
         assert done.returncode == status and words in done.stderr, (options, done.stderr)
     assert_nothing_left(test_cgroup)
 
@@ -283,7 +283,8 @@ def test_stdin_eof_stops_what_it_started_and_exits(test_cgroup: cgroupfs.Cgroup,
     with open(tmp_path / "err", "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor.mcp", "--local", "--cgroup-root",
-             test_cgroup.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+             test_cgroup.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            cwd="/")
     try:
         _send(proc, {"id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},

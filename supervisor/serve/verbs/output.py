@@ -1,4 +1,5 @@
-"""``GET /v1/tasks/ID/output?stream=stdout&offset=N&follow=true``: NDJSON frames.
+"""``GET /v1/tasks/ID/output?stream=stdout&offset=N&follow=true``: NDJSON frames
+(``tail=N`` instead of ``offset``: from the last N bytes held).
 
 Every byte a task writes goes to its output file in the state directory (the core's
 ``log_file``, lossless up to ``--output-cap``), so any offset the file holds can be read again:
@@ -44,13 +45,25 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
     if stream not in ("stdout", "stderr"):
         raise invalid("stream", f"?stream= must be stdout or stderr, got {stream!r}")
     offset = query_int(req.query, "offset", 0)
+    tail = query_int(req.query, "tail", 0) if "tail" in req.query else None
     follow = query_bool(req.query, "follow")
     t = d.find(req.peer, id)
     if t is None:
         row = await d.find_row(req.peer, id)
         path = os.path.join(d.output_dir, row["id"])
+        if tail is not None:
+            offset = _tail_offset(stream_path(path, stream), tail)
         return Streaming(200, _Recorded(row, stream, offset, path).produce)
+    if tail is not None:  # (the last ``tail`` bytes held: a reattaching terminal's screen)
+        offset = _tail_offset(stream_path(t.output, stream), tail)
     return Streaming(200, _Follower(t, stream, offset, follow).produce)
+
+
+def _tail_offset(path: str, tail: int) -> int:
+    try:
+        return max(0, os.stat(path).st_size - tail)
+    except OSError:
+        return 0
 
 
 class _Wake:

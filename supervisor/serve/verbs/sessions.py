@@ -113,7 +113,7 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
         time_limit=e.time_limit if e.time_limit is not None else s.defaults.get("time_limit"),
         grace=e.grace if e.grace is not None else s.defaults.get("grace"),
         properties=s.defaults.get("properties"), name=e.name, stdin=e.stdin,
-        stdin_data=e.stdin_data, idempotency_key=e.idempotency_key,
+        stdin_data=e.stdin_data, idempotency_key=e.idempotency_key, tty=e.tty,
         session={"id": s.id, "command": e.command, "background": e.background,
                  "exact_env": s.env is not None})
     if not e.background and s.current is not None and not await _resent(d, req, r):

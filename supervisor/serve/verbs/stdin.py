@@ -24,7 +24,8 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     if t is None:
         await d.find_row(req.peer, id)  # 404 if not theirs
         raise _finished(id)
-    if t.request.stdin != "pipe":
+    if t.request.stdin != "pipe" and not (t.request.tty is not None
+                                          and t.request.stdin_data is None):
         raise ApiError(409, "no_stdin_pipe", f"task {id} was not submitted with \"stdin\": "
                        f"\"pipe\"; its stdin is fixed", "stdin")
     await t.started.wait()
