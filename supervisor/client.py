@@ -388,13 +388,8 @@ class Client:
         """Run ``command`` in the session (``wait``, ``background``, ``time_limit``, ``grace``,
         ``stdin=b"..."``, ``name``, ``idempotency_key``): the task as the daemon answers it
         (with ``wait``: finished, with its result, or still running with the output so far)."""
-        body = dict(options)
-        if isinstance(body.get("stdin"), bytes | bytearray):
-            import base64
-
-            body["stdin"] = {"base64": base64.b64encode(body["stdin"]).decode("ascii")}
         _, obj = self._call("POST", f"/v1/sessions/{quote(session_id)}/exec",
-                            {"command": command, **body}, ok=(200, 201, 202))
+                            _exec_body(command, options), ok=(200, 201, 202))
         return dict(obj)
 
     def close_session(self, session_id: str) -> dict[str, Any]:
@@ -503,6 +498,17 @@ def _request_bytes(method: str, path: str, body: bytes | None, content_type: str
     if body is not None:
         head += f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
     return head.encode() + b"\r\n" + (body or b"")
+
+
+def _exec_body(command: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A session command's request body (stdin bytes as base64, a number ``wait`` as
+    seconds)."""
+    body = {"command": command, **options}
+    if isinstance(body.get("stdin"), bytes | bytearray):
+        import base64
+
+        body["stdin"] = {"base64": base64.b64encode(body["stdin"]).decode("ascii")}
+    return body
 
 
 class Session:
@@ -785,6 +791,36 @@ class AsyncClient:
     async def write_stdin(self, task_id: str, data: bytes, eof: bool = False) -> None:
         path = f"/v1/tasks/{quote(task_id)}/stdin?eof={'true' if eof else 'false'}"
         await self._again(self._post_bytes, path, data, unreachable=False)
+
+    async def signal(self, task_id: str, sig: str) -> dict[str, Any]:
+        """As :meth:`Client.signal`."""
+        _, obj = await self._call("POST", f"/v1/tasks/{quote(task_id)}/signal",
+                                  {"signal": sig})
+        return dict(obj)
+
+    async def resize(self, task_id: str, rows: int, cols: int) -> None:
+        await self._call("POST", f"/v1/tasks/{quote(task_id)}/resize",
+                         {"rows": rows, "cols": cols})
+
+    async def open_session(self, **options: Any) -> dict[str, Any]:
+        """As :meth:`Client.open_session`."""
+        _, obj = await self._call("POST", "/v1/sessions", options)
+        return dict(obj)
+
+    async def exec(self, session_id: str, command: str, **options: Any) -> dict[str, Any]:
+        """As :meth:`Client.exec` (``wait``: answered at the task's end or the bound)."""
+        body = _exec_body(command, options)
+        _, obj = await self._call("POST", f"/v1/sessions/{quote(session_id)}/exec", body,
+                                  ok=(200, 201, 202))
+        return dict(obj)
+
+    async def close_session(self, session_id: str) -> dict[str, Any]:
+        _, obj = await self._call("DELETE", f"/v1/sessions/{quote(session_id)}")
+        return dict(obj)
+
+    async def show_session(self, session_id: str) -> dict[str, Any]:
+        _, obj = await self._call("GET", f"/v1/sessions/{quote(session_id)}")
+        return dict(obj)
 
     async def _post_bytes(self, path: str, data: bytes) -> None:
         status, headers = await self._request("POST", path, data, "application/octet-stream",

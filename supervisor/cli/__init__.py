@@ -42,6 +42,7 @@ VERBS: dict[str, str] = {
     "attach": ".attach",
     "stop": ".stop",
     "signal": ".signal",
+    "session": ".session",
     "mcp": ".mcp",
 }
 

@@ -52,3 +52,27 @@ async def test_async_client_survives_an_abandoned_stream(start_daemon: Start) ->
             assert event == {"subscribed": True}
             break
         assert (await c.wait(task.id)).outcome == "cancelled"
+
+
+async def test_async_client_sessions_signals_and_terminals(start_daemon: Start) -> None:
+    d = await trio.to_thread.run_sync(start_daemon)
+    async with AsyncClient(d.socket) as c:
+        s = await c.open_session(cwd="/")
+        first = await c.exec(s["id"], "cd /usr && export X=1", wait="10s")
+        assert first["carried"] == {"cwd": "/usr", "set": ["X"], "unset": []}
+        second = await c.exec(s["id"], "echo $X $PWD", wait="10s", stdin=b"unused")
+        assert second["result"]["output"]["stdout"]["head"] == "1 /usr\n"
+        running = await c.exec(s["id"], "trap 'echo got INT; exit 4' INT; echo up; "
+                                        "while :; do sleep 0.05; done", wait="0.5s")
+        assert running["state"] == "running"
+        assert (await c.signal(running["id"], "INT"))["signal"] == "SIGINT"
+        assert (await c.wait(running["id"])).exit_status == 4
+        tty = await c.submit(["sh", "-c", "read x; stty size"], tty={"rows": 5, "cols": 7})
+        while (await c.show(tty.id)).state != "running":
+            await trio.sleep(0.02)
+        await c.resize(tty.id, 9, 33)
+        await c.write_stdin(tty.id, b"\n")
+        done = await c.wait(tty.id)
+        assert "9 33" in done.result["output"]["stdout"]["head"]
+        closed = await c.close_session(s["id"])
+        assert closed["state"] == "closed" and (await c.show_session(s["id"]))["env"] is None

@@ -406,3 +406,21 @@ def test_submit_t_runs_on_this_terminal(start_daemon: Start) -> None:
     term.type(b"hello\r")
     term.read_until(b"got hello")
     assert term.close() == 0
+
+
+def test_corral_session_from_the_shell(start_daemon: Start) -> None:
+    d = start_daemon()
+    opened = d.corral("session", "open", "--cwd", "/", "-E", "GREETING=hi", check=True)
+    sid = opened.stdout.decode().strip()
+    d.corral("session", "exec", sid, "--", "cd /usr && export WHO=me", check=True)
+    ran = d.corral("session", "exec", sid, "--", 'echo "$GREETING $WHO $PWD"; exit 3')
+    assert ran.returncode == 3 and ran.stdout == b"hi me /usr\n"
+    slow = d.corral("session", "exec", "--wait", "0.5s", sid, "--", "echo begun; sleep 30")
+    assert slow.returncode == 0 and slow.stdout.startswith(b"begun")
+    assert b"still running" in slow.stderr
+    listed = d.corral("session", "ls", check=True).stdout.decode()
+    assert listed.split()[:2] == [sid, "open"] and "running" in listed
+    closed = d.corral("session", "close", sid, check=True)
+    assert b"closed; stopped" in closed.stderr
+    shown = json.loads(d.corral("session", "show", sid, check=True).stdout)
+    assert shown["state"] == "closed" and shown["cwd"] == "/usr"
