@@ -126,6 +126,15 @@ def test_a_session_is_its_owners_alone(start_daemon: Start, users: list[User]) -
     assert answers == [404, 404, 404] and listed == []
     assert as_user(users[0], lambda: Client(d.socket).show_session(opened["id"]))["state"] \
         == "open"
+    # root sees it, and may close it, but never runs in it: its owner chose its environment
+    as_user(users[0], lambda: Client(d.socket).exec(opened["id"], "export LD_PRELOAD=/x.so",
+                                                    wait="10s"))
+    with d.client() as c:
+        assert c.show_session(opened["id"])["env"]["LD_PRELOAD"] == "/x.so"
+        with pytest.raises(ApiError) as refused:
+            c.exec(opened["id"], "id -u")
+        assert refused.value.status == 403 and "only its owner" in refused.value.message
+        assert c.close_session(opened["id"])["state"] == "closed"
 
 
 def test_a_session_survives_a_restart_of_the_daemon(start_daemon: Start) -> None:

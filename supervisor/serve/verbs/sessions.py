@@ -102,7 +102,12 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
     obj = parse_json_body(req.body)
     wait = pop_wait(obj)
     e = parse_exec(obj)
-    await _row(d, req, id)
+    row = await _row(d, req, id)
+    if row["uid"] != req.peer.uid:
+        # (root may see and close a tenant's session, never run in it: the tenant chose its
+        # directory and environment, LD_PRELOAD included, and the command would run as root)
+        raise ApiError(403, "forbidden", f"session {id} is uid {row['uid']}'s: only its owner "
+                       f"runs commands in it; open a session of your own")
     s = d.sessions.get(id)
     if s is None:
         raise ApiError(409, "closed", f"session {id} is closed: it takes no more commands; "
