@@ -123,9 +123,11 @@ def test_a_stop_whose_answer_was_lost_is_reported_not_sent_again(
     caller's one request into two."""
     _, r = relay
     with Client(r.path, timeout=30) as c:
-        t = c.submit(["sh", "-c", "trap 'echo got TERM; sleep 1; exit 3' TERM; sleep 60 & "
-                                  "wait"], grace="20s")
-        wait_for(lambda: c.show(t.id).state == "running", "the task to run")
+        t = c.submit(["sh", "-c", "trap 'echo got TERM; sleep 1; exit 3' TERM; echo ready; "
+                                  "sleep 60 & wait"], grace="20s")
+        # (its trap set: a stop 2 ms after the spawn found none, and the task died at once)
+        wait_for(lambda: b"ready" in b"".join(f.data for f in c.output(t.id)
+                                              if f.kind == "data"), "the task's trap")
         r.lose = 1
         with pytest.raises(DaemonUnavailable, match="may or may not have been done"):
             c.stop(t.id)
