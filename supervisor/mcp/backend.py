@@ -107,6 +107,22 @@ class Backend(Protocol):
         ...
 
 
+def session_cwd(request: SessionRequest) -> str:
+    """A new session's working directory (the server's own if none is asked), after checking
+    it and the environment asked for; Refused naming what is wrong."""
+    import os
+
+    cwd = os.path.abspath(request.cwd) if request.cwd is not None else os.getcwd()
+    if not os.path.isdir(cwd):
+        raise Refused(f"cwd {request.cwd!r} is not a directory here; give an existing "
+                      f"directory (an absolute path)")
+    for key, value in request.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise Refused(f"env name {key!r} must be non-empty, without '=' or NUL, and its "
+                          f"value without NUL")
+    return cwd
+
+
 def whole_characters(data: bytes) -> bytes:
     """``data`` without a UTF-8 sequence its end cut short (the next read starts there)."""
     for back in range(1, min(4, len(data)) + 1):

@@ -41,6 +41,7 @@ from .backend import (
     Refused,
     RunRequest,
     SessionRequest,
+    session_cwd,
     whole_characters,
 )
 from .local import DEFAULT_SESSION, KEEP, property_options, usable_shell
@@ -135,14 +136,7 @@ class DaemonBackend:
         return self._session_view(obj, 0)
 
     async def _open(self, request: SessionRequest, name: str | None) -> dict[str, Any]:
-        cwd = os.path.abspath(request.cwd) if request.cwd is not None else os.getcwd()
-        if not os.path.isdir(cwd):
-            raise Refused(f"cwd {request.cwd!r} is not a directory here; give an existing "
-                          f"directory (an absolute path)")
-        for key, value in request.env.items():
-            if not key or "=" in key or "\0" in key or "\0" in value:
-                raise Refused(f"env name {key!r} must be non-empty, without '=' or NUL, and "
-                              f"its value without NUL")
+        cwd = session_cwd(request)
         options = {**self._session_options, "cwd": cwd, "env": dict(request.env) or None}
         obj = await self._call(lambda c: c.open_session(
             **{k: v for k, v in options.items() if v is not None}))

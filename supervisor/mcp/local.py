@@ -56,6 +56,7 @@ from .backend import (
     Refused,
     RunRequest,
     SessionRequest,
+    session_cwd,
     whole_characters,
 )
 
@@ -132,14 +133,7 @@ class LocalBackend:
         if len(self._sessions) >= MAX_SESSIONS_PER_UID:
             raise Refused(f"this server holds {MAX_SESSIONS_PER_UID} sessions already, the "
                           f"most it opens; run in one of them (list shows them)")
-        cwd = os.path.abspath(request.cwd) if request.cwd is not None else os.getcwd()
-        if not os.path.isdir(cwd):
-            raise Refused(f"cwd {request.cwd!r} is not a directory here; give an existing "
-                          f"directory (an absolute path)")
-        for name, value in request.env.items():
-            if not name or "=" in name or "\0" in name or "\0" in value:
-                raise Refused(f"env name {name!r} must be non-empty, without '=' or NUL, and "
-                              f"its value without NUL")
+        cwd = session_cwd(request)
         env = {**os.environ, **request.env}
         session = Session(session_id, os.getuid(), os.getgid(), tuple(os.getgroups()),
                           shell=self._shell, cwd=cwd, env=env, defaults={},

@@ -12,27 +12,14 @@ import trio
 
 from ..daemontask import row_json
 from ..http import Request, Response, json_response
-from ..protocol import invalid
+from ..protocol import wait_duration
 
 if TYPE_CHECKING:
     from ..state import Daemon
 
-MAX_WAIT = 3600.0
-
 
 def _timeout(text: str | None) -> float:
-    if text is None:
-        return 30.0
-    from ...syntax import UnitsError, parse_duration
-
-    try:
-        value = parse_duration(text, "timeout", allow_zero=True)
-    except UnitsError as e:
-        raise invalid("timeout", str(e)) from None
-    if value > MAX_WAIT:
-        raise invalid("timeout", f"timeout must be at most 1h, got {text!r}; wait again "
-                      f"after it passes")
-    return value
+    return 30.0 if text is None else wait_duration(text, "timeout")
 
 
 async def handle(d: Daemon, req: Request, id: str) -> Response:
