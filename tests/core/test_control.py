@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 
 import pytest
 import trio
@@ -146,7 +147,10 @@ async def test_a_task_that_ends_on_the_stop_signal_has_no_snapshot(
 async def test_usage_is_sampled_while_the_task_runs(test_cgroup: cgroupfs.Cgroup) -> None:
     async with supervisor.open_supervisor(cgroup_root=test_cgroup.path,
                                           sample_interval="0.1s") as sup:
-        r = await sup.run(["sh", "-c", "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done"])
+        # busy for a wall-clock second, not a count of loops: a fast machine ran 400,000
+        # shell iterations in 0.25 s, two samples
+        r = await sup.run([sys.executable, "-c", "import time\nend = time.monotonic() + 1\n"
+                           "while time.monotonic() < end: pass"])
     series = r.usage.series
     assert series is not None and len(series["t_s"]) >= 3
     cpu = series["cpu_s"]
