@@ -79,7 +79,7 @@ from typing import Any, NamedTuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import host_note, median, raise_nofile, scratch_cgroup
 
-from supervisor.client import ApiError, Client
+from supervisor.client import ApiError, Client, TaskInfo
 
 CORRAL = [sys.executable, "-c", "import sys; from supervisor.cli import main; sys.exit(main())"]
 STATE_PARENT = "/var/lib"  # where the daemon's records live by default (see bench_serve.py)
@@ -831,10 +831,21 @@ def _add(total: dict[str, Any], more: dict[str, Any]) -> None:
             total[k] = (max if k.endswith("_max") else int.__add__)(total.get(k, 0), v)
 
 
+def every_task(c: Client, state: str) -> Iterator[TaskInfo]:
+    """Every task in ``state`` the daemon keeps, a page of 1000 at a time."""
+    before = None
+    while True:
+        page = c.list(state, limit=1000, before=before)
+        yield from page
+        if len(page) < 1000:
+            return
+        before = page[-1].id
+
+
 def count_outcomes(out: Outcome, env: Env) -> None:
     """As root: the attacker's tasks that finished (and are still kept), by outcome."""
     with Client(env.sock, timeout=ANSWER) as c:
-        for t in c.list("finished", limit=10000):
+        for t in every_task(c, "finished"):
             if t.uid == env.attacker.uid and t.id not in out.seen:
                 out.seen.add(t.id)
                 out.outcomes[str(t.outcome)] += 1
@@ -848,7 +859,7 @@ def stop_leftovers(sock: str, uid: int, timeout: float = 60) -> int:
     with Client(sock, timeout=ANSWER) as c:
         while True:
             left = [t.id for state in ("queued", "starting", "running", "stopping")
-                    for t in c.list(state, limit=10000) if t.uid == uid]
+                    for t in every_task(c, state) if t.uid == uid]
             if not left:
                 return len(stopped)
             if time.monotonic() > deadline:

@@ -259,10 +259,11 @@ class Client:
         return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
 
     def list(self, state: str | None = None, limit: int = 100,
-             session: str | None = None) -> list[TaskInfo]:
-        """Your tasks, newest first (``session``: that session's commands only)."""
+             session: str | None = None, before: str | None = None) -> list[TaskInfo]:
+        """Your tasks, newest first (``session``: that session's commands only; ``before``:
+        older than that id, for the next page of at most ``limit`` (1000 at most))."""
         query = urlencode({k: v for k, v in (("state", state), ("limit", limit),
-                                             ("session", session)) if v})
+                                             ("session", session), ("before", before)) if v})
         _, obj = self._call("GET", f"/v1/tasks?{query}")
         return [TaskInfo.from_json(t) for t in obj["tasks"]]
 
@@ -729,8 +730,10 @@ class AsyncClient:
             await trio.sleep(pause)
             pause = min(pause * 2, 1.0)
 
-    async def list(self, state: str | None = None, limit: int = 100) -> list[TaskInfo]:
-        query = urlencode({k: v for k, v in (("state", state), ("limit", limit)) if v})
+    async def list(self, state: str | None = None, limit: int = 100,
+                   session: str | None = None, before: str | None = None) -> list[TaskInfo]:
+        query = urlencode({k: v for k, v in (("state", state), ("limit", limit),
+                                             ("session", session), ("before", before)) if v})
         _, obj = await self._call("GET", f"/v1/tasks?{query}")
         return [TaskInfo.from_json(t) for t in obj["tasks"]]
 

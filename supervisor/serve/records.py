@@ -332,9 +332,11 @@ class Records:
         return await self._call(rows.get, task_id)
 
     async def list_rows(self, uid: int | None, state: str | None, limit: int,
-                        session: str | None = None) -> list[dict[str, Any]]:
-        """Newest first; ``uid`` None means every uid; ``session``: its commands only."""
-        return await self._call(rows.list_rows, uid, state, limit, session)
+                        session: str | None = None, before: int | None = None
+                        ) -> list[dict[str, Any]]:
+        """Newest first; ``uid`` None means every uid; ``session``: its commands only;
+        ``before``: ids below it only."""
+        return await self._call(rows.list_rows, uid, state, limit, session, before)
 
     async def find_key(self, uid: int, key: str) -> dict[str, Any] | None:
         """The row with this idempotency key, or ``{"id", "state": "expired", ...}`` when

@@ -85,9 +85,13 @@ def get(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
 
 
 def list_rows(db: sqlite3.Connection, uid: int | None, state: str | None,
-              limit: int, session: str | None = None) -> list[dict[str, Any]]:
+              limit: int, session: str | None = None, before: int | None = None
+              ) -> list[dict[str, Any]]:
     where: list[str] = []
     args: list[Any] = []
+    if before is not None:
+        where.append("seq < ?")
+        args.append(before)
     if session is not None:  # (its commands: the request as recorded names the session)
         where.append("json_extract(spec, '$.session.id') = ?")
         args.append(session)

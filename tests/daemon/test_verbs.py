@@ -53,6 +53,29 @@ def test_submit_wait_show_list_and_records(start_daemon: Start) -> None:
     assert row["started_at"] and row["ended_at"] and row["leaf"] == r["id"]
 
 
+def test_a_listing_pages_through_memory_and_records_with_before(start_daemon: Start) -> None:
+    # two finished tasks answered from memory, the other three from the records only
+    d = start_daemon("--keep-finished", "2")
+    with d.client() as c:
+        ids = []
+        for n in range(5):
+            ids.append(c.submit(["true"], name=f"t{n}").id)
+            c.wait(ids[-1])
+        newest_first = ids[::-1]
+        pages, before = [], None
+        while True:
+            page = [t.id for t in c.list(limit=2, before=before)]
+            pages.append(page)
+            if len(page) < 2:
+                break
+            before = page[-1]
+        assert pages == [newest_first[0:2], newest_first[2:4], newest_first[4:5]]
+        assert [t.id for t in c.list(before=ids[0])] == []
+        with pytest.raises(ApiError) as e:
+            c.list(before="x1")
+        assert e.value.status == 400 and "before" in str(e.value)
+
+
 def test_output_frames_have_offsets_and_end_with_the_result(start_daemon: Start) -> None:
     d = start_daemon()
     with d.client() as c:

@@ -1,5 +1,6 @@
-"""``GET /v1/tasks[?state=running&limit=100&session=ID]``: the caller's tasks, newest first
-(root: all); ``session``: that session's commands only."""
+"""``GET /v1/tasks[?state=running&limit=100&session=ID&before=ID]``: the caller's tasks,
+newest first (root: all); ``session``: that session's commands only; ``before``: only tasks
+older than that id (the next page: the last id of a full one)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ async def handle(d: Daemon, req: Request) -> Response:
     session = req.query.get("session")
     if session is not None and not (session.isascii() and session.isdigit()):
         raise invalid("session", f"?session= must be a session id, got {session!r}")
+    before = query_int(req.query, "before", 2**62, 1)
     peer = req.peer
     out: list[dict[str, Any]] = []
     for t in reversed(d.tasks.values()):  # ids are made in order: newest last
-        if peer.may_see(t.uid) and (state is None or t.live_state == state) and (
+        if int(t.id) < before and peer.may_see(t.uid) and (
+                state is None or t.live_state == state) and (
                 session is None or t.session == session):
             out.append(t.to_json(full=False, position=d.scheduler.position(t)))
             if len(out) == limit:
@@ -38,7 +41,7 @@ async def handle(d: Daemon, req: Request) -> Response:
     if len(out) < limit:  # older tasks, no longer held in memory
         rows = await d.records.list_rows(None if peer.is_root else peer.uid,
                                          None if state is None else _RECORDED_STATE[state],
-                                         limit, session)
+                                         limit, session, before)
         out += [row_json(r, full=False) for r in rows if r["id"] not in d.tasks][
             :limit - len(out)]
     return json_response(200, {"tasks": out})
