@@ -772,3 +772,17 @@ int corral_shares_our_memory(int pid)
         return -errno;
     return r == 0;
 }
+
+long corral_split_strings(const char *blob, unsigned long size, char **out, unsigned long n)
+{
+    unsigned long at = 0;
+    for (unsigned long i = 0; i < n; i++) {
+        const char *end = memchr(blob + at, '\0', size - at);
+        if (at >= size || end == NULL)
+            return -EINVAL;
+        out[i] = (char *)blob + at;
+        at = (unsigned long)(end - blob) + 1;
+    }
+    out[n] = NULL;
+    return (long)at;
+}

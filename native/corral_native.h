@@ -134,4 +134,9 @@ int corral_setns(int fd, int nstype);
  * CLONE_VM spawn that has not exec'd yet), 0 no, -errno on failure. */
 int corral_shares_our_memory(int pid);
 
+/* Points out[0..n-1] at the n NUL-terminated strings that lie one after another in blob,
+ * and out[n] at NULL (an argv or envp of any size from one buffer, without a Python object
+ * per string).  Returns the bytes read, or -EINVAL if blob's size ends before the n-th. */
+long corral_split_strings(const char *blob, unsigned long size, char **out, unsigned long n);
+
 #endif

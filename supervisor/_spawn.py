@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -176,10 +177,15 @@ MAX_PATH_ENTRIES = 256
 
 
 def _cstrings(items: Sequence[bytes], keep: list[Any]) -> Any:
-    ptrs = [ffi.new("char[]", s) for s in items]
-    keep.extend(ptrs)
-    arr = ffi.new("char *[]", [*ptrs, ffi.NULL])
-    keep.append(arr)
+    """A NULL-terminated C array of ``items`` (none holds a NUL), alive while ``keep`` is.
+    The strings go into one buffer that C points the array into: a C string per item cost
+    30 ms of the GIL for a command of 65,000 arguments, this well under 2."""
+    blob = ffi.new("char[]", b"\0".join(items))  # (ffi.new adds the last NUL)
+    arr = ffi.new("char *[]", len(items) + 1)
+    if lib.corral_split_strings(blob, len(blob), arr, len(items)) != (len(blob) if items
+                                                                      else 0):
+        raise ValueError(f"spawn: a string holds a NUL byte: {items!r:.200}")
+    keep += (blob, arr)
     return arr
 
 
@@ -221,7 +227,7 @@ def _strings_for_child(items: tuple[str, ...], keep: list[Any]) -> Any:
     task's environment and PATH are the submitter's: a MiB of them, cached, would be held
     64 times over)."""
     if sum(len(i) for i in items) > _CACHED_BYTES:
-        return _cstrings([os.fsencode(i) for i in items], keep)
+        return _cstrings(_encode_all(items), keep)
     held = _cached_cstrings(items)
     keep.append(held)  # alive for this spawn even if the cache lets it go meanwhile
     return held[0]
@@ -309,7 +315,7 @@ def spawn(
     iso = _IsolationArgs(new_netns, netns_fd, mount_namespace, tuple(tmpfs), tuple(read_only),
                          tuple(rlimits), uid, gid, None if groups is None else tuple(groups),
                          drop_bounding_caps, ambient_caps, no_new_privs, no_clone3)
-    bargv = [os.fsencode(a) for a in argv]
+    bargv = _encode_all(argv)
     keep: list[Any] = []  # every C object the argument block points to, alive until the call
     if pass_fds and numbered_fds:
         raise ValueError("spawn: pass_fds and numbered_fds cannot be combined")
@@ -328,6 +334,21 @@ def spawn(
     if rc < 0:
         raise _spawn_error(-rc, r, bargv[0], cwd, iso)
     return Spawned(r.pid, r.pidfd, _METHODS[r.method], r.fallback_errno)
+
+
+def _encode_all(items: Sequence[str | bytes]) -> list[bytes]:
+    """``os.fsencode`` of each item, in one encode when all are text (65,000 calls of it
+    took 18 ms)."""
+    try:
+        joined = "\0".join(items)  # type: ignore[arg-type]
+    except TypeError:  # (some are bytes)
+        return [os.fsencode(i) for i in items]
+    if joined.count("\0") != len(items) - 1:  # one holds a NUL: each encoded alone
+        return [os.fsencode(i) for i in items]
+    return joined.encode(_FS_ENCODING, _FS_ERRORS).split(b"\0")
+
+
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 def _process_args(bargv: list[bytes], env: Mapping[str, str] | None, cgroup_fd: int,

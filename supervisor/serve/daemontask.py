@@ -8,10 +8,12 @@ the records say at each step is in ``records.py``; what a restart does with each
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from . import rows
 from .protocol import SubmitRequest
 
 if TYPE_CHECKING:
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 
 STREAMS = ("stdout", "stderr")
 
-__all__ = ["DaemonTask", "kept_result", "row_json", "served_result"]
+__all__ = ["DaemonTask", "kept_result", "listed_row_json", "row_json", "served_result"]
 
 
 class DaemonTask:
@@ -110,23 +112,26 @@ class DaemonTask:
         return self.handle.stop(force=force)
 
 
+LISTED_ARGS = rows.LISTED_ARGS
 LISTED_ARGV = 4096  # characters of a command a listing shows (``show`` has all of it)
 
 
-def listed_argv(argv: list[str]) -> list[str]:
+def listed_argv(argv: Sequence[str], count: int | None = None) -> list[str]:
     """A command as a listing shows it: whole if short, else its first arguments up to
     :data:`LISTED_ARGV` characters and a last item saying how many more there are (a
-    listing of a thousand tasks of a MiB of arguments each must not be a GiB)."""
-    if len(argv) <= 64 and sum(len(a) for a in argv) <= LISTED_ARGV:
+    listing of a thousand tasks of a MiB of arguments each must not be a GiB).  ``argv`` may
+    be the command's first arguments only (65 or more), ``count`` the number of them all."""
+    count = len(argv) if count is None else count
+    if count <= LISTED_ARGS and sum(len(a) for a in argv) <= LISTED_ARGV:
         return list(argv)
     out: list[str] = []
     room = LISTED_ARGV
     for a in argv:
-        if len(a) > room or len(out) == 64:
+        if len(a) > room or len(out) == LISTED_ARGS:
             break
         out.append(a)
         room -= len(a)
-    return [*out, f"... ({len(argv) - len(out)} more arguments: GET /v1/tasks/ID shows "
+    return [*out, f"... ({count - len(out)} more arguments: GET /v1/tasks/ID shows "
                   f"them all)"]
 
 
@@ -221,25 +226,33 @@ def _tail_bytes(f: Any, path: str, part: dict[str, Any], n: int) -> bytes:
     return tail
 
 
-def row_json(row: dict[str, Any], *, full: bool,
-             output_dir: str | None = None) -> dict[str, Any]:
-    """A task the daemon no longer holds in memory, from its record (``full``: with its spec
-    and result, whose head and tail are read from the output files in ``output_dir``)."""
+def listed_row_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A listing's entry for a task the daemon no longer holds in memory, from its listed row
+    (``rows.list_rows``)."""
+    out = _row_fields(row, listed_argv(row["argv"], row["argc"]))
+    if row["session"] is not None:
+        out["session"] = row["session"]
+        out["carried"] = row["carried"]
+    return out
+
+
+def row_json(row: dict[str, Any], *, output_dir: str) -> dict[str, Any]:
+    """A task the daemon no longer holds in memory, from its whole record: with its spec and
+    result, whose head and tail are read from the output files in ``output_dir``."""
     r = row.get("result")
     spec = row["spec"]
     assert r is None or isinstance(r, dict)
-    out: dict[str, Any] = {
-        "id": row["id"], "state": row["state"],
-        "argv": spec["argv"] if full else listed_argv(spec["argv"]), "uid": row["uid"],
-        "gid": row["gid"], "name": row["name"], "created_at": row["created_at"],
-        "started_at": row["started_at"], "ended_at": row["ended_at"], "pid": row["pid"],
-        "outcome": row["outcome"], "exit_status": row["exit_status"],
-    }
+    out = _row_fields(row, spec["argv"])
     if isinstance(spec.get("session"), dict):
         out["session"] = str(spec["session"]["id"])
         out["carried"] = row.get("carried")
-    if full:
-        out["spec"] = spec
-        assert output_dir is not None
-        out["result"] = served_result(r, os.path.join(output_dir, row["id"]), spec["argv"])
+    out["spec"] = spec
+    out["result"] = served_result(r, os.path.join(output_dir, row["id"]), spec["argv"])
     return out
+
+
+def _row_fields(row: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    return {"id": row["id"], "state": row["state"], "argv": argv, "uid": row["uid"],
+            "gid": row["gid"], "name": row["name"], "created_at": row["created_at"],
+            "started_at": row["started_at"], "ended_at": row["ended_at"], "pid": row["pid"],
+            "outcome": row["outcome"], "exit_status": row["exit_status"]}

@@ -345,8 +345,8 @@ class Records:
 
     async def unfinished(self) -> list[dict[str, Any]]:
         """Rows without an end, oldest first (an earlier run's, at start-up)."""
-        return await self._call(rows.select,
-                                "SELECT * FROM tasks WHERE state != 'finished' ORDER BY seq", ())
+        return await self._call(rows.select, "SELECT * FROM task_rows WHERE state != "
+                                "'finished' ORDER BY seq", ())
 
     async def ids(self) -> set[str]:
         """Every task id that has a row."""
@@ -354,7 +354,7 @@ class Records:
         return {r["id"] for r in found}
 
     async def pending_notifications(self) -> list[dict[str, Any]]:
-        return await self._call(rows.select, "SELECT * FROM tasks WHERE notified = 0 "
+        return await self._call(rows.select, "SELECT * FROM task_rows WHERE notified = 0 "
                                 "ORDER BY seq", ())
 
     async def expired(self, task_id: str) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ __all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "close_session", "ended_in_
 MAX_TOMBSTONES = 100_000  # expired ids remembered (~50 bytes each); the oldest go first
 COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key", "spec",
            "state", "created_at", "started_at", "ended_at", "pid", "leaf", "run", "outcome",
-           "exit_status", "bytes", "notified", "rlimits", "carried", "result")
+           "exit_status", "bytes", "notified", "rlimits", "carried", "session", "result")
 
 
 class Retention(NamedTuple):
@@ -53,11 +53,15 @@ def execute(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
 
 
 def insert(db: sqlite3.Connection, row: dict[str, Any]) -> str:
-    row = dict(row, spec=json.dumps(row["spec"]), groups=json.dumps(row.get("groups") or []),
+    """A new task's row and its request (``row["spec"]``: the JSON text, or a dict); its id."""
+    spec = row["spec"] if isinstance(row["spec"], str) else json.dumps(row["spec"])
+    row = {k: v for k, v in row.items() if k != "spec"}
+    row.update(groups=json.dumps(row.get("groups") or []),
                rlimits=None if row.get("rlimits") is None else json.dumps(row["rlimits"]))
     names = ", ".join(row)
     marks = ", ".join("?" * len(row))
     cur = db.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", tuple(row.values()))
+    db.execute("INSERT INTO requests (seq, spec) VALUES (?, ?)", (cur.lastrowid, spec))
     return str(cur.lastrowid)
 
 
@@ -80,21 +84,34 @@ def update(db: sqlite3.Connection, seq: int, values: dict[str, Any]) -> None:
 def get(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
     if not (task_id.isascii() and task_id.isdigit()):
         return None
-    rows = select(db, "SELECT * FROM tasks WHERE seq = ?", (int(task_id),))
+    rows = select(db, "SELECT * FROM task_rows WHERE seq = ?", (int(task_id),))
     return rows[0] if rows else None
+
+
+LISTED_ARGS = 64  # arguments a listing shows at most (daemontask.listed_argv)
+
+# A listing's row: the few columns it shows, and of the request only the command's first
+# arguments and their count, taken out by SQLite (which lets the GIL go meanwhile): a listing
+# of a thousand tasks of a MiB of arguments each decodes no MiB in Python.
+_LISTED = ("t.seq, uid, gid, name, state, created_at, started_at, ended_at, pid, outcome, "
+           "exit_status, carried, session, json_array_length(r.spec, '$.argv') AS argc, "
+           "(SELECT json_group_array(value) FROM json_each(r.spec, '$.argv') "
+           f"WHERE key < {LISTED_ARGS + 1}) AS argv")
 
 
 def list_rows(db: sqlite3.Connection, uid: int | None, state: str | None,
               limit: int, session: str | None = None, before: int | None = None
               ) -> list[dict[str, Any]]:
+    """Listed rows, newest first: ``argv`` is the command's first arguments (``argc`` says
+    how many there are), ``session`` its session's id or None."""
     where: list[str] = []
     args: list[Any] = []
     if before is not None:
-        where.append("seq < ?")
+        where.append("t.seq < ?")
         args.append(before)
-    if session is not None:  # (its commands: the request as recorded names the session)
-        where.append("json_extract(spec, '$.session.id') = ?")
-        args.append(session)
+    if session is not None:
+        where.append("session = ?")
+        args.append(int(session))
     if uid is not None:
         where.append("uid = ?")
         args.append(uid)
@@ -102,13 +119,18 @@ def list_rows(db: sqlite3.Connection, uid: int | None, state: str | None,
         where.append("state = ?")
         args.append(state)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    columns = ", ".join(c for c in COLUMNS if c != "result")
-    return select(db, f"SELECT {columns} FROM tasks {clause} ORDER BY seq DESC LIMIT ?",
-                   (*args, limit))
+    found = select(db, f"SELECT {_LISTED} FROM tasks t JOIN requests r ON r.seq = t.seq "
+                       f"{clause} ORDER BY t.seq DESC LIMIT ?", (*args, limit))
+    for row in found:
+        row["argv"] = json.loads(row["argv"])
+        if row["session"] is not None:
+            row["session"] = str(row["session"])
+    return found
 
 
 def find_key(db: sqlite3.Connection, uid: int, key: str) -> dict[str, Any] | None:
-    rows = select(db, "SELECT * FROM tasks WHERE uid = ? AND idempotency_key = ?", (uid, key))
+    rows = select(db, "SELECT * FROM task_rows WHERE uid = ? AND idempotency_key = ?",
+                  (uid, key))
     if rows:
         return rows[0]
     gone = select(db, "SELECT seq, expired_at FROM expired WHERE uid = ? AND "
@@ -215,6 +237,7 @@ def _tombstone(db: sqlite3.Connection, rows: list[dict[str, Any]], why: str,
                    "expired_at, why) VALUES (?, ?, ?, ?, ?, ?)",
                    (int(g["id"]), g["uid"], g["idempotency_key"], g["ended_at"], now, why))
         db.execute("DELETE FROM tasks WHERE seq = ?", (int(g["id"]),))
+        db.execute("DELETE FROM requests WHERE seq = ?", (int(g["id"]),))
     return rows
 
 

@@ -18,6 +18,13 @@ Versions::
     3  tasks.rlimits (a non-root submitter's resource limits when it submitted, JSON
        ``{"NOFILE": [soft, hard], ...}``: a queued task run after a restart gets no more
        than its submitter had; NULL for root's tasks and for rows of earlier versions)
+    4  tasks.carried (a session's command: the directory and environment it carried over);
+       sessions (one row per session: its owner, shell, directory and environment)
+    5  the request moves out of ``tasks`` into ``requests`` (``spec``): SQLite rewrites a
+       whole row, overflow pages and all, at each update, and a task's row is updated at its
+       start and its end (a request of a MiB was written four times over); tasks.session (the
+       session's id, indexed: a session's commands are found without reading requests);
+       the view ``task_rows`` joins the two as one row
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Callable
 
 __all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _V1 = """
 CREATE TABLE tasks (
@@ -104,6 +111,22 @@ CREATE INDEX sessions_open ON sessions (uid) WHERE closed_at IS NULL;
 """
 
 
+_V5 = """
+CREATE TABLE requests (
+    seq INTEGER PRIMARY KEY,                 -- the task's id (tasks.seq)
+    spec TEXT NOT NULL                       -- the submission, as accepted (JSON)
+);
+INSERT INTO requests (seq, spec) SELECT seq, spec FROM tasks;
+ALTER TABLE tasks DROP COLUMN spec;
+ALTER TABLE tasks ADD COLUMN session INTEGER;      -- the session's id, for its commands
+UPDATE tasks SET session = (SELECT json_extract(r.spec, '$.session.id') FROM requests r
+                            WHERE r.seq = tasks.seq);
+CREATE INDEX tasks_session ON tasks (session, seq) WHERE session IS NOT NULL;
+CREATE VIEW task_rows AS SELECT t.*, r.spec AS spec FROM tasks t JOIN requests r
+                                                       ON r.seq = t.seq;
+"""
+
+
 class SchemaError(Exception):
     """The database's schema cannot be used by this corral (the message has the fix)."""
 
@@ -135,6 +158,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
     2: _to_v2,
     3: lambda db, _: _script(db, _V3),
     4: lambda db, _: _script(db, _V4),
+    5: lambda db, _: _script(db, _V5),
 }
 
 

@@ -112,7 +112,7 @@ class RunningDaemon:
         return subprocess.run(["curl", "-sS", "--unix-socket", self.socket, *args],
                               capture_output=True, text=True, timeout=60, check=False)
 
-    def rows(self, table: str = "tasks") -> list[dict[str, Any]]:
+    def rows(self, table: str = "task_rows") -> list[dict[str, Any]]:
         return read_rows(self.state, table)
 
     def stop(self, timeout: float = 60) -> int:
@@ -131,12 +131,12 @@ class RunningDaemon:
         return self.log.read_text(errors="replace")
 
 
-def read_rows(state: Path, table: str = "tasks") -> list[dict[str, Any]]:
+def read_rows(state: Path, table: str = "task_rows") -> list[dict[str, Any]]:
     """Every row of ``table`` in the records at ``state`` (read-only; the daemon may run)."""
     db = sqlite3.connect(f"file:{state}/state.db?mode=ro", uri=True)
     try:
         db.row_factory = sqlite3.Row
-        order = "seq" if table in ("tasks", "expired", "sessions") else "id"
+        order = "seq" if table in ("tasks", "task_rows", "expired", "sessions") else "id"
         return [dict(r) for r in db.execute(f"SELECT * FROM {table} ORDER BY {order}")]
     finally:
         db.close()

@@ -67,6 +67,27 @@ def test_a_version_1_database_is_migrated_and_its_queued_task_runs(start_daemon:
         db.close()
 
 
+def test_version_5_moves_each_request_out_of_its_row_and_keeps_its_session(
+        tmp_path: Path) -> None:
+    from supervisor.serve.schema import MIGRATIONS, migrate
+
+    db = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    for version in range(1, 5):
+        MIGRATIONS[version](db, str(tmp_path))
+    db.execute("PRAGMA user_version=4")
+    for spec in ({"argv": ["true"]}, {"argv": ["pwd"], "session": {"id": 7, "cwd": "/"}}):
+        db.execute("INSERT INTO tasks (uid, gid, spec, state, created_at) VALUES (0, 0, ?, "
+                   "'queued', 1)", (json.dumps(spec),))
+    assert migrate(db, "state.db", str(tmp_path)) == 4
+    db.row_factory = sqlite3.Row
+    tasks = [dict(r) for r in db.execute("SELECT * FROM tasks ORDER BY seq")]
+    assert "spec" not in tasks[0] and [t["session"] for t in tasks] == [None, 7]
+    joined = [(r["seq"], json.loads(r["spec"])["argv"], r["session"])
+              for r in db.execute("SELECT * FROM task_rows ORDER BY seq")]
+    assert joined == [(1, ["true"], None), (2, ["pwd"], 7)]
+    db.close()
+
+
 def _serve_fails(tmp_path: Path, state: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CORRAL, "serve", "--socket", str(tmp_path / "never.sock"),
                            "--state-dir", str(state), *extra], capture_output=True, text=True,

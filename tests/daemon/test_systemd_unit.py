@@ -132,7 +132,7 @@ def _read_db(inside_root: Path, tmp_path: Path) -> list[dict[str, object]]:
     db = sqlite3.connect(copy / "state.db")
     db.row_factory = sqlite3.Row
     try:
-        return [dict(r) for r in db.execute("SELECT * FROM tasks ORDER BY seq")]
+        return [dict(r) for r in db.execute("SELECT * FROM task_rows ORDER BY seq")]
     finally:
         db.close()
 

@@ -76,6 +76,27 @@ def test_a_listing_pages_through_memory_and_records_with_before(start_daemon: St
         assert e.value.status == 400 and "before" in str(e.value)
 
 
+def test_a_listing_cuts_a_long_command_short_alike_from_memory_and_from_the_records(
+        start_daemon: Start) -> None:
+    d = start_daemon("--keep-finished", "1")
+    many = ["true", *(f"a{n}" for n in range(299))]  # 300 arguments: the first 64 listed
+    wide = ["true", "x" * 5000, "y"]  # one too long to list: none of it
+    with d.client() as c:
+        ids = [c.submit(argv).id for argv in (many, wide)]
+        for task_id in ids:
+            c.wait(task_id)
+        from_memory = {t.id: t.argv for t in c.list()}
+        c.wait(c.submit(["true"]).id)
+        c.wait(c.submit(["true"]).id)  # (the two above are now answered from the records)
+        from_records = {t.id: t.argv for t in c.list()}
+        assert from_records[ids[0]] == [*many[:64], "... (236 more arguments: GET "
+                                                    "/v1/tasks/ID shows them all)"]
+        assert from_records[ids[1]] == ["true", "... (2 more arguments: GET /v1/tasks/ID "
+                                                "shows them all)"]
+        assert {i: from_memory[i] for i in ids} == {i: from_records[i] for i in ids}
+        assert [c.show(i).argv for i in ids] == [many, wide]
+
+
 def test_output_frames_have_offsets_and_end_with_the_result(start_daemon: Start) -> None:
     d = start_daemon()
     with d.client() as c:

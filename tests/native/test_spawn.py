@@ -274,6 +274,16 @@ def test_environment_is_exactly_the_given_one() -> None:
     assert sorted(out.decode().splitlines()) == ["ONLY=this", "PATH=/bin"]
 
 
+def test_a_large_argv_and_environment_reach_the_child_whole() -> None:
+    # 65,000 arguments (empty ones and non-UTF-8 ones among them) and 3,000 variables, each
+    # array pointed into one buffer
+    argv = ["/bin/sh", "-c", 'printf "%s\\n" "$#" "$1" "${64996}"; env | grep -c "^V[0-9]*="', "sh",
+            "", *(f"a{n}" for n in range(64994)), "\udcffz"]
+    env = {f"V{n}": "x" * (n % 50) for n in range(3000)}
+    _, out, status = run_capture(argv, env=env)
+    assert status == 0 and out.split(b"\n") == [b"64996", b"", b"\xffz", b"3000", b""]
+
+
 def test_spawn_into_a_removed_cgroup_fails_cleanly(test_cgroup: Cgroup, devnull: int) -> None:
     leaf = test_cgroup.make_child("gone")
     fd = os.dup(leaf.fd)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..daemontask import row_json
+from ..daemontask import listed_row_json
 from ..http import Request, Response, json_response
 from ..protocol import STATES, invalid, query_int
 
@@ -42,6 +42,6 @@ async def handle(d: Daemon, req: Request) -> Response:
         rows = await d.records.list_rows(None if peer.is_root else peer.uid,
                                          None if state is None else _RECORDED_STATE[state],
                                          limit, session, before)
-        out += [row_json(r, full=False) for r in rows if r["id"] not in d.tasks][
+        out += [listed_row_json(r) for r in rows if r["id"] not in d.tasks][
             :limit - len(out)]
     return json_response(200, {"tasks": out})

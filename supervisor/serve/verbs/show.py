@@ -15,5 +15,5 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     t = d.find(req.peer, id)
     if t is not None:
         return json_response(200, t.to_json(full=True, position=d.scheduler.position(t)))
-    return json_response(200, row_json(await d.find_row(req.peer, id), full=True,
-                                         output_dir=d.output_dir))
+    return json_response(200, row_json(await d.find_row(req.peer, id),
+                                       output_dir=d.output_dir))

@@ -12,7 +12,7 @@ record cannot be written, nothing was accepted: 503 ``records_unavailable`` with
 
 from __future__ import annotations
 
-import functools
+import json
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ from ..protocol import ApiError, SubmitRequest, parse_json_body, parse_submit, p
 from ..records import RecordsError
 
 if TYPE_CHECKING:
+    from ... import TaskSpec
     from ..state import Daemon
 
 
@@ -66,18 +67,17 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
             return earlier, None
     rlimits = None if peer.is_root else _rlimits_of(peer)
     if size <= HEAVY:
-        spec = d.spec_for(peer, r, rlimits=rlimits)
+        spec, text = _prepare(d, peer, r, rlimits)
     else:
         async with d.heavy_lock(peer.uid):
-            spec = await trio.to_thread.run_sync(
-                functools.partial(d.spec_for, peer, r, rlimits=rlimits))
+            spec, text = await trio.to_thread.run_sync(_prepare, d, peer, r, rlimits)
     d.scheduler.admit(peer.uid, size)
     key = None if r.idempotency_key is None else (peer.uid, r.idempotency_key)
     if key is not None:
         d.keys[key] = ""  # reserved: a concurrent retry is told to retry in a moment
     reserved = d.scheduler.reserve(peer.uid)
     try:
-        task_id = await d.records.accept(_row(d, peer, r, reserved, rlimits))
+        task_id = await d.records.accept(_row(d, peer, r, text, reserved, rlimits))
     except BaseException as e:
         if key is not None:
             d.keys.pop(key, None)
@@ -175,10 +175,19 @@ def _rlimits_of(peer: Peer) -> dict[str, tuple[int, int]]:
                        f"connected; submit from a process that waits for the answer") from None
 
 
-def _row(d: Daemon, peer: Peer, r: SubmitRequest, starting: bool,
+def _prepare(d: Daemon, peer: Peer, r: SubmitRequest,
+             rlimits: dict[str, tuple[int, int]] | None) -> tuple[TaskSpec, str]:
+    """The TaskSpec ``r`` makes for ``peer`` (ApiError if refused) and ``r`` as its record
+    keeps it (JSON text): the costly part of an acceptance, made here (in a worker thread for a
+    large request) and not in the records' thread, which every uid's writes share."""
+    return d.spec_for(peer, r, rlimits=rlimits), json.dumps(r.to_json())
+
+
+def _row(d: Daemon, peer: Peer, r: SubmitRequest, spec: str, starting: bool,
          rlimits: dict[str, tuple[int, int]] | None) -> dict[str, Any]:
     return {"uid": peer.uid, "gid": peer.gid, "peer_pid": peer.pid, "groups": list(peer.groups),
-            "name": r.name, "idempotency_key": r.idempotency_key, "spec": r.to_json(),
+            "name": r.name, "idempotency_key": r.idempotency_key, "spec": spec,
+            "session": None if r.session is None else int(r.session["id"]),
             "state": "starting" if starting else "queued",
             "run": d.run if starting else None, "created_at": time.time(),
             "rlimits": rlimits}

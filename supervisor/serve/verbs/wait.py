@@ -28,7 +28,7 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     if t is None:
         row = await d.find_row(req.peer, id)
         return json_response(200 if row["state"] == "finished" else 202,
-                             row_json(row, full=True, output_dir=d.output_dir))
+                             row_json(row, output_dir=d.output_dir))
     with trio.move_on_after(timeout):
         await t.done.wait()
     if t.done.is_set():
