@@ -24,6 +24,7 @@ Only the library's public API is used: ``sup.start``, ``sup.record_unstarted``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -196,7 +197,8 @@ async def run_task(d: Daemon, t: DaemonTask, marked: bool) -> None:
             report = _Report()
             try:
                 d.nursery.start_soon(report.read)
-                spec = dataclasses.replace(t.spec, pass_fds=(report.w,))
+                spec = await d.off_loop(t.uid, t.size or 0, functools.partial(
+                    dataclasses.replace, t.spec, pass_fds=(report.w,)))
                 result = await d.sup.start(spec, task_id=t.id,
                                            task_status=_Started(d, t, report))
                 if result is None:
@@ -263,18 +265,27 @@ async def take_result(d: Daemon, t: DaemonTask, result: TaskResult,
     command's report of what it left (None: there is none, e.g. the task crossed a
     restart)."""
     t.started.set()
+    with trio.CancelScope(shield=True):  # (a large command's JSON is made off the loop)
+        kept, t.result_json = await d.off_loop(t.uid, t.size or 0, _keep, t.output, result)
+    t.kept.update(kept)
     t.outcome = str(result.outcome)
-    tails = {}
-    for name, out in (("stdout", result.output_stdout), ("stderr", result.output_stderr)):
-        tail = out.tail if out.log_truncated else b""
-        t.kept[name] = (out.total, tail)
-        if tail:
-            tails[name] = _write_tail(stream_path(t.output, name), tail)
-    t.result_json = kept_result(result, result.to_dict(), t.output, tails)
     t.exit_status = result.exit_status
     t.ended_at = result.ended_at
     t.started_at = result.started_at
     await write_end(d, t, _carry(d, t, reported))
+
+
+def _keep(output: str, result: TaskResult) -> tuple[dict[str, tuple[int, bytes]],
+                                                     dict[str, Any]]:
+    """What the daemon keeps of a result: per stream, its total bytes and the tail beyond
+    the file's cap (written beside the file); the result's JSON as kept (``kept_result``)."""
+    kept, tails = {}, {}
+    for name, out in (("stdout", result.output_stdout), ("stderr", result.output_stderr)):
+        tail = out.tail if out.log_truncated else b""
+        kept[name] = (out.total, tail)
+        if tail:
+            tails[name] = _write_tail(stream_path(output, name), tail)
+    return kept, kept_result(result, result.to_dict(), output, tails)
 
 
 def _carry(d: Daemon, t: DaemonTask,

@@ -207,8 +207,9 @@ class Records:
     async def _write(self, fn: Callable[..., Any] | None, *args: Any,
                      precious: bool = False) -> Any:
         """Queue a write and return once it is committed (``fn`` None: just flush the lazy
-        updates).  The first writer to find no flush running flushes (its own write and every
-        one queued meanwhile, batch after batch); the others wait for theirs.  Shielded:
+        updates).  The first writer to find no flush running flushes (every write queued at
+        that moment, its own among them), then hands the turn to the oldest write queued
+        meanwhile (:meth:`_hand_over`); the others wait for theirs.  Shielded:
         once asked for, a write is finished or failed, never abandoned half way.
         ``precious``: a write of what already happened (a task's end), which may use the
         reserve (:class:`Reserve`) when the disk is full; a new task is refused instead."""
@@ -216,32 +217,41 @@ class Records:
         self._batch.append(w)
         with trio.CancelScope(shield=True):
             if self._flushing:
-                await w.done.wait()
-            else:
-                self._flushing = True
-                try:
-                    await self._flush()
-                finally:
-                    self._flushing = False
+                await w.wake.wait()  # committed, or it is this write's turn to flush
+            self._flushing = True
+            while not w.done:
+                await self._flush_batch()
+            self._hand_over()
         if w.error is not None:
             self.failures += 1
             raise w.error
         return w.result
 
-    async def _flush(self) -> None:
-        while self._batch:
-            batch, self._batch = self._batch, []
-            lazy, self._lazy = list(self._lazy.items()), {}
-            writes = [_Write(rows.update, (seq, values), False) for seq, values in lazy] + batch
-            try:
-                await self._worker.run(_commit, self._db, writes, self.path, self.reserve)
-            except Exception as e:  # (a bug of ours: every waiter still gets an answer)
-                for w in batch:
-                    w.error = w.error or RecordsError(f"writing the task records at "
-                                                      f"{self.path}: {e!r}")
-            finally:
-                for w in batch:
-                    w.done.set()
+    async def _flush_batch(self) -> None:
+        """Commit every write queued now (one transaction), and wake their writers."""
+        batch, self._batch = self._batch, []
+        lazy, self._lazy = list(self._lazy.items()), {}
+        writes = [_Write(rows.update, (seq, values), False) for seq, values in lazy] + batch
+        try:
+            await self._worker.run(_commit, self._db, writes, self.path, self.reserve)
+        except Exception as e:  # (a bug of ours: every waiter still gets an answer)
+            for w in batch:
+                w.error = w.error or RecordsError(f"writing the task records at "
+                                                  f"{self.path}: {e!r}")
+        finally:
+            for w in batch:
+                w.done = True
+                w.wake.set()
+
+    def _hand_over(self) -> None:
+        """The flusher's own write is committed: the oldest write queued meanwhile flushes
+        next (its writer is woken to do it), or nobody does.  The flusher's caller returns
+        now: under a steady stream of other writes it used to flush on until none was left,
+        for as long as that stream lasted."""
+        if self._batch:
+            self._batch[0].wake.set()
+        else:
+            self._flushing = False
 
     # ---- runs -------------------------------------------------------------------------------
 
@@ -447,14 +457,15 @@ class _Worker:
 
 
 class _Write:
-    __slots__ = ("args", "done", "error", "fn", "precious", "result")
+    __slots__ = ("args", "done", "error", "fn", "precious", "result", "wake")
 
     def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...],
                  precious: bool) -> None:
         self.fn = fn
         self.args = args
         self.precious = precious
-        self.done = trio.Event()
+        self.done = False  # committed (or failed)
+        self.wake = trio.Event()  # done, or its writer's turn to flush
         self.result: Any = None
         self.error: BaseException | None = None
 

@@ -10,12 +10,11 @@ spec is built in a worker thread, which only reads the configuration).
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import trio
 
@@ -23,6 +22,7 @@ from .daemontask import DaemonTask
 from .events import EventHub
 from .http import HttpLimits
 from .metrics import Metrics
+from .offload import Offload
 from .peers import Peer
 from .protocol import DEFAULT_SOCKET, ApiError, SubmitRequest
 from .records import Records, Retention
@@ -30,6 +30,9 @@ from .scheduler import QueueLimits, Scheduler
 from .sessions import Session
 from .shares import Shares
 from .specs import build_spec
+
+T = TypeVar("T")
+HEAVY = 64 << 10  # a request above this is worked on off the event loop (Daemon.off_loop)
 
 if TYPE_CHECKING:
     from .. import Supervisor, TaskSpec
@@ -151,7 +154,7 @@ class Daemon:
         self.unrecorded: set[str] = set()  # finished, end row still being retried
         self.retrying: set[trio.CancelScope] = set()  # those retries: given up on at exit
         self.stdin_pipes = _stdin_pipe_supported()
-        self._heavy: dict[int, trio.Lock] = {}
+        self.offload = Offload()  # large requests' work, the uids taking turns
         self.metrics = Metrics(self._gauges)  # last: it reads the gauges above at once
 
     def find(self, peer: Peer, task_id: str) -> DaemonTask | None:
@@ -183,18 +186,13 @@ class Daemon:
                           log_file=log_file, rlimits=rlimits,
                           nofile_soft=self.config.task_nofile_soft)
 
-    @contextlib.asynccontextmanager
-    async def heavy_lock(self, uid: int) -> AsyncIterator[None]:
-        """Held while ``uid``'s large request is parsed in a worker thread: one at a time per
-        uid, so that one tenant's flood of large submissions takes one thread's share of the
-        daemon's time, not every thread's."""
-        lock = self._heavy.setdefault(uid, trio.Lock())
-        try:
-            async with lock:
-                yield
-        finally:
-            if not lock.locked() and not lock.statistics().tasks_waiting:
-                self._heavy.pop(uid, None)
+    async def off_loop(self, uid: int, size: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, whose cost grows with a request of ``size`` bytes of ``uid``'s: here
+        if the request is small, else in the offload thread, at ``uid``'s turn (the event
+        loop serves every tenant: no tenant's MiB is walked on it; offload.py)."""
+        if size <= HEAVY:
+            return fn(*args)
+        return await self.offload.run(uid, fn, *args)
 
     def add(self, t: DaemonTask) -> None:
         """A task joins the table (accepted now, or found in the records at start-up)."""

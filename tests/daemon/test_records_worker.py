@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import trio
 
-from supervisor.serve.records import _Worker
+from supervisor.serve.records import Records, _Worker
 
 
 def test_calls_run_in_one_thread_not_the_trio_one() -> None:
@@ -80,3 +81,41 @@ def test_a_cancelled_caller_waits_for_its_call_to_end() -> None:
             w.stop()
 
     trio.run(main)
+
+
+async def test_a_writer_returns_once_its_own_write_is_committed_however_many_follow(
+        tmp_path: Path) -> None:
+    # The first writer to find no flush running flushes.  It used to flush until no write was
+    # left: under another tenant's steady stream of writes, it never returned.
+    records = await Records.open(str(tmp_path))
+    try:
+        ids = [await records.accept({"uid": 0, "gid": 0, "spec": {"argv": ["true"]},
+                                     "state": "queued", "created_at": 0.0}) for _ in range(2)]
+        stop, victim_done = trio.Event(), trio.Event()
+        flood = 0
+
+        async def one() -> None:
+            nonlocal flood
+            await records.notified(ids[1])
+            flood += 1
+
+        async def flooder(n: trio.Nursery) -> None:
+            while not stop.is_set():  # new writes arrive while each commit runs
+                n.start_soon(one)
+                await trio.sleep(0)
+
+        async def victim() -> None:
+            await records.notified(ids[0])
+            victim_done.set()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(victim)  # first, on an idle records thread: it is the flusher ...
+            n.start_soon(flooder, n)  # ... and another tenant's writes keep coming
+            with trio.move_on_after(5):
+                await victim_done.wait()
+            returned, at_victim = victim_done.is_set(), flood
+            await trio.sleep(0.1)
+            stop.set()
+        assert returned and flood > at_victim  # it returned while the flood went on
+    finally:
+        await records.close()

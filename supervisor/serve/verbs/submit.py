@@ -31,17 +31,10 @@ if TYPE_CHECKING:
     from ..state import Daemon
 
 
-HEAVY = 64 << 10  # a body above this is parsed in a worker thread, one per uid at a time
-
-
 async def handle(d: Daemon, req: Request) -> Response:
-    if len(req.body) <= HEAVY:
-        r, wait = _parse(req.body)
-    else:
-        # tens of milliseconds of parsing for a MiB: off the event loop, and one at a time
-        # per uid, so that one tenant's large submissions delay only its own
-        async with d.heavy_lock(req.peer.uid):
-            r, wait = await trio.to_thread.run_sync(_parse, req.body)
+    # (tens of milliseconds of parsing for a MiB: off the event loop, and one at a time per
+    # uid, so that one tenant's large submissions delay only its own)
+    r, wait = await d.off_loop(req.peer.uid, len(req.body), _parse, req.body)
     earlier, t = await accept(d, req.peer, r, len(req.body))
     if earlier is not None:
         return json_response(200, earlier)
@@ -66,11 +59,7 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
         if earlier is not None:
             return earlier, None
     rlimits = None if peer.is_root else _rlimits_of(peer)
-    if size <= HEAVY:
-        spec, text = _prepare(d, peer, r, rlimits)
-    else:
-        async with d.heavy_lock(peer.uid):
-            spec, text = await trio.to_thread.run_sync(_prepare, d, peer, r, rlimits)
+    spec, text = await d.off_loop(peer.uid, size, _prepare, d, peer, r, rlimits)
     d.scheduler.admit(peer.uid, size)
     key = None if r.idempotency_key is None else (peer.uid, r.idempotency_key)
     if key is not None:
@@ -87,7 +76,8 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
             raise ApiError(503, "records_unavailable", f"nothing was accepted: {e}") from None
         raise
     output = os.path.join(d.output_dir, task_id)
-    spec = spec.from_call(spec, {"log_file": output})
+    with trio.CancelScope(shield=True):  # (recorded: it is queued, whatever the caller does)
+        spec = await d.off_loop(peer.uid, size, spec.from_call, spec, {"log_file": output})
     t = DaemonTask(task_id, peer.uid, peer.gid, peer.pid, r, spec, output, time.time(),
                    peer.groups, size=size)
     accepted(d, t, reserved=reserved)

@@ -1,0 +1,98 @@
+"""Work whose cost grows with a request's size, off the event loop and fairly between uids.
+
+A submission of a MiB costs tens of milliseconds of Python to parse, check, serialize and
+record; on the event loop that would stall every tenant's requests for as long.  Such work
+goes to :class:`Offload`: one job at a time, in a worker thread, the uids taking turns (round
+robin: a uid with a hundred jobs waiting gets every other turn against a uid with one).  So the
+large requests of every tenant together hold one thread, and the event loop (everyone's small
+requests) competes with that one thread for the GIL, never with one per tenant.
+
+No task of its own: the caller whose job's turn has come runs it (in a worker thread) and,
+once it is done, gives the turn to the next job.  A caller cancelled while it waits for its
+turn gives its place up; one whose job runs waits for the end of it (a thread cannot be
+stopped half way), then sees its cancellation.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import outcome
+import trio
+
+__all__ = ["Offload"]
+
+T = TypeVar("T")
+
+
+class _Job:
+    __slots__ = ("turn",)
+
+    def __init__(self) -> None:
+        self.turn = trio.Event()
+
+
+class Offload:
+    """One worker thread's turns, shared round robin between uids (see the module docstring).
+    Methods run on the trio thread."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, collections.deque[_Job]] = {}  # uid -> its jobs, in order
+        self._order: collections.deque[int] = collections.deque()  # uids with jobs, next first
+        self._busy = False  # a job runs now
+
+    def waiting(self, uid: int) -> int:
+        """Jobs of ``uid`` waiting for their turn (not counting one that runs)."""
+        return len(self._waiting.get(uid, ()))
+
+    async def run(self, uid: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread when ``uid``'s turn comes; its value or exception."""
+        job = _Job()
+        if self._busy:
+            self._enqueue(uid, job)
+            try:
+                await job.turn.wait()
+            except trio.Cancelled:
+                if not job.turn.is_set():
+                    self._drop(uid, job)
+                    raise
+                # the turn came with the cancellation: taken, then handed on (below)
+        self._busy = True
+        try:
+            with trio.CancelScope(shield=True):
+                result: outcome.Outcome[T] = await trio.to_thread.run_sync(
+                    outcome.capture, fn, *args)
+        finally:
+            self._next()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return result.unwrap()
+
+    def _enqueue(self, uid: int, job: _Job) -> None:
+        queue = self._waiting.get(uid)
+        if queue is None:
+            queue = self._waiting[uid] = collections.deque()
+            self._order.append(uid)
+        queue.append(job)
+
+    def _drop(self, uid: int, job: _Job) -> None:
+        queue = self._waiting[uid]
+        queue.remove(job)
+        if not queue:
+            del self._waiting[uid]
+            self._order.remove(uid)
+
+    def _next(self) -> None:
+        """The turn goes to the next uid's oldest job, or nobody runs."""
+        if not self._order:
+            self._busy = False
+            return
+        uid = self._order.popleft()
+        queue = self._waiting[uid]
+        job = queue.popleft()
+        if queue:
+            self._order.append(uid)  # its next job waits for the others' turns
+        else:
+            del self._waiting[uid]
+        job.turn.set()  # (_busy stays True: that job's caller runs it)
