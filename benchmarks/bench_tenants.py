@@ -24,6 +24,9 @@ under attack, what the attacker got (answers by status, its tasks by outcome).  
 asserted about time.
 
 Attacks (``--only``):
+  cpu_floor        not an attack but the floor under the others: one attacker process per
+                   CPU spinning, never touching the daemon (every attack's own processes take
+                   CPU on this box too; what that alone costs the victim is this ratio).
   property         4 connections flood submissions of root-only properties spelled with
                    padding (``{" AmbientCapabilities": "CAP_SYS_ADMIN"}``...): 403 each.
   sigstop          a C loop ``kill(-1, SIGSTOP)`` as the attacker's uid, while it keeps 16
@@ -670,7 +673,20 @@ def _start_connections(slow: bool) -> Callable[[Crew, Env, float], Started]:
     return start
 
 
+def spin(sock: str, until: float) -> dict[str, Any]:
+    """Burn a CPU until ``until``, never touching the daemon."""
+    del sock
+    n = 0
+    while time.monotonic() < until:
+        for _ in range(10_000):
+            n += 1
+    return {"spins": n}
+
+
 ATTACKS = [
+    Attack("cpu_floor", f"the floor, not an attack: {os.cpu_count()} attacker processes "
+           f"spinning on the CPUs, the daemon untouched (what any CPU use costs the victim "
+           f"on this box)", _many(os.cpu_count() or 1, spin)),
     Attack("property", "4 connections: padded root-only properties (403), as fast as answered",
            _many(4, request_loop, PROPERTY_REQUESTS)),
     Attack("sigstop", f"kill(-1, SIGSTOP) loop as the attacker + {OUTSTANDING} `true` at a "
@@ -981,6 +997,7 @@ def report(o: Outcome) -> None:
 
 
 def summary(outcomes: list[Outcome]) -> None:
+    floor = next((goal_met(o)[0] for o in outcomes if o.attack.name == "cpu_floor"), None)
     print(f"\n{'attack':<16} {'alone med/p99 ms':>17} {'attack med/p99 ms':>18} "
           f"{'p99 ratio':>9} {'unanswered':>10} {'RSS before->end MiB':>20}  goal")
     for o in outcomes:
@@ -993,6 +1010,9 @@ def summary(outcomes: list[Outcome]) -> None:
         rss = f"{mib(o.rss_before)} -> {mib(o.rss_end)}"
         print(f"{o.attack.name:<16} {a:>17} {u:>18} {ratio:>8.2f}x {lost:>10} {rss:>20}  "
               f"{'met' if met else 'NOT met'}")
+    if floor is not None:
+        print(f"(cpu_floor: the victim's p99 while every CPU is busy with something else is "
+              f"{floor:.2f}x its p99 alone; an attack's ratio over that is the daemon's part)")
 
 
 # ---- main ---------------------------------------------------------------------------------

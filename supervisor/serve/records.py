@@ -47,6 +47,7 @@ __all__ = ["LAZY_DELAY", "SCHEMA_VERSION", "Records", "RecordsError", "Reserve",
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 LAZY_DELAY = 0.25  # seconds a "running" update may wait for company
+LARGE_WRITE = 64 << 10  # bytes above which a write goes in a batch of no other such write
 
 
 
@@ -205,15 +206,16 @@ class Records:
         return fn(self._rdb, *args)
 
     async def _write(self, fn: Callable[..., Any] | None, *args: Any,
-                     precious: bool = False) -> Any:
+                     precious: bool = False, size: int = 0) -> Any:
         """Queue a write and return once it is committed (``fn`` None: just flush the lazy
         updates).  The first writer to find no flush running flushes (every write queued at
         that moment, its own among them), then hands the turn to the oldest write queued
         meanwhile (:meth:`_hand_over`); the others wait for theirs.  Shielded:
         once asked for, a write is finished or failed, never abandoned half way.
         ``precious``: a write of what already happened (a task's end), which may use the
-        reserve (:class:`Reserve`) when the disk is full; a new task is refused instead."""
-        w = _Write(fn, args, precious)
+        reserve (:class:`Reserve`) when the disk is full; a new task is refused instead.
+        ``size``: the bytes it writes, if many (a large request: see :meth:`_flush_batch`)."""
+        w = _Write(fn, args, precious, size)
         self._batch.append(w)
         with trio.CancelScope(shield=True):
             if self._flushing:
@@ -228,8 +230,16 @@ class Records:
         return w.result
 
     async def _flush_batch(self) -> None:
-        """Commit every write queued now (one transaction), and wake their writers."""
-        batch, self._batch = self._batch, []
+        """Commit the writes queued now (one transaction), and wake their writers.  At most
+        one large write goes in a batch (the later ones wait for the next): a small write
+        waits behind the batch being written and then its own, never behind a tenant's many
+        MiB."""
+        batch: list[_Write] = []
+        later: list[_Write] = []
+        for w in self._batch:
+            large = w.size > LARGE_WRITE
+            (later if large and any(b.size > LARGE_WRITE for b in batch) else batch).append(w)
+        self._batch = later
         lazy, self._lazy = list(self._lazy.items()), {}
         writes = [_Write(rows.update, (seq, values), False) for seq, values in lazy] + batch
         try:
@@ -275,7 +285,9 @@ class Records:
     async def accept(self, row: dict[str, Any]) -> str:
         """Write a new task's row (``row["state"]``: queued, or starting when it is started at
         once); returns its id."""
-        task_id: str = await self._write(rows.insert, row)
+        spec = row.get("spec")
+        task_id: str = await self._write(rows.insert, row,
+                                         size=len(spec) if isinstance(spec, str) else 0)
         return task_id
 
     async def starting(self, task_id: str, run: int) -> None:
@@ -457,13 +469,14 @@ class _Worker:
 
 
 class _Write:
-    __slots__ = ("args", "done", "error", "fn", "precious", "result", "wake")
+    __slots__ = ("args", "done", "error", "fn", "precious", "result", "size", "wake")
 
     def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...],
-                 precious: bool) -> None:
+                 precious: bool, size: int = 0) -> None:
         self.fn = fn
         self.args = args
         self.precious = precious
+        self.size = size
         self.done = False  # committed (or failed)
         self.wake = trio.Event()  # done, or its writer's turn to flush
         self.result: Any = None

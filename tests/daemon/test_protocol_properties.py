@@ -21,6 +21,7 @@ from supervisor.serve.protocol import (
     SUBMIT_FIELDS,
     ApiError,
     SubmitRequest,
+    dumps_in_slices,
     parse_json_body,
     parse_stop,
     parse_submit,
@@ -248,3 +249,12 @@ def test_every_field_a_tenant_could_set_has_a_rule_and_unknown_ones_are_refused(
         ("isolation.bind_paths", "it is not known to be harmless for a task of another user "
                                  "(only root may set it)")]
     assert list(denied_paths(iter([("limits.memory_max", 1 << 20), ("env", {})]))) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text(max_size=3), st.one_of(
+    json_values,
+    st.integers(0, 3000).map(lambda n: [f"a{i}\u00e9\"" for i in range(n)]),
+    st.integers(0, 3000).map(lambda n: {f"K{i}": [i, None] for i in range(n)})), max_size=4))
+def test_a_request_encoded_in_slices_is_what_json_dumps_makes(obj: dict[str, Any]) -> None:
+    assert dumps_in_slices(obj) == json.dumps(obj)

@@ -12,7 +12,6 @@ record cannot be written, nothing was accepted: 503 ``records_unavailable`` with
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,14 @@ from ..daemontask import STREAMS, DaemonTask, stream_path
 from ..dispatch import accepted
 from ..http import Request, Response, json_response
 from ..peers import Peer, PeerGone, rlimits_of
-from ..protocol import ApiError, SubmitRequest, parse_json_body, parse_submit, pop_wait
+from ..protocol import (
+    ApiError,
+    SubmitRequest,
+    dumps_in_slices,
+    parse_json_body,
+    parse_submit,
+    pop_wait,
+)
 from ..records import RecordsError
 
 if TYPE_CHECKING:
@@ -170,7 +176,7 @@ def _prepare(d: Daemon, peer: Peer, r: SubmitRequest,
     """The TaskSpec ``r`` makes for ``peer`` (ApiError if refused) and ``r`` as its record
     keeps it (JSON text): the costly part of an acceptance, made here (in a worker thread for a
     large request) and not in the records' thread, which every uid's writes share."""
-    return d.spec_for(peer, r, rlimits=rlimits), json.dumps(r.to_json())
+    return d.spec_for(peer, r, rlimits=rlimits), dumps_in_slices(r.to_json())
 
 
 def _row(d: Daemon, peer: Peer, r: SubmitRequest, spec: str, starting: bool,
