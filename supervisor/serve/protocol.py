@@ -125,6 +125,8 @@ def dumps_in_slices(obj: dict[str, Any]) -> str:
     encoded :data:`_SLICE` items at a time: json's C encoder keeps the GIL for a whole call
     (10 ms for a command of 65,000 arguments), and the event loop, in another thread, cannot
     run meanwhile; between slices it can."""
+    if not any(isinstance(v, list | dict) and len(v) > _SLICE for v in obj.values()):
+        return json.dumps(obj)
     parts = []
     for key, value in obj.items():
         if isinstance(value, list) and len(value) > _SLICE:
