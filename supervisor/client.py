@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
     import trio
 
-__all__ = ["ApiError", "AsyncClient", "Client", "DaemonUnavailable", "Frame", "Session",
-           "TaskInfo", "default_socket"]
+__all__ = ["Api", "ApiError", "AsyncClient", "AsyncSession", "Call", "Client",
+           "DaemonUnavailable", "Frame", "Session", "TaskInfo", "default_socket"]
 
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -125,6 +125,140 @@ def _read_exactly(reader: Any, n: int) -> bytes:
         raise DaemonUnavailable(f"the daemon closed the connection after {len(data)} of {n} "
                                 f"bytes")
     return bytes(data)
+
+
+class Call:
+    """One request of the API as both clients send it: the method, path and body, the
+    statuses that are answers, whether it may be sent again on a new connection if the
+    first was lost before its answer (``resend``: a read, or a submission with its
+    idempotency key), whether it is asked again while the daemon restarts (``again``:
+    ``"restarting"``, its 503 only; ``"gone"``, also once a daemon that had answered cannot
+    be reached), and what the answer's body becomes (``decode(status, body)``)."""
+
+    __slots__ = ("again", "body", "content_type", "decode", "method", "ok", "path", "resend")
+
+    def __init__(self, method: str, path: str, body: Any = None, *,
+                 ok: tuple[int, ...] = (200, 201), resend: bool | None = None,
+                 again: str | None = None, decode: Any = None,
+                 content_type: str = "application/json") -> None:
+        self.method = method
+        self.path = path
+        self.body = body if body is None or isinstance(body, bytes) else \
+            json.dumps(body).encode()
+        self.content_type = content_type
+        self.ok = ok
+        self.resend = method == "GET" if resend is None else resend
+        self.again = again
+        self.decode = decode or _json_value
+
+
+def _json_value(status: int, data: bytes) -> Any:
+    return json.loads(data)
+
+
+def _as_dict(status: int, data: bytes) -> dict[str, Any]:
+    return dict(json.loads(data))
+
+
+def _task_info(status: int, data: bytes) -> TaskInfo:
+    return TaskInfo.from_json(json.loads(data))
+
+
+class Api:
+    """Each verb of the API as a :class:`Call` (docs/api.md): the one description of it that
+    :class:`Client` and :class:`AsyncClient`, two transports, both send."""
+
+    @staticmethod
+    def submit(argv: list[str], options: dict[str, Any]) -> Call:
+        def created(status: int, data: bytes) -> TaskInfo:
+            obj = json.loads(data)
+            return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
+
+        return Call("POST", "/v1/tasks", submission(argv, options), resend=True,
+                    again="gone", decode=created)
+
+    @staticmethod
+    def list(state: str | None, limit: int, session: str | None, before: str | None) -> Call:
+        query = urlencode({k: v for k, v in (("state", state), ("limit", limit),
+                                             ("session", session), ("before", before)) if v})
+        return Call("GET", f"/v1/tasks?{query}", decode=lambda status, data: [
+            TaskInfo.from_json(t) for t in json.loads(data)["tasks"]])
+
+    @staticmethod
+    def show(task_id: str) -> Call:
+        return Call("GET", f"/v1/tasks/{quote(task_id)}", decode=_task_info)
+
+    @staticmethod
+    def wait(task_id: str, seconds: float) -> Call:
+        """One long poll: (finished?, the task as it is)."""
+        return Call("GET", f"/v1/tasks/{quote(task_id)}/wait?timeout={seconds:.3f}s",
+                    ok=(200, 202), again="gone", decode=lambda status, data: (
+                        status == 200, TaskInfo.from_json(json.loads(data))))
+
+    @staticmethod
+    def output(task_id: str, stream: str, offset: int, follow: bool,
+               tail: int | None) -> Call:
+        query = urlencode({"stream": stream, "offset": offset,
+                           "follow": "true" if follow else "false",
+                           **({} if tail is None else {"tail": tail})})
+        return Call("GET", f"/v1/tasks/{quote(task_id)}/output?{query}",
+                    decode=lambda status, line: parse_frame(line))
+
+    @staticmethod
+    def events() -> Call:
+        return Call("GET", "/v1/events", decode=_json_value)
+
+    @staticmethod
+    def stop(task_id: str, force: bool) -> Call:
+        return Call("POST", f"/v1/tasks/{quote(task_id)}/stop", {"force": force},
+                    again="restarting", decode=lambda status, data: bool(
+                        json.loads(data)["changed"]))
+
+    @staticmethod
+    def signal(task_id: str, sig: str) -> Call:
+        return Call("POST", f"/v1/tasks/{quote(task_id)}/signal", {"signal": sig},
+                    decode=_as_dict)
+
+    @staticmethod
+    def resize(task_id: str, rows: int, cols: int) -> Call:
+        return Call("POST", f"/v1/tasks/{quote(task_id)}/resize", {"rows": rows, "cols": cols},
+                    decode=lambda status, data: None)
+
+    @staticmethod
+    def write_stdin(task_id: str, data: bytes, eof: bool) -> Call:
+        return Call("POST", f"/v1/tasks/{quote(task_id)}/stdin?eof={'true' if eof else 'false'}",
+                    bytes(data), ok=(200,), resend=False, again="restarting",
+                    decode=lambda status, body: None, content_type="application/octet-stream")
+
+    @staticmethod
+    def open_session(options: dict[str, Any]) -> Call:
+        return Call("POST", "/v1/sessions", options, decode=_as_dict)
+
+    @staticmethod
+    def exec(session_id: str, command: str, options: dict[str, Any]) -> Call:
+        return Call("POST", f"/v1/sessions/{quote(session_id)}/exec",
+                    _exec_body(command, options), ok=(200, 201, 202), decode=_as_dict)
+
+    @staticmethod
+    def close_session(session_id: str) -> Call:
+        return Call("DELETE", f"/v1/sessions/{quote(session_id)}", decode=_as_dict)
+
+    @staticmethod
+    def sessions(limit: int) -> Call:
+        return Call("GET", f"/v1/sessions?limit={int(limit)}", decode=lambda status, data: [
+            dict(x) for x in json.loads(data)["sessions"]])
+
+    @staticmethod
+    def show_session(session_id: str) -> Call:
+        return Call("GET", f"/v1/sessions/{quote(session_id)}", decode=_as_dict)
+
+    @staticmethod
+    def limits() -> Call:
+        return Call("GET", "/v1/limits", decode=_as_dict)
+
+    @staticmethod
+    def metrics() -> Call:
+        return Call("GET", "/metrics", ok=(200,), decode=lambda status, data: data.decode())
 
 
 class Client:
@@ -224,67 +358,34 @@ class Client:
             self._sock = None  # not reused (the reader still holds the socket for the body)
         return resp
 
-    def _call(self, method: str, path: str, obj: Any = None, *,
-              ok: tuple[int, ...] = (200, 201), resend: bool | None = None,
-              ) -> tuple[int, Any]:
-        body = None if obj is None else json.dumps(obj).encode()
-        resp = self._request(method, path, body, resend=method == "GET" if resend is None
-                             else resend)
+    def _send(self, call: Call) -> Any:
+        """``call`` sent once (and again on a new connection if it says so): its decoded
+        answer, or ApiError."""
+        resp = self._request(call.method, call.path, call.body, call.content_type,
+                             resend=call.resend)
         data = resp.read()
-        if resp.status not in ok:
+        if resp.status not in call.ok:
             raise ApiError.from_response(resp.status, data)
-        return resp.status, json.loads(data)
+        return call.decode(resp.status, data)
 
-    def _stream(self, path: str) -> Iterator[bytes]:
-        resp = self._request("GET", path, resend=True)
+    def _do(self, call: Call, reconnect: float = RECONNECT) -> Any:
+        """``call``, asked again across a restart of the daemon if it says so
+        (:meth:`_again`)."""
+        if call.again is None:
+            return self._send(call)
+        return self._again(reconnect, self._send, call, unreachable=call.again == "gone")
+
+    def _lines(self, call: Call) -> Iterator[Any]:
+        """A streamed answer (NDJSON), each line decoded by ``call``."""
+        resp = self._request(call.method, call.path, call.body, resend=True)
         if resp.status != 200:
             raise ApiError.from_response(resp.status, resp.read())
         try:
-            yield from resp.lines()
+            for line in resp.lines():
+                yield call.decode(200, line)
         finally:
             if not resp.done:
                 self.close()  # abandoned mid-stream: the connection cannot be reused
-
-    # ---- the verbs ------------------------------------------------------------------------
-
-    def submit(self, argv: list[str], **options: Any) -> TaskInfo:
-        """Submit a task; options are the fields of ``POST /v1/tasks`` (``time_limit``,
-        ``properties={"MemoryMax": "1G"}``, ``stdin=b"..."`` or ``"pipe"``, ...).
-
-        Every submission carries an idempotency key (one of the caller's, or one made here),
-        so that asking again after a lost answer (a connection dropped, a daemon restarting)
-        gives the same task back and never runs the command twice."""
-        _, obj = self._again(RECONNECT, self._call, "POST", "/v1/tasks",
-                             submission(argv, options), resend=True)
-        return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
-
-    def list(self, state: str | None = None, limit: int = 100,
-             session: str | None = None, before: str | None = None) -> list[TaskInfo]:
-        """Your tasks, newest first (``session``: that session's commands only; ``before``:
-        older than that id, for the next page of at most ``limit`` (1000 at most))."""
-        query = urlencode({k: v for k, v in (("state", state), ("limit", limit),
-                                             ("session", session), ("before", before)) if v})
-        _, obj = self._call("GET", f"/v1/tasks?{query}")
-        return [TaskInfo.from_json(t) for t in obj["tasks"]]
-
-    def show(self, task_id: str) -> TaskInfo:
-        _, obj = self._call("GET", f"/v1/tasks/{quote(task_id)}")
-        return TaskInfo.from_json(obj)
-
-    def wait(self, task_id: str, timeout: float | None = None, *,
-             reconnect: float = RECONNECT) -> TaskInfo:
-        """Until the task has finished (long polls of at most 60 s each); with ``timeout``,
-        the task as it is then.  A daemon that goes away (a restart) is reconnected to for up
-        to ``reconnect`` seconds."""
-        import time
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = 60.0 if deadline is None else max(0.0, min(60.0, deadline - time.monotonic()))
-            path = f"/v1/tasks/{quote(task_id)}/wait?timeout={left:.3f}s"
-            status, obj = self._again(reconnect, self._call, "GET", path, ok=(200, 202))
-            if status == 200 or (deadline is not None and time.monotonic() >= deadline):
-                return TaskInfo.from_json(obj)
 
     def _again(self, reconnect: float, call: Any, *args: Any, unreachable: bool = True,
                **kwargs: Any) -> Any:
@@ -299,7 +400,7 @@ class Client:
             try:
                 return call(*args, **kwargs)
             except (DaemonUnavailable, ApiError) as e:
-                if not self._passing(e, unreachable):
+                if not _passing(e, unreachable and self._reached):
                     raise
                 self.close()
                 if time.monotonic() + pause > give_up:
@@ -307,12 +408,39 @@ class Client:
                 time.sleep(pause)
                 pause = min(pause * 2, 1.0)
 
-    def _passing(self, e: Exception, unreachable: bool = True) -> bool:
-        """Whether ``e`` is a restart's doing, or a submission still being accepted (worth
-        another try)."""
-        if isinstance(e, ApiError):
-            return e.code in ("restarting", "in_progress")
-        return unreachable and self._reached
+    # ---- the verbs (each request described once: Api) ------------------------------------
+
+    def submit(self, argv: list[str], **options: Any) -> TaskInfo:
+        """Submit a task; options are the fields of ``POST /v1/tasks`` (``time_limit``,
+        ``properties={"MemoryMax": "1G"}``, ``stdin=b"..."`` or ``"pipe"``, ...).
+
+        Every submission carries an idempotency key (one of the caller's, or one made here),
+        so that asking again after a lost answer (a connection dropped, a daemon restarting)
+        gives the same task back and never runs the command twice."""
+        return self._do(Api.submit(argv, options))  # type: ignore[no-any-return]
+
+    def list(self, state: str | None = None, limit: int = 100,
+             session: str | None = None, before: str | None = None) -> list[TaskInfo]:
+        """Your tasks, newest first (``session``: that session's commands only; ``before``:
+        older than that id, for the next page of at most ``limit`` (1000 at most))."""
+        return self._do(Api.list(state, limit, session, before))  # type: ignore[no-any-return]
+
+    def show(self, task_id: str) -> TaskInfo:
+        return self._do(Api.show(task_id))  # type: ignore[no-any-return]
+
+    def wait(self, task_id: str, timeout: float | None = None, *,
+             reconnect: float = RECONNECT) -> TaskInfo:
+        """Until the task has finished (long polls of at most 60 s each); with ``timeout``,
+        the task as it is then.  A daemon that goes away (a restart) is reconnected to for up
+        to ``reconnect`` seconds."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 60.0 if deadline is None else max(0.0, min(60.0, deadline - time.monotonic()))
+            finished, info = self._do(Api.wait(task_id, left), reconnect)
+            if finished or (deadline is not None and time.monotonic() >= deadline):
+                return info  # type: ignore[no-any-return]
 
     def follow(self, task_id: str, stream: str = "stdout", offset: int = 0, *,
                reconnect: float = RECONNECT) -> Iterator[Frame]:
@@ -321,64 +449,64 @@ class Client:
         from the next byte.  Every byte comes once, in order; the end frame comes last."""
         import time
 
-        pos = offset
+        follower = _Follower(offset)
         give_up = time.monotonic() + reconnect
         while True:
             try:
-                for frame in self.output(task_id, stream, pos, follow=True):
+                for frame in self.output(task_id, stream, follower.pos, follow=True):
                     give_up = time.monotonic() + reconnect
-                    if frame.kind == "data":
-                        pos = frame.offset + len(frame.data)
-                    elif frame.kind == "gap":
-                        pos = frame.end
                     yield frame
-                    if frame.kind == "end":
+                    if follower.took(frame):
                         return
             except (DaemonUnavailable, ApiError) as e:
-                if not self._passing(e):
+                if not _passing(e, self._reached):
                     raise
             self.close()  # the stream ended early (or broke): the daemon went away
             if time.monotonic() > give_up:
-                raise DaemonUnavailable(f"the corral daemon at {self.socket_path} went away "
-                                        f"while following task {task_id}, and did not come "
-                                        f"back within {reconnect:g}s")
+                raise follower.gone(self.socket_path, task_id, reconnect)
             time.sleep(0.1)
 
     def output(self, task_id: str, stream: str = "stdout", offset: int = 0,
                follow: bool = False, tail: int | None = None) -> Iterator[Frame]:
         """NDJSON frames (see :class:`Frame`): data with its offset, gaps, and the end;
         ``tail``: from the last ``tail`` bytes held instead of ``offset``."""
-        query = urlencode({"stream": stream, "offset": offset,
-                           "follow": "true" if follow else "false",
-                           **({} if tail is None else {"tail": tail})})
-        for line in self._stream(f"/v1/tasks/{quote(task_id)}/output?{query}"):
-            yield parse_frame(line)
+        return self._lines(Api.output(task_id, stream, offset, follow, tail))
 
     def stop(self, task_id: str, force: bool = False) -> bool:
         """Whether the request changed anything (False: the task had already ended)."""
-        _, obj = self._again(RECONNECT, self._call, "POST",
-                             f"/v1/tasks/{quote(task_id)}/stop", {"force": force},
-                             unreachable=False)
-        return bool(obj["changed"])
+        return self._do(Api.stop(task_id, force))  # type: ignore[no-any-return]
 
     def signal(self, task_id: str, sig: str) -> dict[str, Any]:
         """Send ``sig`` (``"INT"``, ``"TERM"``, ``"HUP"``, ``"QUIT"``, ``"USR1"``, ``"USR2"``,
         ``"WINCH"``, ``"CONT"``) to a running task's whole tree (a terminal task: its
         foreground process group): not a stop.  ApiError 409 if it is not running."""
-        _, obj = self._call("POST", f"/v1/tasks/{quote(task_id)}/signal", {"signal": sig})
-        return dict(obj)
+        return self._do(Api.signal(task_id, sig))  # type: ignore[no-any-return]
 
     def resize(self, task_id: str, rows: int, cols: int) -> None:
         """Set a terminal task's window size (submitted with ``tty={"rows", "cols"}``)."""
-        self._call("POST", f"/v1/tasks/{quote(task_id)}/resize", {"rows": rows, "cols": cols})
+        self._do(Api.resize(task_id, rows, cols))
+
+    def write_stdin(self, task_id: str, data: bytes, eof: bool = False) -> None:
+        """Write ``data`` to the task's stdin (``eof``: then close it); asked again while the
+        daemon is restarting (503 ``restarting``: nothing was written)."""
+        self._do(Api.write_stdin(task_id, data, eof))
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        """State changes of your tasks as they happen (``GET /v1/events``)."""
+        return self._lines(Api.events())
+
+    def limits(self) -> dict[str, Any]:
+        return self._do(Api.limits())  # type: ignore[no-any-return]
+
+    def metrics(self) -> str:
+        return self._do(Api.metrics())  # type: ignore[no-any-return]
 
     # ---- sessions ----------------------------------------------------------------------------
 
     def open_session(self, **options: Any) -> dict[str, Any]:
         """A new session (``cwd``, ``env``, ``shell``, ``time_limit``, ``grace``,
         ``properties``: each command's defaults); its JSON (``id``, ``cwd``, ...)."""
-        _, obj = self._call("POST", "/v1/sessions", options)
-        return dict(obj)
+        return self._do(Api.open_session(options))  # type: ignore[no-any-return]
 
     def session(self, **options: Any) -> Session:
         """``with c.session(cwd="/src") as s: s.run("cd lib && make")``: a session, closed
@@ -389,45 +517,47 @@ class Client:
         """Run ``command`` in the session (``wait``, ``background``, ``time_limit``, ``grace``,
         ``stdin=b"..."``, ``name``, ``idempotency_key``): the task as the daemon answers it
         (with ``wait``: finished, with its result, or still running with the output so far)."""
-        _, obj = self._call("POST", f"/v1/sessions/{quote(session_id)}/exec",
-                            _exec_body(command, options), ok=(200, 201, 202))
-        return dict(obj)
+        return self._do(Api.exec(session_id, command, options))  # type: ignore[no-any-return]
 
     def close_session(self, session_id: str) -> dict[str, Any]:
         """Close the session: what of it still runs is stopped (``stopped``: their ids)."""
-        _, obj = self._call("DELETE", f"/v1/sessions/{quote(session_id)}")
-        return dict(obj)
+        return self._do(Api.close_session(session_id))  # type: ignore[no-any-return]
 
     def sessions(self, limit: int = 100) -> builtins.list[dict[str, Any]]:
-        _, obj = self._call("GET", f"/v1/sessions?limit={int(limit)}")
-        return [dict(x) for x in obj["sessions"]]
+        return self._do(Api.sessions(limit))  # type: ignore[no-any-return]
 
     def show_session(self, session_id: str) -> dict[str, Any]:
-        _, obj = self._call("GET", f"/v1/sessions/{quote(session_id)}")
-        return dict(obj)
+        return self._do(Api.show_session(session_id))  # type: ignore[no-any-return]
 
-    def write_stdin(self, task_id: str, data: bytes, eof: bool = False) -> None:
-        """Write ``data`` to the task's stdin (``eof``: then close it); asked again while the
-        daemon is restarting (503 ``restarting``: nothing was written)."""
-        path = f"/v1/tasks/{quote(task_id)}/stdin?eof={'true' if eof else 'false'}"
-        self._again(RECONNECT, self._post_bytes, path, data, unreachable=False)
 
-    def _post_bytes(self, path: str, data: bytes) -> None:
-        resp = self._request("POST", path, data, "application/octet-stream", resend=False)
-        body = resp.read()
-        if resp.status != 200:
-            raise ApiError.from_response(resp.status, body)
+def _passing(e: Exception, reached: bool) -> bool:
+    """Whether ``e`` is a restart's doing, or a submission still being accepted (worth
+    another try); ``reached``: a daemon answered before, and an unreachable one counts."""
+    if isinstance(e, ApiError):
+        return e.code in ("restarting", "in_progress")
+    return reached
 
-    def events(self) -> Iterator[dict[str, Any]]:
-        for line in self._stream("/v1/events"):
-            yield json.loads(line)
 
-    def limits(self) -> dict[str, Any]:
-        return self._call("GET", "/v1/limits")[1]  # type: ignore[no-any-return]
+class _Follower:
+    """Where a followed stream is (its next byte), across reconnections."""
 
-    def metrics(self) -> str:
-        resp = self._request("GET", "/metrics", resend=True)
-        return resp.read().decode()
+    __slots__ = ("pos",)
+
+    def __init__(self, offset: int) -> None:
+        self.pos = offset
+
+    def took(self, frame: Frame) -> bool:
+        """Note ``frame``; whether it is the end."""
+        if frame.kind == "data":
+            self.pos = frame.offset + len(frame.data)
+        elif frame.kind == "gap":
+            self.pos = frame.end
+        return frame.kind == "end"
+
+    def gone(self, socket_path: str, task_id: str, reconnect: float) -> DaemonUnavailable:
+        return DaemonUnavailable(f"the corral daemon at {socket_path} went away while "
+                                 f"following task {task_id}, and did not come back within "
+                                 f"{reconnect:g}s")
 
 
 class _SocketReader(io.RawIOBase):
@@ -512,6 +642,10 @@ def _exec_body(command: str, options: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def _wait_text(wait: float | str) -> str:
+    return f"{wait}s" if isinstance(wait, int | float) else wait
+
+
 class Session:
     """A session of the daemon's, held by a :class:`Client` (see ``Client.session``)."""
 
@@ -528,9 +662,7 @@ class Session:
     def run(self, command: str, *, wait: float | str = 3600, **options: Any) -> dict[str, Any]:
         """Run ``command`` and wait for it (at most ``wait``: then the answer says it is still
         running, with its id and output so far); the task as the daemon answers it."""
-        if isinstance(wait, int | float):
-            wait = f"{wait}s"
-        return self.client.exec(self.id, command, wait=wait, **options)
+        return self.client.exec(self.id, command, wait=_wait_text(wait), **options)
 
     def start(self, command: str, **options: Any) -> dict[str, Any]:
         """Run ``command`` without waiting (``background=True``: beside the foreground one)."""
@@ -662,23 +794,43 @@ class AsyncClient:
     async def _body(self, headers: dict[str, str]) -> bytes:
         return b"".join([c async for c in self._chunks(headers)])
 
-    async def _call(self, method: str, path: str, obj: Any = None, *,
-                    ok: tuple[int, ...] = (200, 201), resend: bool | None = None,
-                    ) -> tuple[int, Any]:
-        body = None if obj is None else json.dumps(obj).encode()
-        status, headers = await self._request(method, path, body, resend=method == "GET"
-                                              if resend is None else resend)
+    async def _send(self, call: Call) -> Any:
+        """:meth:`Client._send` for trio."""
+        status, headers = await self._request(call.method, call.path, call.body,
+                                              call.content_type, resend=call.resend)
         try:
             data = await self._body(headers)
         except BaseException:
             self._drop()
             raise
-        if status not in ok:
+        if status not in call.ok:
             raise ApiError.from_response(status, data)
-        return status, json.loads(data)
+        return call.decode(status, data)
 
-    async def _lines(self, path: str) -> AsyncIterator[bytes]:
-        status, headers = await self._request("GET", path, resend=True)
+    async def _do(self, call: Call, reconnect: float = RECONNECT) -> Any:
+        """:meth:`Client._do` for trio: ``call``, asked again across a restart of the daemon
+        (503 ``restarting``; with ``again="gone"``, a daemon gone after it had answered) for
+        up to ``reconnect`` seconds, if it says so."""
+        import trio
+
+        if call.again is None:
+            return await self._send(call)
+        give_up = trio.current_time() + reconnect
+        pause = 0.05
+        while True:
+            try:
+                return await self._send(call)
+            except (DaemonUnavailable, ApiError) as e:
+                if not _passing(e, call.again == "gone" and self._reached) or \
+                        trio.current_time() + pause > give_up:
+                    raise
+            self._drop()
+            await trio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def _lines(self, call: Call) -> AsyncIterator[Any]:
+        """:meth:`Client._lines` for trio."""
+        status, headers = await self._request(call.method, call.path, call.body, resend=True)
         if status != 200:
             raise ApiError.from_response(status, await self._body(headers))
         pending = b""
@@ -690,7 +842,7 @@ class AsyncClient:
                 *whole, pending = pending.split(b"\n")
                 for line in whole:
                     if line.strip():
-                        yield line
+                        yield call.decode(200, line)
             done = True
         except _Stale:
             raise DaemonUnavailable(f"the corral daemon at {self.socket_path} closed the "
@@ -701,61 +853,38 @@ class AsyncClient:
                     self._drop()  # abandoned mid-stream: the connection cannot be reused
                 self._streaming = None
 
-    # ---- the verbs (as Client's) --------------------------------------------------------
+    # ---- the verbs: as Client's, awaited (each request described once: Api) --------------
 
     async def submit(self, argv: list[str], **options: Any) -> TaskInfo:
         """:meth:`Client.submit`: with an idempotency key, asked again safely."""
-        _, obj = await self._again(self._call, "POST", "/v1/tasks",
-                                   submission(argv, options), resend=True)
-        return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
-
-    async def _again(self, call: Any, *args: Any, unreachable: bool = True,
-                     **kwargs: Any) -> Any:
-        """:meth:`Client._again` for trio: ``await call(...)`` again while the daemon is
-        restarting (503 ``restarting``) or, with ``unreachable``, gone after it had answered,
-        for up to :data:`RECONNECT` seconds."""
-        import trio
-
-        give_up = trio.current_time() + RECONNECT
-        pause = 0.05
-        while True:
-            try:
-                return await call(*args, **kwargs)
-            except (DaemonUnavailable, ApiError) as e:
-                passing = e.code in ("restarting", "in_progress") if isinstance(
-                    e, ApiError) else unreachable and self._reached
-                if not passing or trio.current_time() + pause > give_up:
-                    raise
-            self._drop()
-            await trio.sleep(pause)
-            pause = min(pause * 2, 1.0)
+        return await self._do(Api.submit(argv, options))  # type: ignore[no-any-return]
 
     async def list(self, state: str | None = None, limit: int = 100,
                    session: str | None = None, before: str | None = None) -> list[TaskInfo]:
-        query = urlencode({k: v for k, v in (("state", state), ("limit", limit),
-                                             ("session", session), ("before", before)) if v})
-        _, obj = await self._call("GET", f"/v1/tasks?{query}")
-        return [TaskInfo.from_json(t) for t in obj["tasks"]]
+        return await self._do(  # type: ignore[no-any-return]
+            Api.list(state, limit, session, before))
 
     async def show(self, task_id: str) -> TaskInfo:
-        _, obj = await self._call("GET", f"/v1/tasks/{quote(task_id)}")
-        return TaskInfo.from_json(obj)
+        return await self._do(Api.show(task_id))  # type: ignore[no-any-return]
 
-    async def wait(self, task_id: str) -> TaskInfo:
-        """Until the task has finished (long polls of 60 s), across a restart of the daemon;
-        cancel the caller to give up."""
+    async def wait(self, task_id: str, timeout: float | None = None, *,
+                   reconnect: float = RECONNECT) -> TaskInfo:
+        """:meth:`Client.wait`: until the task has finished (long polls of 60 s), across a
+        restart of the daemon; with ``timeout``, the task as it is then."""
+        import trio
+
+        deadline = None if timeout is None else trio.current_time() + timeout
         while True:
-            status, obj = await self._again(self._call, "GET", f"/v1/tasks/{quote(task_id)}/"
-                                            f"wait?timeout=60s", ok=(200, 202))
-            if status == 200:
-                return TaskInfo.from_json(obj)
+            left = 60.0 if deadline is None else max(0.0, min(60.0, deadline -
+                                                                trio.current_time()))
+            finished, info = await self._do(Api.wait(task_id, left), reconnect)
+            if finished or (deadline is not None and trio.current_time() >= deadline):
+                return info  # type: ignore[no-any-return]
 
-    async def output(self, task_id: str, stream: str = "stdout", offset: int = 0,
-                     follow: bool = False) -> AsyncIterator[Frame]:
-        query = urlencode({"stream": stream, "offset": offset,
-                           "follow": "true" if follow else "false"})
-        async for line in self._lines(f"/v1/tasks/{quote(task_id)}/output?{query}"):
-            yield parse_frame(line)
+    def output(self, task_id: str, stream: str = "stdout", offset: int = 0,
+               follow: bool = False, tail: int | None = None) -> AsyncIterator[Frame]:
+        """:meth:`Client.output`: ``async for frame in c.output(...)``."""
+        return self._lines(Api.output(task_id, stream, offset, follow, tail))
 
     async def follow(self, task_id: str, stream: str = "stdout", offset: int = 0, *,
                      reconnect: float = RECONNECT) -> AsyncIterator[Frame]:
@@ -763,78 +892,92 @@ class AsyncClient:
         daemon (reconnecting for up to ``reconnect`` seconds, from the next byte)."""
         import trio
 
-        pos = offset
+        follower = _Follower(offset)
         give_up = trio.current_time() + reconnect
-        reached = False  # a daemon never reached is an error at once
         while True:
             try:
-                async for frame in self.output(task_id, stream, pos, follow=True):
-                    reached = True
+                async for frame in self.output(task_id, stream, follower.pos, follow=True):
                     give_up = trio.current_time() + reconnect
-                    pos = frame.end if frame.kind == "gap" else \
-                        frame.offset + len(frame.data) if frame.kind == "data" else pos
                     yield frame
-                    if frame.kind == "end":
+                    if follower.took(frame):
                         return
-            except DaemonUnavailable:
-                if not reached:
+            except (DaemonUnavailable, ApiError) as e:
+                if not _passing(e, self._reached):
                     raise
             self._drop()
             if trio.current_time() > give_up:
-                raise DaemonUnavailable(f"the corral daemon at {self.socket_path} went away "
-                                        f"while following task {task_id}, and did not come "
-                                        f"back within {reconnect:g}s")
+                raise follower.gone(self.socket_path, task_id, reconnect)
             await trio.sleep(0.1)
 
     async def stop(self, task_id: str, force: bool = False) -> bool:
-        _, obj = await self._again(self._call, "POST", f"/v1/tasks/{quote(task_id)}/stop",
-                                   {"force": force}, unreachable=False)
-        return bool(obj["changed"])
-
-    async def write_stdin(self, task_id: str, data: bytes, eof: bool = False) -> None:
-        path = f"/v1/tasks/{quote(task_id)}/stdin?eof={'true' if eof else 'false'}"
-        await self._again(self._post_bytes, path, data, unreachable=False)
+        return await self._do(Api.stop(task_id, force))  # type: ignore[no-any-return]
 
     async def signal(self, task_id: str, sig: str) -> dict[str, Any]:
-        """As :meth:`Client.signal`."""
-        _, obj = await self._call("POST", f"/v1/tasks/{quote(task_id)}/signal",
-                                  {"signal": sig})
-        return dict(obj)
+        return await self._do(Api.signal(task_id, sig))  # type: ignore[no-any-return]
 
     async def resize(self, task_id: str, rows: int, cols: int) -> None:
-        await self._call("POST", f"/v1/tasks/{quote(task_id)}/resize",
-                         {"rows": rows, "cols": cols})
+        await self._do(Api.resize(task_id, rows, cols))
 
-    async def open_session(self, **options: Any) -> dict[str, Any]:
-        """As :meth:`Client.open_session`."""
-        _, obj = await self._call("POST", "/v1/sessions", options)
-        return dict(obj)
+    async def write_stdin(self, task_id: str, data: bytes, eof: bool = False) -> None:
+        await self._do(Api.write_stdin(task_id, data, eof))
 
-    async def exec(self, session_id: str, command: str, **options: Any) -> dict[str, Any]:
-        """As :meth:`Client.exec` (``wait``: answered at the task's end or the bound)."""
-        body = _exec_body(command, options)
-        _, obj = await self._call("POST", f"/v1/sessions/{quote(session_id)}/exec", body,
-                                  ok=(200, 201, 202))
-        return dict(obj)
-
-    async def close_session(self, session_id: str) -> dict[str, Any]:
-        _, obj = await self._call("DELETE", f"/v1/sessions/{quote(session_id)}")
-        return dict(obj)
-
-    async def show_session(self, session_id: str) -> dict[str, Any]:
-        _, obj = await self._call("GET", f"/v1/sessions/{quote(session_id)}")
-        return dict(obj)
-
-    async def _post_bytes(self, path: str, data: bytes) -> None:
-        status, headers = await self._request("POST", path, data, "application/octet-stream",
-                                              resend=False)
-        body = await self._body(headers)
-        if status != 200:
-            raise ApiError.from_response(status, body)
-
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        async for line in self._lines("/v1/events"):
-            yield json.loads(line)
+    def events(self) -> AsyncIterator[dict[str, Any]]:
+        return self._lines(Api.events())
 
     async def limits(self) -> dict[str, Any]:
-        return (await self._call("GET", "/v1/limits"))[1]  # type: ignore[no-any-return]
+        return await self._do(Api.limits())  # type: ignore[no-any-return]
+
+    async def metrics(self) -> str:
+        return await self._do(Api.metrics())  # type: ignore[no-any-return]
+
+    async def open_session(self, **options: Any) -> dict[str, Any]:
+        return await self._do(Api.open_session(options))  # type: ignore[no-any-return]
+
+    async def session(self, **options: Any) -> AsyncSession:
+        """``async with await c.session(cwd="/src") as s: await s.run("make")``: a session,
+        closed (everything of it stopped) when the block ends."""
+        return AsyncSession(self, (await self.open_session(**options))["id"])
+
+    async def exec(self, session_id: str, command: str, **options: Any) -> dict[str, Any]:
+        return await self._do(  # type: ignore[no-any-return]
+            Api.exec(session_id, command, options))
+
+    async def close_session(self, session_id: str) -> dict[str, Any]:
+        return await self._do(Api.close_session(session_id))  # type: ignore[no-any-return]
+
+    async def sessions(self, limit: int = 100) -> builtins.list[dict[str, Any]]:
+        return await self._do(Api.sessions(limit))  # type: ignore[no-any-return]
+
+    async def show_session(self, session_id: str) -> dict[str, Any]:
+        return await self._do(Api.show_session(session_id))  # type: ignore[no-any-return]
+
+
+class AsyncSession:
+    """A session of the daemon's, held by an :class:`AsyncClient` (``AsyncClient.session``):
+    :class:`Session`'s methods, awaited."""
+
+    def __init__(self, client: AsyncClient, session_id: str) -> None:
+        self.client = client
+        self.id = session_id
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        import trio
+
+        with trio.move_on_after(30, shield=True):  # (closed however the block ends)
+            await self.close()
+
+    async def run(self, command: str, *, wait: float | str = 3600,
+                  **options: Any) -> dict[str, Any]:
+        return await self.client.exec(self.id, command, wait=_wait_text(wait), **options)
+
+    async def start(self, command: str, **options: Any) -> dict[str, Any]:
+        return await self.client.exec(self.id, command, **options)
+
+    async def show(self) -> dict[str, Any]:
+        return await self.client.show_session(self.id)
+
+    async def close(self) -> dict[str, Any]:
+        return await self.client.close_session(self.id)

@@ -76,3 +76,35 @@ async def test_async_client_sessions_signals_and_terminals(start_daemon: Start) 
         assert "9 33" in done.result["output"]["stdout"]["head"]
         closed = await c.close_session(s["id"])
         assert closed["state"] == "closed" and (await c.show_session(s["id"]))["env"] is None
+
+
+def test_both_clients_have_every_verb_with_the_same_parameters() -> None:
+    import inspect
+
+    from supervisor.client import AsyncSession, Client, Session
+
+    for sync, asynchronous in ((Client, AsyncClient), (Session, AsyncSession)):
+        verbs = {n for n in vars(sync) if not n.startswith("_") and callable(getattr(sync, n))}
+        for name in verbs - {"close"}:
+            assert hasattr(asynchronous, name), f"{asynchronous.__name__}.{name} is missing"
+            assert list(inspect.signature(getattr(sync, name)).parameters) == list(
+                inspect.signature(getattr(asynchronous, name)).parameters), name
+
+
+async def test_async_sessions_waits_and_metrics(start_daemon: Start) -> None:
+    d = await trio.to_thread.run_sync(start_daemon)
+    async with AsyncClient(d.socket) as c:
+        async with await c.session(cwd="/") as s:
+            assert (await s.run("cd /tmp && export X=1"))["state"] == "finished"
+            ran = await s.run("echo $X; pwd")
+            assert ran["result"]["output"]["stdout"]["head"] == "1\n/tmp\n"
+            long = await s.start("sleep 30", background=True)
+            assert [x["id"] for x in await c.sessions()] == [s.id]
+        assert (await c.wait(long["id"])).outcome == "cancelled"  # closed with its session
+        task = await c.submit(["sh", "-c", "printf abcdef; sleep 30"])
+        still = await c.wait(task.id, timeout=0.5)
+        assert still.state == "running"
+        frames = [f async for f in c.output(task.id, tail=3)]
+        assert [f.data for f in frames if f.kind == "data"] == [b"def"]
+        assert "corral_tasks" in await c.metrics()
+        assert await c.stop(task.id, force=True)
