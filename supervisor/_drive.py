@@ -38,6 +38,7 @@ import os
 import signal
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -51,6 +52,9 @@ from ._snapshot import take_snapshot
 from ._stop import StopState, signal_tree
 from ._tracking import Tracker, leave_leaf
 from ._watch import CgroupWatcher
+
+if TYPE_CHECKING:
+    from ._clock import HandOverClock
 
 __all__ = ["DONE", "KILL", "RUNNING", "TERM", "Driver", "Terms", "terms"]
 
@@ -85,26 +89,23 @@ class Driver(Sampled):
 
     __slots__ = ("activity", "deadline", "detaching", "exit", "exited", "exited_at",
                  "grace_end", "killed_tree", "leaf", "main", "notes", "on_cancelled",
-                 "on_stopping",
                  "paused_at", "paused_s", "pending", "phase", "problems", "repeat_at",
                  "resumed_at", "series", "signalled_tree", "snapshot", "stop", "t0", "terms",
                  "tracker", "watcher")
 
     def __init__(self, leaf: Cgroup, main: MainProcess, stop: StopState,
                  watcher: CgroupWatcher, terms: Terms, *, t0: float, leaf_view: str | None,
-                 activity: Callable[[], float], on_stopping: Callable[[], None],
+                 activity: Callable[[], float],
                  on_cancelled: Callable[[trio.Cancelled], None] = lambda exc: None) -> None:
         self.leaf, self.main, self.stop, self.watcher = leaf, main, stop, watcher
         self.terms, self.t0, self.activity = terms, t0, activity
-        self.on_stopping = on_stopping  # called once: the main exited, or a stop began
         self.on_cancelled = on_cancelled  # the caller's cancellation came (see run())
         # ``leaf_view``: the leaf as /proc/PID/cgroup names it (None: unknown here)
         self.tracker = Tracker(leaf, main.pid, leaf_view)
-        self.phase = RUNNING
         self.paused_at: float | None = None
         self.paused_s = 0.0
         self.resumed_at = t0
-        self.deadline = self.running_deadline()
+        self._enter(RUNNING, self.running_deadline())
         self.grace_end = self.repeat_at = math.inf
         self.exited = False  # the main process has exited
         self.exit: Exit | None = None  # how (None: not known, or not yet for an adopted one)
@@ -116,6 +117,48 @@ class Driver(Sampled):
         self.series: Series | None = None
         self.snapshot: KillSnapshot | None = None
         self.pending: trio.Cancelled | None = None
+
+    def _enter(self, phase: str, deadline: float) -> None:
+        """The one way into a state: its name and the one deadline it arms."""
+        self.phase, self.deadline = phase, deadline
+
+    # ---- a hand-over -------------------------------------------------------------------------
+
+    def export(self, clock: HandOverClock) -> dict[str, Any]:
+        """Where this driver is, as a hand-over carries it (JSON; times on the monotonic
+        clock); its tracker's part included."""
+        return {"phase": self.phase, "grace_end": clock.out(self.grace_end),
+                "repeat_at": clock.out(self.repeat_at),
+                "kill_by": clock.out(self.deadline) if self.phase == KILL else None,
+                "paused_at": clock.out(self.paused_at), "paused_s": self.paused_s,
+                "resumed_at": clock.out(self.resumed_at), "exited": self.exited,
+                "exit": None if self.exit is None else [self.exit.code, self.exit.signal],
+                "exited_at": clock.out(self.exited_at) if self.exited else None,
+                "signalled_tree": self.signalled_tree, "killed_tree": self.killed_tree,
+                "notes": list(self.notes), "problems": list(self.problems),
+                "series": None if self.series is None else self.series.to_dict(),
+                **self.tracker.export()}
+
+    def restore(self, s: dict[str, Any], clock: HandOverClock) -> None:
+        """Take up where :meth:`export` left, in another supervisor process."""
+        self.grace_end, self.repeat_at = clock.back(s["grace_end"]), clock.back(s["repeat_at"])
+        self.paused_s, self.resumed_at = s["paused_s"], clock.back(s["resumed_at"])
+        self.paused_at = clock.back_or_none(s["paused_at"])
+        self.exited = s["exited"]
+        self.exit = None if s["exit"] is None else Exit(*s["exit"])
+        self.exited_at = clock.back(s["exited_at"]) if s["exited_at"] is not None else 0.0
+        self.signalled_tree, self.killed_tree = s["signalled_tree"], s["killed_tree"]
+        self.notes, self.problems = tuple(s["notes"]), tuple(s["problems"])
+        self.tracker.restore(s)
+        self.series = None if s["series"] is None else Series.restore(s["series"])
+        if s["phase"] == KILL:
+            self._enter(KILL, clock.back(s["kill_by"]))
+        else:
+            # step at once, before the first wait: a stop asked for just before the hand-over
+            # (exported still RUNNING), or of this process before the life first ran (no
+            # waker to cancel yet), is acted on now; the step sets the real deadline.  (A
+            # task exported DONE was finishing: its leaf is looked at again.)
+            self._enter(TERM if s["phase"] == DONE else s["phase"], -math.inf)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -161,7 +204,7 @@ class Driver(Sampled):
         if not self.exited and self.main.has_exited():
             populated = self._on_main_exit(now)
         if self.exited and not (self._populated() if populated is None else populated):
-            self.phase = DONE
+            self._enter(DONE, math.inf)
         elif self.phase == RUNNING:
             self._step_running(now)
         elif self.phase == TERM:
@@ -179,7 +222,7 @@ class Driver(Sampled):
         if self.stop.reason is not None or self.exited:
             self._enter_term(now)
         else:
-            self.deadline = self.running_deadline()
+            self._enter(RUNNING, self.running_deadline())
 
     def _step_term(self, now: float) -> None:
         if self.stop.kill_now or now >= self.grace_end:
@@ -188,13 +231,12 @@ class Driver(Sampled):
         if now >= self.repeat_at:
             self._send((self.stop.signal, signal.SIGCONT))
             self.repeat_at = now + (self.terms.repeat or math.inf)
-        self.deadline = min(self.grace_end, self.repeat_at)
+        self._enter(TERM, min(self.grace_end, self.repeat_at))
 
     def _step_kill_overdue(self) -> None:
         self.problems += (f"the leaf did not empty within {KILL_TIMEOUT:.0f}s of cgroup.kill",)
         # the main process itself may be stuck (D state): keep waiting for it
-        self.phase = DONE if self.exited else KILL
-        self.deadline = math.inf
+        self._enter(DONE if self.exited else KILL, math.inf)
 
     def running_deadline(self) -> float:
         if self.paused_at is not None:
@@ -223,10 +265,9 @@ class Driver(Sampled):
         if self.stop.reason is not None:
             self.stop.mark("signalled", main_alive=main_alive)
         self.signalled_tree = True
-        self.phase = TERM
         self.grace_end = now + self.terms.grace
         self.repeat_at = now + self.terms.repeat if self.terms.repeat else math.inf
-        self.deadline = min(self.grace_end, self.repeat_at)
+        self._enter(TERM, min(self.grace_end, self.repeat_at))
 
     def _enter_kill(self, now: float) -> None:
         """A snapshot of what is there, then cgroup.kill; SIGKILL to the main process's
@@ -253,13 +294,11 @@ class Driver(Sampled):
                 self.stop.kill_because = "no_grace"
             self.stop.mark("killed", main_alive=main_alive)
         self.killed_tree = True
-        self.phase = KILL
-        self.deadline = now + KILL_TIMEOUT
+        self._enter(KILL, now + KILL_TIMEOUT)
 
     def _leave_running(self, now: float) -> None:
         if self.phase == RUNNING:
             self._end_pause(now)
-            self.on_stopping()
 
     # ---- what the states do ------------------------------------------------------------------
 
@@ -387,6 +426,11 @@ class Driver(Sampled):
         self.tracker.note(self.leaf.procs())
 
     # ---- small reads ---------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """Past running: the main process exited, or a stop began (the public "stopping")."""
+        return self.exited or self.phase != RUNNING
 
     def detach(self) -> bool:
         """Stop driving (hand_over()): the loop returns at once, the task goes on running.

@@ -24,10 +24,9 @@ children: their exit statuses come from PIDFD_INFO_EXIT (Linux >= 6.15).
 Here too: freezing a running task for the hand-over (:func:`export_task`) and resuming it in
 the next supervisor process (:func:`adopt_task`).  Times cross the restart on the monotonic
 clock (``time.monotonic()``: since boot, the same for every process); trio's clock is converted
-on each side.  What cannot cross: the processes seen in the leaf (kept by pid and start time
-for escape checks), so an escape by a process other
-than the main one is seen only if it happens after the adoption; and a process's exit status
-once it is no longer our child (see ``_main.py``).
+on each side (``_clock.py``).  Each part exports and restores its own state (``Driver``,
+``StopState``, ``Tracker``, ``StreamCapture``); this module only gathers them.  What cannot
+cross: a process's exit status once it is no longer our child (see ``_main.py``).
 """
 
 from __future__ import annotations
@@ -36,9 +35,8 @@ import base64
 import fcntl
 import json
 import logging
-import math
 import os
-import time
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,15 +46,15 @@ import trio
 from cgroupfs import Cgroup
 
 from ._capture import StreamCapture
-from ._drive import DONE, KILL, RUNNING, TERM, Driver
+from ._clock import HandOverClock
+from ._drive import Driver
 from ._life import Started, drive, new_driver
-from ._main import Exit, MainProcess
+from ._main import MainProcess
 from ._output import StdinFeed
-from ._result import Cleanup, EscapedProcess, Outcome, ProcessInfo, StopReason, TaskResult
-from ._sample import Series
+from ._result import Cleanup, Outcome, SignalSent, TaskResult
 from ._spec import TaskSpec
 from ._stdio import TaskIo, register
-from ._task import Runtime, Task, record
+from ._task import DRIVEN, HANDED_OVER, Runtime, Task, record
 
 __all__ = ["FORMAT", "HandOver", "TaskState", "adopt_all", "adopt_task", "export_task"]
 
@@ -129,24 +127,11 @@ log = logging.getLogger(__name__)
 _TIOCGPTPEER = 0x5441  # ioctl: open the other side of this pseudo-terminal (Linux >= 4.13)
 
 
-class _Clock:
-    """trio time <-> monotonic seconds, read once."""
-
-    def __init__(self) -> None:
-        self.trio, self.mono = trio.current_time(), time.monotonic()
-
-    def out(self, t: float | None) -> float | None:
-        return None if t is None or math.isinf(t) else t - self.trio + self.mono
-
-    def back(self, t: float | None) -> float:
-        return math.inf if t is None else t - self.mono + self.trio
-
-
 def export_task(into: HandOver, task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
                 started: Started) -> None:
     """``task``'s driver has let go: take its fds off the reactor (unread, unclosed), describe
     the rest, and add it to ``into``.  The task is handed over: no record here."""
-    clock = _Clock()
+    clock = HandOverClock()
     fds: dict[str, int] = {"pidfd": main.pidfd}
     if task.io is not None:
         fds.update(_detach_io(task, task.io))
@@ -159,10 +144,11 @@ def export_task(into: HandOver, task: Task, leaf: Cgroup, main: MainProcess, dri
              "captures": {name: cap.export() for name, cap in (("stdout", task.stdout),
                                                                ("stderr", task.stderr))
                           if cap is not None},
-             "driver": _driver_state(driver, clock), "stop": _stop_state(task, clock)}
+             "driver": driver.export(clock), "stop": _stop_state(task, clock),
+             "signals": [[int(x.signal), x.after_s, x.to, x.by] for x in task.signals]}
     into.tasks.append(TaskState(task.id, state, fds))
     task.handed_over = True
-    task.state = "handed over"
+    task.stage = HANDED_OVER
     task.done.set()
 
 
@@ -201,29 +187,11 @@ def _detach_io(task: Task, io: TaskIo) -> dict[str, int]:
     return fds
 
 
-def _driver_state(d: Driver, clock: _Clock) -> dict[str, Any]:
-    return {"phase": d.phase, "grace_end": clock.out(d.grace_end),
-            "repeat_at": clock.out(d.repeat_at),
-            "kill_by": clock.out(d.deadline) if d.phase == KILL else None,
-            "paused_at": clock.out(d.paused_at), "paused_s": d.paused_s,
-            "resumed_at": clock.out(d.resumed_at), "exited": d.exited,
-            "exit": None if d.exit is None else [d.exit.code, d.exit.signal],
-            "exited_at": clock.out(d.exited_at) if d.exited else None,
-            "signalled_tree": d.signalled_tree, "killed_tree": d.killed_tree,
-            "notes": list(d.notes), "problems": list(d.problems),
-            "leftovers": [[p.pid, p.comm] for p in d.tracker.leftovers.values()],
-            "escaped": [[e.pid, e.comm, e.cgroup, e.ended] for e in d.tracker.escaped.values()],
-            "series": None if d.series is None else d.series.to_dict()}
-
-
-def _stop_state(task: Task, clock: _Clock) -> dict[str, Any]:
-    s = task.stop
+def _stop_state(task: Task, clock: HandOverClock) -> dict[str, Any]:
+    """The task's stop, and (in the same part of the JSON, as corral has always put it) what
+    of its stdin is still to be written."""
     feed = task.io.feed if task.io is not None else None
-    return {"reason": None if s.reason is None else str(s.reason), "level": s.level,
-            "caller_requests": s.caller_requests, "kill_because": s.kill_because,
-            "requested_at": clock.out(s.requested_at),
-            "signalled_at": clock.out(s.signalled_at), "killed_at": clock.out(s.killed_at),
-            "landed": s.landed,
+    return {**task.stop.export(clock),
             "stdin_pending": None if feed is None else base64.b64encode(feed.buffer).decode(),
             "stdin_eof": None if feed is None else feed.eof}
 
@@ -233,7 +201,7 @@ def adopt_task(rt: Runtime, state: TaskState, register_task: Callable[[Task], No
     """The task ``state`` describes, made ours again: registered with ``register_task``, its
     stdio back on the reactor, its driver where it left off.  Returns its life, to be run in
     the supervisor's nursery.  Takes ownership of ``state.fds``."""
-    s, clock = state.state, _Clock()
+    s, clock = state.state, HandOverClock()
     spec = _spec_back(s["spec"])
     task = Task(rt, state.id, spec, s["time_limit"], tuple(s["notes"]))
     task.created_at, task.pid, task.began = s["created_at"], s["pid"], True
@@ -241,15 +209,17 @@ def adopt_task(rt: Runtime, state: TaskState, register_task: Callable[[Task], No
     caps = s["captures"]
     task.stdout = StreamCapture.restore(caps["stdout"]) if "stdout" in caps else None
     task.stderr = StreamCapture.restore(caps["stderr"]) if "stderr" in caps else None
-    _restore_stop(task, s["stop"], clock)
+    task.stop.restore(s["stop"], clock)
+    task.signals = [SignalSent(signal.Signals(sig), after, to, by)
+                    for sig, after, to, by in s.get("signals", ())]
     task.io = _attach_io(task, state.fds, s["stop"])
     register_task(task)
     leaf = rt.root.child(state.id)
     main = MainProcess(s["pid"], state.fds["pidfd"], adopted=True)
     t0 = clock.back(s["t0"])
     driver = new_driver(task, leaf, main, t0)
-    _restore_driver(driver, s["driver"], clock)
-    task.state = "running" if driver.phase == RUNNING else "stopping"
+    driver.restore(s["driver"], clock)
+    task.driver, task.stage = driver, DRIVEN
     started = Started(s["method"], s["fallback_errno"], t0, s["started_at"])
 
     async def life() -> TaskResult | None:
@@ -290,38 +260,6 @@ def _attach_io(task: Task, fds: dict[str, int], stop: dict[str, Any]) -> TaskIo:
         if extra in fds:
             os.close(fds[extra])
     return io
-
-
-def _restore_stop(task: Task, s: dict[str, Any], clock: _Clock) -> None:
-    stop = task.stop
-    stop.reason = None if s["reason"] is None else StopReason(s["reason"])
-    stop.level, stop.caller_requests = s["level"], s["caller_requests"]
-    stop.kill_because, stop.landed = s["kill_because"], s["landed"]
-    for name in ("requested_at", "signalled_at", "killed_at"):
-        if s[name] is not None:
-            setattr(stop, name, clock.back(s[name]))
-
-
-def _restore_driver(d: Driver, s: dict[str, Any], clock: _Clock) -> None:
-    d.phase = s["phase"] if s["phase"] != DONE else TERM
-    d.grace_end, d.repeat_at = clock.back(s["grace_end"]), clock.back(s["repeat_at"])
-    d.paused_s, d.resumed_at = s["paused_s"], clock.back(s["resumed_at"])
-    d.paused_at = None if s["paused_at"] is None else clock.back(s["paused_at"])
-    d.exited = s["exited"]
-    d.exit = None if s["exit"] is None else Exit(*s["exit"])
-    d.exited_at = clock.back(s["exited_at"]) if s["exited_at"] is not None else 0.0
-    d.signalled_tree, d.killed_tree = s["signalled_tree"], s["killed_tree"]
-    d.notes, d.problems = tuple(s["notes"]), tuple(s["problems"])
-    d.tracker.leftovers = {pid: ProcessInfo(pid, comm) for pid, comm in s["leftovers"]}
-    d.tracker.escaped = {e[0]: EscapedProcess(*e) for e in s["escaped"]}
-    d.series = None if s["series"] is None else Series.restore(s["series"])
-    if d.phase == KILL:
-        d.deadline = clock.back(s["kill_by"])
-    else:
-        # step at once, before the first wait: a stop asked for just before the hand-over
-        # (exported still RUNNING), or of this process before the life first ran (no waker
-        # to cancel yet), is acted on now; the step sets the real deadline
-        d.deadline = -math.inf
 
 
 def adopt_all(rt: Runtime, handover: HandOver, nursery: trio.Nursery,

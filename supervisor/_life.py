@@ -47,7 +47,16 @@ from ._result import Cleanup, Containment, Outcome, StopReason, TaskResult
 from ._sample import read_pressure
 from ._spawn import Spawned, SpawnError, spawn
 from ._stdio import end, plumb, register
-from ._task import Task, TaskHandle, close_captures, finish_unstarted, record, request_stop
+from ._task import (
+    DRIVEN,
+    STARTING,
+    Task,
+    TaskHandle,
+    close_captures,
+    finish_unstarted,
+    record,
+    request_stop,
+)
 
 __all__ = ["QueueSlot", "Started", "drive", "live"]
 
@@ -174,7 +183,7 @@ async def _launch(task: Task,
     if task.stop.reason is not None:
         task_status.started(task.handle)
         return finish_unstarted(task)
-    task.state = "starting"
+    task.stage = STARTING
     try:
         leaf, spawned = await _start(task)
     except Exception as e:
@@ -185,10 +194,12 @@ async def _launch(task: Task,
             raise InternalError(f"task {task.id}: preparing the spawn failed: {e!r}") from e
         return result
     started = Started(spawned.method, spawned.fallback_errno, trio.current_time(), time.time())
-    task.pid, task.cgroup, task.state = spawned.pid, leaf.path, "running"
-    task_status.started(task.handle)
+    task.pid, task.cgroup = spawned.pid, leaf.path
     main = MainProcess(spawned.pid, spawned.pidfd)
-    return Launched((leaf, main, new_driver(task, leaf, main, started.t0), started))
+    driver = new_driver(task, leaf, main, started.t0)
+    task.driver, task.stage = driver, DRIVEN  # (running, for whoever looks from now on)
+    task_status.started(task.handle)
+    return Launched((leaf, main, driver, started))
 
 
 def new_driver(task: Task, leaf: Cgroup, main: MainProcess, t0: float) -> Driver:
@@ -198,7 +209,7 @@ def new_driver(task: Task, leaf: Cgroup, main: MainProcess, t0: float) -> Driver
     told = terms(task.time_limit, spec.grace_s, spec.repeat_s, spec.idle_timeout_s,
                  rt.controllers)
     return Driver(leaf, main, task.stop, rt.watcher, told, t0=t0, leaf_view=view,
-                  activity=task.last_output, on_stopping=task.stopping,
+                  activity=task.last_output,
                   on_cancelled=functools.partial(rt.on_cancelled, task))
 
 
@@ -207,7 +218,7 @@ async def drive(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
     """Drive a running task to its record, or (``hand_over()``) to its hand-off: then
     ``rt.on_detach`` takes everything it holds and there is no record here (None)."""
     rt = task.rt
-    task.driver = driver
+    task.driver, task.stage = driver, DRIVEN
     rt.sampler.add(driver)
     try:
         await driver.run()

@@ -21,6 +21,7 @@ import os
 import signal
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -28,6 +29,9 @@ from cgroupfs import Cgroup
 
 from ._procfs import read_comm, read_start
 from ._result import ProcessInfo, StopReason, StopRecord
+
+if TYPE_CHECKING:
+    from ._clock import HandOverClock
 
 __all__ = ["Signalled", "StopState", "signal_tree"]
 
@@ -103,6 +107,26 @@ class StopState:
             self.kill_because = self.kill_because or "grace_expired"
         self.level = level
         self.landed = self.landed or main_alive
+
+    def export(self, clock: HandOverClock) -> dict[str, Any]:
+        """Everything of this stop but its waker, as a hand-over carries it (JSON)."""
+        return {"reason": None if self.reason is None else str(self.reason),
+                "by_signal": self.by_signal, "level": self.level,
+                "caller_requests": self.caller_requests, "kill_because": self.kill_because,
+                "requested_at": clock.out(self.requested_at),
+                "signalled_at": clock.out(self.signalled_at),
+                "killed_at": clock.out(self.killed_at), "landed": self.landed}
+
+    def restore(self, s: dict[str, Any], clock: HandOverClock) -> None:
+        """Take up where :meth:`export` left (``by_signal`` is missing from what an older
+        corral exported)."""
+        self.reason = None if s["reason"] is None else StopReason(s["reason"])
+        self.by_signal = s.get("by_signal")
+        self.level, self.caller_requests = s["level"], s["caller_requests"]
+        self.kill_because, self.landed = s["kill_because"], s["landed"]
+        self.requested_at = clock.back_or_none(s["requested_at"])
+        self.signalled_at = clock.back_or_none(s["signalled_at"])
+        self.killed_at = clock.back_or_none(s["killed_at"])
 
     def record(self, t0: float | None) -> StopRecord | None:
         """The result's view; times in seconds after ``t0`` (the spawn), None if not started."""

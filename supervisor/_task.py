@@ -27,7 +27,7 @@ import trio
 from cgroupfs import Cgroup
 
 from ._capture import StreamCapture, Tap
-from ._drive import Driver
+from ._drive import DONE, KILL, RUNNING, TERM, Driver
 from ._errors import InternalError, SpecError, SupervisorError
 from ._guard import SpawnGuard
 from ._output import IoReactor, Latch, StdinFeed, Stream
@@ -48,7 +48,8 @@ from ._stdio import TaskIo, set_window_size
 from ._stop import StopState
 from ._watch import CgroupWatcher
 
-__all__ = ["HandedOver", "Incident", "Runtime", "Task", "TaskHandle", "final_result",
+__all__ = ["DRIVEN", "FINISHED", "HANDED_OVER", "PUBLIC_STATE", "QUEUED", "STARTING",
+           "HandedOver", "Incident", "Runtime", "Task", "TaskHandle", "final_result",
            "finish_unstarted", "record", "request_stop"]
 
 EMPTY_OUTPUT = StreamOutput()
@@ -105,11 +106,22 @@ class Runtime:
     incidents: list[Incident] = field(default_factory=list)
 
 
+# Where a task's life is (``Task.stage``); while it is DRIVEN, its driver's state says more.
+QUEUED, STARTING, DRIVEN, FINISHED, HANDED_OVER = (
+    "queued", "starting", "driven", "finished", "handed over")
+
+# The state users see, from where the life is (as systemd's state_translation_table maps a
+# unit's own states to the few everyone sees): nothing else keeps it.
+PUBLIC_STATE = {QUEUED: "queued", STARTING: "starting", RUNNING: "running", TERM: "stopping",
+                KILL: "stopping", DONE: "stopping", FINISHED: "finished",
+                HANDED_OVER: "handed over"}
+
+
 class Task:
     """One accepted task, as the supervisor knows it (internal; users hold ``handle``)."""
 
     __slots__ = ("began", "cgroup", "created_at", "done", "driver", "handed_over", "handle",
-                 "id", "io", "notes", "pid", "result", "rt", "signals", "spec", "state",
+                 "id", "io", "notes", "pid", "result", "rt", "signals", "spec", "stage",
                  "stderr", "stdout", "stop", "taps", "time_limit")
 
     def __init__(self, rt: Runtime, task_id: str, spec: TaskSpec, time_limit: float | None,
@@ -120,7 +132,7 @@ class Task:
         self.time_limit = time_limit
         self.pid: int | None = None
         self.cgroup: str | None = None
-        self.state = "queued"
+        self.stage = QUEUED  # (set by the life: _life.py, _handover.py, record())
         self.notes = notes  # () for most: shared, costs nothing per task
         self.stop = StopState(int(spec.stop_signal))
         self.done = Latch()
@@ -146,8 +158,20 @@ class Task:
         return max(self.stdout.last_at if self.stdout else 0.0,
                    self.stderr.last_at if self.stderr else 0.0)
 
-    def stopping(self) -> None:
-        self.state = "stopping"
+    @property
+    def phase(self) -> str:
+        """Where the life is: its stage, or its driver's state while it is driven (the main
+        process gone counts as past RUNNING)."""
+        d = self.driver
+        if self.stage != DRIVEN or d is None:
+            return self.stage
+        return TERM if d.phase == RUNNING and d.exited else d.phase
+
+    @property
+    def state(self) -> str:
+        """The public state: ``queued starting running stopping finished`` (or ``handed
+        over``), from :data:`PUBLIC_STATE`."""
+        return PUBLIC_STATE[self.phase]
 
     def feed(self) -> tuple[StdinFeed, Stream]:
         if self.spec.stdin != "pipe" and not self.spec.tty:
@@ -458,7 +482,7 @@ def record(task: Task, outcome: Outcome, *, started: bool, exit_code: int | None
     )
     task.result = result
     task.io = None
-    task.state = "finished"
+    task.stage = FINISHED
     task.done.set()
     task.rt.on_record(result)
     return result

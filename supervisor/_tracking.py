@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 from cgroupfs import Cgroup, CgroupError, NoCgroup2Error, own_cgroup
 
@@ -63,6 +64,19 @@ class Tracker:
         self.escaped: dict[int, EscapedProcess] = {}
         self.seen: dict[int, int] = {}  # pid -> start time: signalled, or listed at a stop
         self.sampled: dict[int, int] | None = None  # pid -> start time (made when needed)
+
+    def export(self) -> dict[str, Any]:
+        """What a hand-over carries of it (JSON): leftovers, escapes, the processes seen."""
+        return {"leftovers": [[p.pid, p.comm] for p in self.leftovers.values()],
+                "escaped": [[e.pid, e.comm, e.cgroup, e.ended] for e in self.escaped.values()],
+                "seen": [[pid, start] for pid, start in self.seen.items()]}
+
+    def restore(self, s: dict[str, Any]) -> None:
+        """Take up where :meth:`export` left (``seen`` is missing from what an older corral
+        exported: then only escapes after the adoption are seen)."""
+        self.leftovers = {pid: ProcessInfo(pid, comm) for pid, comm in s["leftovers"]}
+        self.escaped = {e[0]: EscapedProcess(*e) for e in s["escaped"]}
+        self.seen = {pid: start for pid, start in s.get("seen", ())}
 
     def keep(self) -> dict[int, int] | None:
         """Where ``signal_tree`` notes the processes it signalled (None once full)."""

@@ -64,8 +64,14 @@ def resolve(ref: str) -> tuple[str | None, str]:
 
 
 def python_names(path: pathlib.Path) -> set[str]:
-    """Every def and class of a Python file, by its dotted nesting (``Class.method``)."""
+    """Every def and class of a Python file, by its dotted nesting (``Class.method``), and
+    every name a module-level assignment makes (a table like ``PUBLIC_STATE``)."""
+    tree = ast.parse(path.read_text(), str(path))
     names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
 
     def visit(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
@@ -76,7 +82,7 @@ def python_names(path: pathlib.Path) -> set[str]:
             else:
                 visit(child, prefix)
 
-    visit(ast.parse(path.read_text(), str(path)), "")
+    visit(tree, "")
     return names
 
 

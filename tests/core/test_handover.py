@@ -36,6 +36,13 @@ def test_tasks_handed_over_across_an_exec_keep_their_output_limits_and_records(
     reader = by_id["reader"]
     assert reader["outcome"] == "succeeded"
     assert reader["output"]["stdout"]["head"] == "got after-the-restart\n"
+    # what was asked of a task before the hand-over is in its record after it: the signal
+    # sent, and the signal that asked for its stop (its exit status follows from that)
+    stubborn = by_id["stubborn"]
+    assert [(s["signal_name"], s["by"]) for s in stubborn["signals"]] == [("SIGUSR1",
+                                                                         "the test")]
+    assert stubborn["outcome"] == "cancelled" and stubborn["stop"]["reached"] == "killed"
+    assert stubborn["stop"]["requested_by"] == "SIGTERM"
     assert not os.path.exists(tail["root"])  # the adopter removed the root at its end
     assert test_cgroup.children() == [] and not test_cgroup.is_populated()
 
@@ -43,3 +50,24 @@ def test_tasks_handed_over_across_an_exec_keep_their_output_limits_and_records(
 def test_a_handover_of_another_version_is_refused() -> None:
     with pytest.raises(ValueError, match="format"):
         supervisor.HandOver.from_json('{"format": 99, "root": "/x", "tasks": []}', {"root": 0})
+
+
+async def test_a_stop_exports_every_field_it_has_but_its_waker() -> None:
+    import signal
+
+    from supervisor._clock import HandOverClock
+    from supervisor._result import StopReason
+    from supervisor._stop import StopState
+
+    stop = StopState(signal.SIGTERM)
+    stop.request(StopReason.CANCEL, by_caller=True, by_signal=signal.SIGINT)
+    stop.mark("signalled", main_alive=True)
+    stop.request(StopReason.CANCEL, by_caller=True)
+    stop.mark("killed", main_alive=True)
+    clock = HandOverClock()
+    again = StopState(signal.SIGTERM)
+    again.restore(json.loads(json.dumps(stop.export(clock))), clock)
+    fields = [f for f in StopState.__slots__ if f != "waker"]
+    assert all(getattr(again, f) is not None for f in fields)
+    assert [getattr(again, f) for f in fields] == pytest.approx(
+        [getattr(stop, f) for f in fields])
