@@ -48,7 +48,8 @@ from cgroupfs import Cgroup
 from ._capture import StreamCapture
 from ._clock import HandOverClock
 from ._drive import Driver
-from ._life import Started, drive, new_driver
+from ._ending import Ending, Launch
+from ._life import drive, new_driver
 from ._main import MainProcess
 from ._output import StdinFeed
 from ._result import Cleanup, Outcome, SignalSent, TaskResult
@@ -128,7 +129,7 @@ _TIOCGPTPEER = 0x5441  # ioctl: open the other side of this pseudo-terminal (Lin
 
 
 def export_task(into: HandOver, task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
-                started: Started) -> None:
+                started: Launch) -> None:
     """``task``'s driver has let go: take its fds off the reactor (unread, unclosed), describe
     the rest, and add it to ``into``.  The task is handed over: no record here."""
     clock = HandOverClock()
@@ -220,7 +221,7 @@ def adopt_task(rt: Runtime, state: TaskState, register_task: Callable[[Task], No
     driver = new_driver(task, leaf, main, t0)
     driver.restore(s["driver"], clock)
     task.driver, task.stage = driver, DRIVEN
-    started = Started(s["method"], s["fallback_errno"], t0, s["started_at"])
+    started = Launch(s["method"], s["fallback_errno"], t0, s["started_at"])
 
     async def life() -> TaskResult | None:
         try:
@@ -285,7 +286,8 @@ def _lost_in_handover(rt: Runtime, state: TaskState, error: Exception) -> None:
             pass
     spec = TaskSpec(tuple(state.state["spec"]["argv"]), name=state.state["spec"]["name"])
     task = Task(rt, state.id, spec, state.state["time_limit"], ())
-    record(task, Outcome.LOST, started=True, error=error, step="adopt",
-           cleanup=Cleanup("incomplete", detail=f"could not be adopted: {error}"),
-           started_at=state.state["started_at"],
-           notes=["handed over by an earlier corral process, but could not be adopted"])
+    record(task, Ending(Outcome.LOST, started=True, error=error, step="adopt",
+                        cleanup=Cleanup("incomplete", detail=f"could not be adopted: {error}"),
+                        started_at=state.state["started_at"],
+                        notes=("handed over by an earlier corral process, but could not be "
+                               "adopted",)))

@@ -35,15 +35,15 @@ from typing import Any
 
 import trio
 
-from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupStats, Destroyed
+from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupNotFound, CgroupStats, Destroyed
 
 from ._capture import StreamCapture
 from ._drive import Driver, terms
+from ._ending import Ending, Launch
 from ._errors import InternalError
 from ._guard import runs_as_another_user
 from ._main import MainProcess
-from ._outcome import classify, cleanup_of, outcome_notes, read_usage, usage_of
-from ._result import Cleanup, Containment, Outcome, StopReason, TaskResult
+from ._result import Cleanup, Outcome, StopReason, TaskResult
 from ._sample import read_pressure
 from ._spawn import Spawned, SpawnError, spawn
 from ._stdio import end, plumb, register
@@ -58,7 +58,7 @@ from ._task import (
     request_stop,
 )
 
-__all__ = ["QueueSlot", "Started", "drive", "live"]
+__all__ = ["QueueSlot", "drive", "live"]
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +72,6 @@ class QueueSlot:
     limiter: trio.CapacityLimiter
     after: trio.Event | None
     turn: trio.Event
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    """What the record needs of the spawn: how, and when (trio and wall clock)."""
-
-    method: str
-    fallback_errno: int
-    t0: float
-    started_at: float
 
 
 @trio.lowlevel.enable_ki_protection  # (a Ctrl-C goes to the main task: see the docstring)
@@ -129,11 +119,12 @@ def _last_resort(task: Task) -> None:
     so that every waiter wakes to the one final record; if even that fails, wake them anyway
     (``wait()`` then raises InternalError)."""
     try:
-        record(task, Outcome.LOST, started=task.pid is not None, step="supervise",
-               error=InternalError("the task's supervision ended without a record"),
-               cleanup=Cleanup("incomplete", detail="corral could not tell what happened to "
-                                                    "the task's processes"),
-               notes=["corral hit an internal error while supervising this task"])
+        record(task, Ending(
+            Outcome.LOST, started=task.pid is not None, step="supervise",
+            error=InternalError("the task's supervision ended without a record"),
+            cleanup=Cleanup("incomplete", detail="corral could not tell what happened to the "
+                                                 "task's processes"),
+            notes=("corral hit an internal error while supervising this task",)))
     except Exception:
         log.exception("task %s: recording it lost failed", task.id)
         task.done.set()
@@ -189,11 +180,11 @@ async def _launch(task: Task,
     except Exception as e:
         task_status.started(task.handle)
         step = getattr(e, "step", "cgroup" if isinstance(e, CgroupError) else "prepare")
-        result = record(task, Outcome.SPAWN_FAILED, started=False, error=e, step=step)
+        result = record(task, Ending(Outcome.SPAWN_FAILED, error=e, step=step))
         if not isinstance(e, OSError | CgroupError):  # SpawnError is an OSError
             raise InternalError(f"task {task.id}: preparing the spawn failed: {e!r}") from e
         return result
-    started = Started(spawned.method, spawned.fallback_errno, trio.current_time(), time.time())
+    started = Launch(spawned.method, spawned.fallback_errno, trio.current_time(), time.time())
     task.pid, task.cgroup = spawned.pid, leaf.path
     main = MainProcess(spawned.pid, spawned.pidfd)
     driver = new_driver(task, leaf, main, started.t0)
@@ -214,7 +205,7 @@ def new_driver(task: Task, leaf: Cgroup, main: MainProcess, t0: float) -> Driver
 
 
 async def drive(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
-                started: Started) -> TaskResult | None:
+                started: Launch) -> TaskResult | None:
     """Drive a running task to its record, or (``hand_over()``) to its hand-off: then
     ``rt.on_detach`` takes everything it holds and there is no record here (None)."""
     rt = task.rt
@@ -349,7 +340,7 @@ def _remove_unused(leaf: Cgroup) -> None:
 
 
 async def _finish(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
-                  started: Started) -> TaskResult:
+                  started: Launch) -> TaskResult:
     """End of output, usage, the leaf removed, the record."""
     if driver.exit is None and main.adopted:  # its new parent (PID 1) reaps it first
         driver.exit = await main.wait_exit_info(5.0)
@@ -363,12 +354,13 @@ async def _finish(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
     # pressure totals are worth reading for a task that ran a sampling interval at least
     pressure = read_pressure(leaf) if driver.series is not None else None
     removed = await _remove_leaf(leaf)
-    problems = [*driver.problems, *([removed] if removed else []), *held]
-    return _outcome(task, driver, stats, pressure, problems, started, leaf.path)
+    problems = (*driver.problems, *([removed] if removed else []), *held)
+    return record(task, Ending(started=True, launch=started, driver=driver, stats=stats,
+                               pressure=pressure, problems=problems, leaf_path=leaf.path))
 
 
 async def _held_outside(task: Task, driver: Driver, still_open: list[tuple[Any, str]],
-                        started: Started) -> list[str]:
+                        started: Launch) -> list[str]:
     """The leaf is empty and the task's output pipes are still held open: by processes of
     the task outside its leaf (a root task's child that left it before corral listed it).
     They are found, ended and recorded (``Tracker.holders_of``); the cleanup is incomplete,
@@ -404,7 +396,7 @@ async def _remove_leaf(leaf: Cgroup) -> str | None:
         delay = min(delay * 2, 0.05)
 
 
-def _lost(task: Task, leaf: Cgroup, exc: BaseException, started: Started) -> None:
+def _lost(task: Task, leaf: Cgroup, exc: BaseException, started: Launch) -> None:
     """After a bug of ours: kill and remove the leaf (blocking: this is not the normal path),
     close the streams, and record ``lost`` unless a record exists already."""
     try:
@@ -420,40 +412,21 @@ def _lost(task: Task, leaf: Cgroup, exc: BaseException, started: Started) -> Non
         cleanup = Cleanup("incomplete", detail=f"supervision failed: {exc!r}; the leaf was "
                           + (f"not cleared: {done.error}" if done.error else
                              "killed and removed"))
-        record(task, Outcome.LOST, started=True, error=exc, step="supervise",
-                cleanup=cleanup, t0=started.t0, started_at=started.started_at,
-                notes=["corral hit an internal error while supervising this task"])
+        record(task, Ending(Outcome.LOST, started=True, launch=started, error=exc,
+                            step="supervise", cleanup=cleanup,
+                            notes=("corral hit an internal error while supervising this "
+                                   "task",)))
 
 
-def _outcome(task: Task, d: Driver, stats: CgroupStats | None,
-             pressure: dict[str, Any] | None, problems: list[str], started: Started,
-             leaf_path: str) -> TaskResult:
-    exit_code = None if d.exit is None else d.exit.code
-    sig = None if d.exit is None else d.exit.signal
-    oom_kills = None
-    if stats is not None and stats.memory_events is not None:
-        oom_kills = stats.memory_events.oom_kill
-    outcome = classify(task.stop, exit_code, sig, oom_kills)
-    notes = [*d.notes, *outcome_notes(task.stop, outcome, oom_kills, started.method,
-                                      started.fallback_errno)]
-    notes += [i.text for i in task.rt.incidents if i.at >= started.t0]
-    error = None
-    if d.exit is None and not task.stop.landed:
-        outcome = Outcome.LOST  # it ran and ended; how, nobody can tell any more
-        error = ("the main process ended while corral was handing it between processes and "
-                 "its exit status could not be learnt (PIDFD_INFO_EXIT needs Linux 6.15)")
-    escaped = tuple(d.tracker.escaped.values())
-    if escaped:
-        problems = [*problems, f"{len(escaped)} process(es) of the task left its cgroup: "
-                    + ", ".join(f"{e.comm}[{e.pid}] to {e.cgroup} ({e.ended})" for e in escaped)]
-    containment = Containment("cgroup", leaf_path, started.method,
-                              tuple(sorted(task.rt.controllers)), escaped,
-                              task.spec.isolation.describe())
-    usage = usage_of(stats, d.exited_at - started.t0, oom_kills, pressure=pressure,
-                     series=None if d.series is None else d.series.to_dict(),
-                     paused_s=d.paused_s)
-    return record(task, outcome, started=True, exit_code=exit_code, sig=sig,
-                  cleanup=cleanup_of(d, problems), usage=usage, t0=started.t0,
-                  started_at=started.started_at, notes=notes, containment=containment,
-                  snapshot=d.snapshot, error=None if error is None else RuntimeError(error),
-                  step=None if error is None else "adopt")
+USAGE_FILES = frozenset({"cpu.stat", "memory.peak", "memory.events", "pids.peak"})
+
+
+def read_usage(leaf: Cgroup, controllers: frozenset[str]) -> CgroupStats | None:
+    """What the record keeps of the leaf's accounting (and only that: read at every end)."""
+    try:
+        return leaf.read_stats(controllers, only=USAGE_FILES)
+    except CgroupNotFound:
+        return None
+    except CgroupError as e:
+        log.warning("reading the usage of %s: %s", leaf.path, e)
+        return None

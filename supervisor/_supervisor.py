@@ -35,6 +35,7 @@ import trio
 from cgroupfs import CgroupError
 
 from ._batch import Batch, drive_batch
+from ._ending import Ending
 from ._errors import ConfigError, SpecError, SupervisorError
 from ._guard import SpawnGuard
 from ._handover import HandOver, adopt_all, export_task
@@ -324,11 +325,11 @@ class Supervisor:
         if created_at is not None:
             task.created_at = created_at
         task.stop.finish()
-        result = record(task, Outcome.LOST, started=started, error=RuntimeError(why),
-                        step="daemon", started_at=started_at if started else None,
-                        cleanup=cleanup or Cleanup("incomplete", detail="what became of the "
-                                                   "task's processes is not known"),
-                        notes=[*notes, why])
+        result = record(task, Ending(
+            Outcome.LOST, started=started, error=RuntimeError(why), step="daemon",
+            started_at=started_at, notes=(*notes, why),
+            cleanup=cleanup or Cleanup("incomplete", detail="what became of the task's "
+                                                            "processes is not known")))
         self._ended(task)
         return result
 

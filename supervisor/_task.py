@@ -28,19 +28,16 @@ from cgroupfs import Cgroup
 
 from ._capture import StreamCapture, Tap
 from ._drive import DONE, KILL, RUNNING, TERM, Driver
+from ._ending import Ending, result_of
 from ._errors import InternalError, SpecError, SupervisorError
 from ._guard import SpawnGuard
 from ._output import IoReactor, Latch, StdinFeed, Stream
 from ._result import (
-    Cleanup,
-    Containment,
-    KillSnapshot,
     Outcome,
     SignalSent,
     StopReason,
     StreamOutput,
     TaskResult,
-    Usage,
 )
 from ._sample import Sampler
 from ._spec import TaskSpec
@@ -52,7 +49,6 @@ __all__ = ["DRIVEN", "FINISHED", "HANDED_OVER", "PUBLIC_STATE", "QUEUED", "START
            "HandedOver", "Incident", "Runtime", "Task", "TaskHandle", "final_result",
            "finish_unstarted", "record", "request_stop"]
 
-EMPTY_OUTPUT = StreamOutput()
 _TIOCSIG = 0x40045436  # _IOW('T', 0x36, int): signal the terminal's foreground process group
 
 
@@ -278,7 +274,7 @@ class TaskHandle:
     def output(self, stream: str = "stdout") -> StreamOutput:
         """What is kept of ``stream`` so far (head, tail, counts); empty before the spawn."""
         cap = self._t.capture(stream)
-        return EMPTY_OUTPUT if cap is None else cap.result()
+        return StreamOutput() if cap is None else cap.result()
 
     def subscribe(self, stream: str = "stdout") -> trio.MemoryReceiveChannel[bytes]:
         """``stream`` as kept so far (head, then tail), then live; the channel closes at the
@@ -447,8 +443,8 @@ def finish_unstarted(task: Task) -> TaskResult:
     """Record a task that never started: it was stopped (or its life never ran) first."""
     reason = task.stop.reason or StopReason.CANCEL
     task.stop.finish()
-    return record(task, Outcome.CANCELLED, started=False,
-                  notes=[f"stopped before it started ({reason})"])
+    return record(task, Ending(Outcome.CANCELLED, notes=(f"stopped before it started "
+                                                         f"({reason})",)))
 
 
 def close_captures(task: Task) -> None:
@@ -457,29 +453,13 @@ def close_captures(task: Task) -> None:
             cap.close()
 
 
-def record(task: Task, outcome: Outcome, *, started: bool, exit_code: int | None = None,
-           sig: int | None = None, cleanup: Cleanup | None = None, usage: Usage | None = None,
-           t0: float | None = None, started_at: float | None = None,
-           notes: list[str] | None = None, error: BaseException | None = None,
-           step: str | None = None, containment: Containment | None = None,
-           snapshot: KillSnapshot | None = None) -> TaskResult:
-    """The one final record: written once, waiters woken, the supervisor told."""
+def record(task: Task, ending: Ending) -> TaskResult:
+    """The one final record, made of ``ending`` (``_ending.result_of``): kept once, waiters
+    woken, the supervisor told; a second one is an InternalError."""
     if task.result is not None:
         raise InternalError(f"task {task.id} was about to get a second final record")
     close_captures(task)
-    result = TaskResult(
-        id=task.id, argv=task.spec.argv, outcome=outcome, exit_code=exit_code, signal=sig,
-        started=started, cleanup=cleanup or Cleanup("clean"), stop=task.stop.record(t0),
-        usage=usage or Usage(),
-        output_stdout=task.stdout.result() if task.stdout is not None else EMPTY_OUTPUT,
-        output_stderr=task.stderr.result() if task.stderr is not None else EMPTY_OUTPUT,
-        containment=containment or Containment("cgroup"),
-        time_limit=task.time_limit, created_at=task.created_at, started_at=started_at,
-        ended_at=time.time(), notes=(*task.notes, *(notes or ())),
-        error=None if error is None else str(error),
-        error_errno=getattr(error, "errno", None), error_step=step, name=task.spec.name,
-        kill_snapshot=snapshot, signals=tuple(task.signals),
-    )
+    result = result_of(task, ending, time.time())
     task.result = result
     task.io = None
     task.stage = FINISHED

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from daemon_util import CORRAL, RunningDaemon, SmallDisk, fill, on_tmpfs, read_rows, wait_for
 
-from supervisor.client import ApiError
+from supervisor.client import ApiError, Call
 
 Start = Callable[..., RunningDaemon]
 
@@ -114,11 +114,11 @@ def test_a_full_disk_mid_run_refuses_new_tasks_and_retries_end_records(
         done = c.wait(running.id)  # the result, from memory: its record cannot be written
         assert done.outcome == "succeeded"
         shown = c.show(running.id)._asdict()
-        pending = c._call("GET", f"/v1/tasks/{running.id}")[1]
+        pending = c._do(Call("GET", f"/v1/tasks/{running.id}"))
         assert pending.get("record") == "pending", pending
         assert shown["state"] == "finished"
         (inside / "filler").unlink()
-        wait_for(lambda: "record" not in c._call("GET", f"/v1/tasks/{running.id}")[1],
+        wait_for(lambda: "record" not in c._do(Call("GET", f"/v1/tasks/{running.id}")),
                  "the end record to be written once there is space", timeout=60)
         assert [t.argv for t in c.list()] and all(t.argv != ["echo", "never"]
                                                   for t in c.list())
@@ -162,7 +162,7 @@ def test_the_records_reserve_lets_an_end_record_be_written_on_a_full_disk(
         assert caught.value.status == 503 and "full" in caught.value.message
         threading.Thread(target=lambda: gate.write_text("go\n"), daemon=True).start()
         assert c.wait(running.id).outcome == "succeeded"
-        assert "record" not in c._call("GET", f"/v1/tasks/{running.id}")[1]  # written
+        assert "record" not in c._do(Call("GET", f"/v1/tasks/{running.id}"))  # written
         assert not (inside / "reserve").exists()
         (inside / "filler").unlink()
         assert c.wait(c.submit(["true"]).id).outcome == "succeeded"

@@ -34,7 +34,7 @@ from daemon_util import (
     wait_for,
 )
 
-from supervisor.client import ApiError, Client
+from supervisor.client import ApiError, Call, Client
 
 Start = Callable[..., RunningDaemon]
 
@@ -511,7 +511,7 @@ def test_a_tenants_output_flood_fills_the_disk_and_stops_nothing_nor_falsifies_a
             assert e.status == 503 and "full" in e.message, e
         gate.write_text("go\n")
         assert c.wait(late.id).outcome == "succeeded"
-        assert "record" not in c._call("GET", f"/v1/tasks/{late.id}")[1]  # on disk already
+        assert "record" not in c._do(Call("GET", f"/v1/tasks/{late.id}"))  # on disk already
     everything = flooded + [(t, o) for t, o, _ in served] + [(late.id, "succeeded")]
     rows = {str(r["seq"]): r for r in _rows_of(disk, state, tmp_path)}
     for task_id, outcome in everything:

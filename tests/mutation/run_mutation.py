@@ -5,7 +5,7 @@
 
 What is mutated: the stop state (supervisor/_stop.py), the driver's named states
 (supervisor/_drive.py), the unit parsers (supervisor/_units.py) and the outcome rules
-(supervisor/_outcome.py).  The tests that judge each mutant: the unit-parser tests and fuzz,
+(supervisor/_ending.py).  The tests that judge each mutant: the unit-parser tests and fuzz,
 and tests/mutation/ (fast tests of stop, driver and outcome rules on real processes); mutmut
 runs, for each mutant, only the tests that reach the mutated function.
 
@@ -39,14 +39,14 @@ from benchmarks.report import cgroup2_mount, run_confined, scratch_cgroup
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 MODULES = {"_stop": "supervisor/_stop.py", "_drive": "supervisor/_drive.py",
-           "_units": "supervisor/_units.py", "_outcome": "supervisor/_outcome.py"}
+           "_units": "supervisor/_units.py", "_ending": "supervisor/_ending.py"}
 TESTS = {
     "_units": ["tests/test_units.py", "tests/fuzz/test_fuzz_units.py",
                "tests/mutation/test_mutation_units.py"],
     "_stop": ["tests/mutation"],
     # (hand_over()'s detach is exercised by the core's hand-over test, 2 s)
     "_drive": ["tests/mutation", "tests/core/test_handover.py"],
-    "_outcome": ["tests/mutation"],
+    "_ending": ["tests/mutation"],
 }
 BUILT = ["supervisor/_native.abi3.so", "supervisor/corral-keeper"]
 

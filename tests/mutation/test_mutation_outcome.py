@@ -1,4 +1,4 @@
-"""The outcome rules (supervisor/_outcome.py), each by value: what a finished task's facts
+"""The outcome rules (supervisor/_ending.py), each by value: what a finished task's facts
 (its stop, its exit, the OOM killer, its leftovers, the leaf's accounting) add up to.
 
 Pure functions over small inputs: written to judge mutants (tests/mutation/run_mutation.py).
@@ -18,14 +18,8 @@ import trio
 import cgroupfs
 from cgroupfs import CgroupStats, CpuStat, MemoryEvents
 from supervisor import Outcome, ProcessInfo, StopReason
-from supervisor._outcome import (
-    USAGE_FILES,
-    classify,
-    cleanup_of,
-    outcome_notes,
-    read_usage,
-    usage_of,
-)
+from supervisor._ending import classify, cleanup_of, outcome_notes, usage_of
+from supervisor._life import USAGE_FILES, read_usage
 from supervisor._stop import StopState
 
 
@@ -177,7 +171,7 @@ def test_read_usage_reads_only_the_record_files_and_never_fails(
     assert read_usage(Recorder(), frozenset({"pids"})) is None  # type: ignore[arg-type]
     assert calls == [(frozenset({"pids"}), USAGE_FILES)]
 
-    with caplog.at_level(logging.WARNING, logger="supervisor._outcome"):
+    with caplog.at_level(logging.WARNING, logger="supervisor._life"):
         missing = Broken(cgroupfs.CgroupNotFound(errno.ENOENT, "gone", "/broken/cpu.stat"))
         assert read_usage(missing, frozenset()) is None  # type: ignore[arg-type]
         assert caplog.text == ""
