@@ -116,7 +116,7 @@ def result_of(task: Task, e: Ending, ended_at: float) -> TaskResult:
     return TaskResult(
         id=task.id, argv=task.spec.argv, outcome=outcome, exit_code=exit_code, signal=sig,
         started=e.started, cleanup=cleanup,
-        stop=task.stop.record(None if launch is None else launch.t0), usage=usage,
+        stop=task.stop.result(None if launch is None else launch.t0), usage=usage,
         output_stdout=task.stdout.result() if task.stdout is not None else _EMPTY,
         output_stderr=task.stderr.result() if task.stderr is not None else _EMPTY,
         containment=containment, time_limit=task.time_limit, created_at=task.created_at,

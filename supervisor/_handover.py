@@ -55,7 +55,7 @@ from ._output import StdinFeed
 from ._result import Cleanup, Outcome, SignalSent, TaskResult
 from ._spec import TaskSpec
 from ._stdio import TaskIo, register
-from ._task import DRIVEN, HANDED_OVER, Runtime, Task, record
+from ._task import DRIVEN, HANDED_OVER, Runtime, Task, finish
 
 __all__ = ["FORMAT", "HandOver", "TaskState", "adopt_all", "adopt_task", "export_task"]
 
@@ -286,7 +286,7 @@ def _lost_in_handover(rt: Runtime, state: TaskState, error: Exception) -> None:
             pass
     spec = TaskSpec(tuple(state.state["spec"]["argv"]), name=state.state["spec"]["name"])
     task = Task(rt, state.id, spec, state.state["time_limit"], ())
-    record(task, Ending(Outcome.LOST, started=True, error=error, step="adopt",
+    finish(task, Ending(Outcome.LOST, started=True, error=error, step="adopt",
                         cleanup=Cleanup("incomplete", detail=f"could not be adopted: {error}"),
                         started_at=state.state["started_at"],
                         notes=("handed over by an earlier corral process, but could not be "

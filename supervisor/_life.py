@@ -53,8 +53,8 @@ from ._task import (
     Task,
     TaskHandle,
     close_captures,
+    finish,
     finish_unstarted,
-    record,
     request_stop,
 )
 
@@ -119,7 +119,7 @@ def _last_resort(task: Task) -> None:
     so that every waiter wakes to the one final record; if even that fails, wake them anyway
     (``wait()`` then raises InternalError)."""
     try:
-        record(task, Ending(
+        finish(task, Ending(
             Outcome.LOST, started=task.pid is not None, step="supervise",
             error=InternalError("the task's supervision ended without a record"),
             cleanup=Cleanup("incomplete", detail="corral could not tell what happened to the "
@@ -180,7 +180,7 @@ async def _launch(task: Task,
     except Exception as e:
         task_status.started(task.handle)
         step = getattr(e, "step", "cgroup" if isinstance(e, CgroupError) else "prepare")
-        result = record(task, Ending(Outcome.SPAWN_FAILED, error=e, step=step))
+        result = finish(task, Ending(Outcome.SPAWN_FAILED, error=e, step=step))
         if not isinstance(e, OSError | CgroupError):  # SpawnError is an OSError
             raise InternalError(f"task {task.id}: preparing the spawn failed: {e!r}") from e
         return result
@@ -355,7 +355,7 @@ async def _finish(task: Task, leaf: Cgroup, main: MainProcess, driver: Driver,
     pressure = read_pressure(leaf) if driver.series is not None else None
     removed = await _remove_leaf(leaf)
     problems = (*driver.problems, *([removed] if removed else []), *held)
-    return record(task, Ending(started=True, launch=started, driver=driver, stats=stats,
+    return finish(task, Ending(started=True, launch=started, driver=driver, stats=stats,
                                pressure=pressure, problems=problems, leaf_path=leaf.path))
 
 
@@ -412,7 +412,7 @@ def _lost(task: Task, leaf: Cgroup, exc: BaseException, started: Launch) -> None
         cleanup = Cleanup("incomplete", detail=f"supervision failed: {exc!r}; the leaf was "
                           + (f"not cleared: {done.error}" if done.error else
                              "killed and removed"))
-        record(task, Ending(Outcome.LOST, started=True, launch=started, error=exc,
+        finish(task, Ending(Outcome.LOST, started=True, launch=started, error=exc,
                             step="supervise", cleanup=cleanup,
                             notes=("corral hit an internal error while supervising this "
                                    "task",)))

@@ -128,7 +128,7 @@ class StopState:
         self.signalled_at = clock.back_or_none(s["signalled_at"])
         self.killed_at = clock.back_or_none(s["killed_at"])
 
-    def record(self, t0: float | None) -> StopRecord | None:
+    def result(self, t0: float | None) -> StopRecord | None:
         """The result's view; times in seconds after ``t0`` (the spawn), None if not started."""
         if self.reason is None or self.requested_at is None:
             return None

@@ -52,8 +52,8 @@ from ._task import (
     Task,
     TaskHandle,
     final_result,
+    finish,
     finish_unstarted,
-    record,
     request_stop,
 )
 from ._tracking import remember_home
@@ -325,7 +325,7 @@ class Supervisor:
         if created_at is not None:
             task.created_at = created_at
         task.stop.finish()
-        result = record(task, Ending(
+        result = finish(task, Ending(
             Outcome.LOST, started=started, error=RuntimeError(why), step="daemon",
             started_at=started_at, notes=(*notes, why),
             cleanup=cleanup or Cleanup("incomplete", detail="what became of the task's "

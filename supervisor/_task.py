@@ -47,7 +47,7 @@ from ._watch import CgroupWatcher
 
 __all__ = ["DRIVEN", "FINISHED", "HANDED_OVER", "PUBLIC_STATE", "QUEUED", "STARTING",
            "HandedOver", "Incident", "Runtime", "Task", "TaskHandle", "final_result",
-           "finish_unstarted", "record", "request_stop"]
+           "finish", "finish_unstarted", "request_stop"]
 
 _TIOCSIG = 0x40045436  # _IOW('T', 0x36, int): signal the terminal's foreground process group
 
@@ -128,7 +128,7 @@ class Task:
         self.time_limit = time_limit
         self.pid: int | None = None
         self.cgroup: str | None = None
-        self.stage = QUEUED  # (set by the life: _life.py, _handover.py, record())
+        self.stage = QUEUED  # (set by the life: _life.py, _handover.py, finish())
         self.notes = notes  # () for most: shared, costs nothing per task
         self.stop = StopState(int(spec.stop_signal))
         self.done = Latch()
@@ -443,7 +443,7 @@ def finish_unstarted(task: Task) -> TaskResult:
     """Record a task that never started: it was stopped (or its life never ran) first."""
     reason = task.stop.reason or StopReason.CANCEL
     task.stop.finish()
-    return record(task, Ending(Outcome.CANCELLED, notes=(f"stopped before it started "
+    return finish(task, Ending(Outcome.CANCELLED, notes=(f"stopped before it started "
                                                          f"({reason})",)))
 
 
@@ -453,7 +453,7 @@ def close_captures(task: Task) -> None:
             cap.close()
 
 
-def record(task: Task, ending: Ending) -> TaskResult:
+def finish(task: Task, ending: Ending) -> TaskResult:
     """The one final record, made of ``ending`` (``_ending.result_of``): kept once, waiters
     woken, the supervisor told; a second one is an InternalError."""
     if task.result is not None:

@@ -35,7 +35,7 @@ async def test_a_new_stop_state_has_nothing_to_say() -> None:
     assert (s.requested_at, s.signalled_at, s.killed_at, s.waker) == (None, None, None, None)
     assert not s.kill_now
     assert s.signal == 15
-    assert s.record(0.0) is None
+    assert s.result(0.0) is None
 
 
 async def test_the_callers_first_request_is_graceful_and_fixes_the_reason() -> None:
@@ -101,7 +101,7 @@ async def test_after_the_end_no_request_changes_anything() -> None:
     for by_caller, force in ((True, False), (False, False), (True, True)):
         assert s.request(CANCEL, by_caller=by_caller, force=force) is False
     assert s.reason is None and s.caller_requests == 0 and s.kill_because is None
-    assert s.record(0.0) is None
+    assert s.result(0.0) is None
 
 
 async def test_mark_keeps_the_first_times_and_whether_the_stop_landed() -> None:
@@ -134,7 +134,7 @@ async def test_the_record_gives_times_after_the_spawn_and_how_far_it_went() -> N
     s = StopState(2)
     t0 = trio.current_time()
     s.request(TL, by_caller=False)
-    r = s.record(t0)
+    r = s.result(t0)
     assert r is not None
     assert (r.reason, r.reached, r.signal, r.kill_because, r.landed) == (TL, "requested", 2,
                                                                          None, False)
@@ -143,20 +143,20 @@ async def test_the_record_gives_times_after_the_spawn_and_how_far_it_went() -> N
 
     s.signalled_at = t0 + 1.2345678
     s.landed = True
-    r = s.record(t0)
+    r = s.result(t0)
     assert r is not None and r.reached == "signalled" and r.signalled_after_s == 1.234568
     assert r.kill_because is None and r.landed  # no kill yet: no reason for one
 
     s.killed_at, s.kill_because = t0 + 2.5, "grace_expired"
-    r = s.record(t0)
+    r = s.result(t0)
     assert r is not None and r.reached == "killed" and r.killed_after_s == 2.5
     assert r.kill_because == "grace_expired"
 
     # a request made before the spawn (queued) counts from the spawn: 0, never negative
-    late = s.record(t0 + 100)
+    late = s.result(t0 + 100)
     assert late is not None and late.requested_after_s == 0.0
     # never started: no times at all
-    unstarted = s.record(None)
+    unstarted = s.result(None)
     assert unstarted is not None and unstarted.requested_after_s is None
     assert unstarted.signalled_after_s is None and unstarted.killed_after_s is None
 
@@ -164,7 +164,7 @@ async def test_the_record_gives_times_after_the_spawn_and_how_far_it_went() -> N
 async def test_a_caller_request_without_a_reason_yet_records_the_callers_reason() -> None:
     s = StopState(15)
     s.request(SHUTDOWN, by_caller=True)
-    r = s.record(trio.current_time())
+    r = s.result(trio.current_time())
     assert r is not None and r.reason == SHUTDOWN
 
 
@@ -549,8 +549,8 @@ async def test_a_kill_made_due_but_not_yet_sent_is_not_in_the_record() -> None:
     s = StopState(15)
     t0 = trio.current_time()
     s.request(CANCEL, by_caller=True, force=True)
-    r = s.record(t0)
+    r = s.result(t0)
     assert r is not None and r.reached == "requested" and r.kill_because is None
     s.mark("killed", main_alive=True)
-    r = s.record(t0)
+    r = s.result(t0)
     assert r is not None and r.reached == "killed" and r.kill_because == "force"
