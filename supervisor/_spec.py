@@ -22,11 +22,10 @@ from cgroupfs import Limits
 
 from ._errors import SpecError
 from ._isolation import Isolation
-from ._units import UnitsError, parse_duration, parse_signal
+from ._units import DEFAULT_GRACE, UnitsError, parse_duration, parse_signal
 
 __all__ = ["DEFAULT_GRACE", "TaskSpec"]
 
-DEFAULT_GRACE = 5.0
 NO_LIMITS = Limits()
 NO_ISOLATION = Isolation()
 DEFAULT_HEAD = 16 * 1024

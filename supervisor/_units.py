@@ -27,6 +27,7 @@ from fractions import Fraction
 from typing import Literal
 
 __all__ = [
+    "DEFAULT_GRACE",
     "UnitsError",
     "format_duration",
     "parse_count",
@@ -36,6 +37,9 @@ __all__ = [
     "parse_size",
     "parse_weight",
 ]
+
+
+DEFAULT_GRACE = 5.0  # seconds between a task's stop signal and its kill, unless it asks
 
 
 class UnitsError(ValueError):

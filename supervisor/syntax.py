@@ -7,6 +7,8 @@ check a value the way corral will before it sends it (no trio import).
 - :func:`parse_properties`: ``Name=value`` strings or a mapping, to a task's limits and
   isolation; :data:`SUPPORTED`: every property name it takes.
 - :data:`RLIMITS`: the ``Limit*=`` names and their ``RLIMIT_*`` numbers; :data:`INFINITY`.
+- :data:`DEFAULT_GRACE`: the seconds between a task's stop signal and its kill, unless it
+  asks for another grace.
 
 A bad value raises :class:`UnitsError` (a ``ValueError``) naming the field, the value, the
 rule and the fix.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from ._isovalues import INFINITY, RLIMITS
 from ._properties import SUPPORTED, parse_properties
-from ._units import UnitsError, format_duration, parse_duration, parse_size
+from ._units import DEFAULT_GRACE, UnitsError, format_duration, parse_duration, parse_size
 
-__all__ = ["INFINITY", "RLIMITS", "SUPPORTED", "UnitsError", "format_duration",
-           "parse_duration", "parse_properties", "parse_size"]
+__all__ = ["DEFAULT_GRACE", "INFINITY", "RLIMITS", "SUPPORTED", "UnitsError",
+           "format_duration", "parse_duration", "parse_properties", "parse_size"]

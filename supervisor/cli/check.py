@@ -33,9 +33,8 @@ from cgroupfs import (
     parse_mountinfo,
 )
 
-from .. import Isolation
-from .._errors import PlacementError
-from .._spawn import SpawnError, spawn
+from .. import Isolation, PlacementError
+from ..lowlevel import SpawnError, spawn
 from ..placement import place_async
 from ..syntax import SUPPORTED
 from . import missing_cgroup_root

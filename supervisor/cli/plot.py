@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from .._result import TaskResult
+    from .. import TaskResult
 
 __all__ = ["EXTRA", "FORMATS", "check_target", "draw", "write_plot"]
 
@@ -176,7 +176,7 @@ def draw(r: TaskResult, path: str) -> None:
     import matplotlib
     from matplotlib.figure import Figure
 
-    from .._outfile import open_output
+    from ..lowlevel import open_output
 
     shown, missing = panels(r)
     # text stays text in the SVG; every sample stays a vertex (no path simplification);

@@ -45,8 +45,7 @@ import trio
 from .terminal import may_suspend, screen_reset
 
 if TYPE_CHECKING:
-    from .._output import Tap
-    from .._task import TaskHandle
+    from .. import Tap, TaskHandle
 
 __all__ = ["Port", "PtyRelay", "RawMode", "Screen", "task_terminal"]
 
@@ -362,7 +361,7 @@ class PtyRelay:
         """Tap the task's terminal; call right after ``start()`` returned, with no checkpoint
         between.  The reactor may have read a first chunk before the tap existed: it is in
         the head of the kept output, and written first."""
-        from .._errors import SpecError
+        from .. import SpecError
 
         kept = task.output("stdout")
         try:

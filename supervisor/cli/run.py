@@ -43,10 +43,7 @@ from .terminal import (
 if TYPE_CHECKING:
     import logging
 
-    from .._result import TaskResult
-    from .._spec import TaskSpec
-    from .._supervisor import Supervisor
-    from .._task import TaskHandle
+    from .. import Supervisor, TaskHandle, TaskResult, TaskSpec
     from .relay import PtyRelay
 
 __all__ = ["add_parser", "main"]
@@ -177,7 +174,7 @@ def _plot_target(value: str) -> str:
 def _spec_from_args(args: argparse.Namespace, pty: PtyRelay | None) -> TaskSpec:
     from cgroupfs import Limits
 
-    from .._spec import TaskSpec
+    from .. import TaskSpec
     from ..syntax import parse_properties
 
     command = list(args.command)
@@ -340,7 +337,7 @@ async def _watch_signals(control: Control) -> None:
 async def _run(spec: TaskSpec, args: argparse.Namespace, control: Control) -> TaskResult:
     import trio
 
-    from .._supervisor import open_supervisor
+    from .. import open_supervisor
 
     async with trio.open_nursery() as outer:
         outer.start_soon(_watch_signals, control)
@@ -381,7 +378,8 @@ def _supervise(spec: TaskSpec, args: argparse.Namespace,
 
     from cgroupfs import CgroupError
 
-    from .._errors import SupervisorError, first_leaf
+    from .. import SupervisorError
+    from ..lowlevel import first_leaf
 
     try:
         return trio.run(_run, spec, args, control), None
@@ -396,7 +394,7 @@ def _supervise(spec: TaskSpec, args: argparse.Namespace,
 
 
 def _signalfd() -> int:
-    from .._spawn import signalfd
+    from ..lowlevel import signalfd
 
     return signalfd(JOB_SIGNALS)
 
@@ -415,7 +413,7 @@ class _Sink(NamedTuple):
 def _open_sinks(args: argparse.Namespace) -> list[_Sink]:
     """Check and open the JSON destinations now: a result that cannot be written must not be
     found out after the run."""
-    from .._outfile import open_output
+    from ..lowlevel import open_output
     sinks = []
     if args.json_fd is not None:
         fd = args.json_fd
@@ -593,7 +591,7 @@ def _leave_full_screen(result: TaskResult) -> None:
 
 
 def _prepare(args: argparse.Namespace, pty: PtyRelay | None) -> TaskSpec:
-    from .._errors import PlacementError
+    from .. import PlacementError
 
     missing = missing_cgroup_root(args.cgroup_root)
     if missing is not None:

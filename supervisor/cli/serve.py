@@ -209,7 +209,8 @@ def _raise_nofile() -> int:
 def main(args: argparse.Namespace) -> int:
     import trio
 
-    from .._errors import PlacementError, SupervisorError, first_leaf
+    from .. import PlacementError, SupervisorError
+    from ..lowlevel import first_leaf
     from ..serve.daemon import serve
     from ..serve.records import RecordsError
 

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .._result import KillSnapshot, TaskResult, Usage
+from .. import KillSnapshot, TaskResult, Usage
 from ..syntax import format_duration
 from .printable import printable
 

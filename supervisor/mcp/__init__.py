@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                         format="corral mcp: %(levelname)s: %(message)s")
     import trio
 
-    from .._errors import SupervisorError
+    from .. import SupervisorError
     from .app import serve
 
     socket = choose_socket(args.socket, args.local or args.cgroup_root is not None)

@@ -31,9 +31,8 @@ from typing import Any, TypeVar
 
 import trio
 
-from .._spec import DEFAULT_GRACE
 from ..client import ApiError, Client, new_key
-from ..syntax import format_duration, parse_duration
+from ..syntax import DEFAULT_GRACE, format_duration, parse_duration
 from .backend import (
     SIGNALS,
     STREAMS,

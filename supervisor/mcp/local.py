@@ -34,10 +34,15 @@ from typing import Any
 
 import trio
 
-from .._result import StopReason, StreamOutput, TaskResult
-from .._spec import TaskSpec
-from .._supervisor import Supervisor, open_supervisor
-from .._task import TaskHandle
+from .. import (
+    StopReason,
+    StreamOutput,
+    Supervisor,
+    TaskHandle,
+    TaskResult,
+    TaskSpec,
+    open_supervisor,
+)
 from ..placement import check_limits
 from ..serve.sessions import (
     MAX_SESSIONS_PER_UID,

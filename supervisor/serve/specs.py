@@ -107,7 +107,7 @@ def _within_ours(rlimits: Rlimits) -> dict[str, tuple[int, int]]:
     """``rlimits`` with no hard limit above the daemon's own unless it may raise one
     (CAP_SYS_RESOURCE; a container's root may lack it): a submitter's session may have more
     than the service, and its task then gets what the service can give."""
-    from .._isohost import has_cap
+    from ..lowlevel import has_cap
     from ..syntax import INFINITY, RLIMITS
 
     if has_cap("CAP_SYS_RESOURCE"):
@@ -129,7 +129,7 @@ def _shown(value: int) -> str:
 def _options(r: SubmitRequest) -> tuple[dict[str, Any], dict[str, Any]]:
     """TaskSpec keywords and Limits fields from the properties (parsed by the core) and the
     request's own fields, which win."""
-    from supervisor._properties import parse_properties
+    from ..syntax import parse_properties
 
     props = parse_properties(f"{k}={v}" for k, v in (r.properties or {}).items())
     options: dict[str, Any] = dict(props.options)
