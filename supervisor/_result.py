@@ -247,6 +247,12 @@ class SignalSent:
     to: str
     by: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """As the record's ``signals`` list has it (docs/result.md)."""
+        return {"signal": int(self.signal), "signal_name": signal_name(self.signal),
+                "after_s": self.after_s, "to": self.to,
+                "by": None if self.by is None else _text(self.by)}
+
 
 @dataclass(frozen=True, slots=True)
 class TaskResult:
@@ -347,9 +353,7 @@ class TaskResult:
             "notes": [_text(n) for n in self.notes],
             "error": _error_dict(self),
             "kill_snapshot": _snapshot_dict(self.kill_snapshot),
-            "signals": [{"signal": int(x.signal), "signal_name": signal_name(x.signal),
-                         "after_s": x.after_s, "to": x.to,
-                         "by": None if x.by is None else _text(x.by)} for x in self.signals],
+            "signals": [x.to_dict() for x in self.signals],
         }
 
 

@@ -261,6 +261,11 @@ class TaskHandle:
         return self._t.result
 
     @property
+    def signals(self) -> tuple[SignalSent, ...]:
+        """The signals sent to it so far (:meth:`signal`), as its record will list them."""
+        return tuple(self._t.signals)
+
+    @property
     def stop_requested(self) -> StopReason | None:
         """Why the task is being stopped (the first request's reason), or None."""
         return self._t.stop.reason

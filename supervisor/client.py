@@ -170,11 +170,21 @@ class Api:
 
     @staticmethod
     def submit(argv: list[str], options: dict[str, Any]) -> Call:
+        """``wait`` among ``options``: answered when the task ends (its result) or when the
+        bound passes (still running, ``output`` so far), whichever comes first."""
+        options = dict(options)
+        wait = options.pop("wait", None)
+        body = submission(argv, options)
+        if wait is not None:
+            body["wait"] = _wait_text(wait)
+
         def created(status: int, data: bytes) -> TaskInfo:
             obj = json.loads(data)
-            return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
+            if status == 201:  # (accepted: the id and state only)
+                return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
+            return TaskInfo.from_json(obj)
 
-        return Call("POST", "/v1/tasks", submission(argv, options), resend=True,
+        return Call("POST", "/v1/tasks", body, ok=(200, 201, 202), resend=True,
                     again="gone", decode=created)
 
     @staticmethod
@@ -412,7 +422,9 @@ class Client:
 
     def submit(self, argv: list[str], **options: Any) -> TaskInfo:
         """Submit a task; options are the fields of ``POST /v1/tasks`` (``time_limit``,
-        ``properties={"MemoryMax": "1G"}``, ``stdin=b"..."`` or ``"pipe"``, ...).
+        ``properties={"MemoryMax": "1G"}``, ``stdin=b"..."`` or ``"pipe"``, ...).  With
+        ``wait="30s"`` (or seconds), the answer comes when the task ends (``result``) or when
+        the bound passes: then it is still running, with its ``output`` so far.
 
         Every submission carries an idempotency key (one of the caller's, or one made here),
         so that asking again after a lost answer (a connection dropped, a daemon restarting)

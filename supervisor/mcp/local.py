@@ -45,6 +45,7 @@ from .. import (
 )
 from ..placement import check_limits
 from ..serve.sessions import (
+    DEMOTED,
     MAX_SESSIONS_PER_UID,
     MAX_STATE,
     Session,
@@ -251,8 +252,7 @@ class LocalBackend:
         if result is None:  # (cancelled before its record: the supervisor is closing)
             cmd.carried = {"nothing": "the server closed before its record was made"}
         elif cmd.demoted:
-            cmd.carried = {"nothing": "the session ran another command before this one "
-                                      "ended: it became background work, nothing carried over"}
+            cmd.carried = {"nothing": DEMOTED}
         else:
             state = parse_state(bytes(cmd.state), cmd.truncated) if result.started else None
             cmd.carried = carried_state(session, str(result.outcome), cmd.background,

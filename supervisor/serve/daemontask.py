@@ -27,10 +27,10 @@ __all__ = ["DaemonTask", "kept_result", "listed_row_json", "row_json", "served_r
 class DaemonTask:
     """One accepted task.  ``id`` is the record's (never reused) and the core's leaf name."""
 
-    __slots__ = ("carried", "created_at", "done", "ended_at", "exit_status", "gid", "groups",
-                 "handle", "id", "kept", "outcome", "output", "peer_pid", "pid", "recorded",
-                 "request", "result_json", "signals", "size", "spec", "started", "started_at",
-                 "state", "stop_force", "stop_requests", "uid")
+    __slots__ = ("carried", "created_at", "demoted", "done", "ended_at", "exit_status",
+                 "gid", "groups", "handed_back", "handle", "id", "kept", "outcome", "output",
+                 "peer_pid", "pid", "recorded", "request", "result_json", "size", "spec",
+                 "started", "started_at", "state", "stop_force", "stop_requests", "uid")
 
     def __init__(self, task_id: str, uid: int, gid: int, peer_pid: int,
                  request: SubmitRequest, spec: TaskSpec | None, output: str, created_at: float,
@@ -63,7 +63,10 @@ class DaemonTask:
         self.stop_requests = 0  # asked before a handle existed
         self.stop_force = False
         self.carried: dict[str, Any] | None = None  # a session's command: what it carried
-        self.signals: list[dict[str, Any]] = []  # sent through POST /v1/tasks/ID/signal
+        # a session's foreground command: its exec was answered while it ran (at once, or at
+        # its wait bound), so the session may run another; then it became background work
+        self.handed_back = False
+        self.demoted = False
 
     @property
     def session(self) -> str | None:
@@ -90,8 +93,8 @@ class DaemonTask:
         if self.session is not None:
             out["session"] = self.session
             out["carried"] = self.carried
-        if self.signals:
-            out["signals"] = self.signals
+        if self.handle is not None and self.handle.signals:  # (its result has them all)
+            out["signals"] = [x.to_dict() for x in self.handle.signals]
         if position is not None:
             out["queue_position"] = position
         if self.outcome is not None and not self.recorded:

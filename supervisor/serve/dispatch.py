@@ -36,7 +36,7 @@ import trio
 from .daemontask import DaemonTask, kept_result, stream_path
 from .records import RecordsError
 from .schema import output_bytes
-from .sessions import MAX_STATE, carried_state, parse_state, state_pipe
+from .sessions import DEMOTED, MAX_STATE, carried_state, parse_state, state_pipe
 from .state import Daemon
 
 if TYPE_CHECKING:
@@ -303,7 +303,8 @@ def _carry(d: Daemon, t: DaemonTask,
         s.current = None
     background = bool((t.request.session or {}).get("background"))
     started_with = None if t.spec is None or t.spec.env is None else dict(t.spec.env)
-    t.carried = carried_state(s, str(t.outcome), background, reported, started_with)
+    t.carried = {"nothing": DEMOTED} if t.demoted else carried_state(
+        s, str(t.outcome), background, reported, started_with)
     return s.id, {"cwd": s.cwd, "env": s.env}
 
 

@@ -604,6 +604,8 @@ class TaskInfo(NamedTuple):
     session: str | None = None  # a session's command: its session, and what it carried
     carried: dict[str, Any] | None = None
     signals: list[dict[str, Any]] | None = None  # sent so far (the result has them all)
+    # an answer at a wait bound while it runs: per stream, its head and tail so far
+    output: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TaskInfo:

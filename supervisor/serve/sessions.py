@@ -139,6 +139,12 @@ def parse_state(data: bytes, truncated: bool) -> tuple[str, dict[str, str]] | st
     return cwd, env
 
 
+# what a foreground command carries when its session ran another before it ended (it had been
+# handed back still running: at once, or at its exec's wait bound)
+DEMOTED = ("the session ran another command before this one ended: it became background work, "
+           "nothing carried over")
+
+
 def carried_state(session: Session, outcome: str, background: bool,
                   state: tuple[str, dict[str, str]] | str | None,
                   started_with: dict[str, str] | None = None) -> dict[str, Any]:

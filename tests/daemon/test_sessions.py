@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -64,18 +65,43 @@ def test_the_wait_bound_answers_and_the_task_goes_on(start_daemon: Start) -> Non
         assert answer["state"] == "running" and 0.9 < took < 5, (answer, took)
         assert answer["output"]["stdout"]["head"] == "started\n"
         assert answer["output"]["stdout"]["dropped_bytes"] == 0
-        with pytest.raises(ApiError) as busy:
-            c.exec(s["id"], "true")
-        assert busy.value.status == 409 and busy.value.code == "busy"
-        assert answer["id"] in busy.value.message
+        # handed back still running, it goes on; the session takes the next command, and
+        # then the first is background work: what it changes will not carry (it says so)
         assert c.show(answer["id"]).state == "running"  # not stopped by the bound
+        assert c.exec(s["id"], "cd /tmp", wait="10s")["result"]["outcome"] == "succeeded"
+        assert c.show_session(s["id"])["cwd"] == "/tmp"
         assert c.stop(answer["id"])
-        assert c.wait(answer["id"]).outcome == "cancelled"
-    # the same bound on a plain submission
+        ended = c.wait(answer["id"])
+        assert ended.outcome == "cancelled" and "background work" in ended.carried["nothing"]
+        # one handed back that nothing came after still carries when it ends
+        alone = c.exec(s["id"], "sleep 0.5; cd /", wait="0.1s")
+        assert alone["state"] == "running"
+        assert c.wait(alone["id"]).carried["cwd"] == "/" and c.show_session(s["id"])["cwd"] == "/"
+        # while an exec still waits for its command, the session is busy
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(lambda: Client(d.socket).exec(s["id"], "echo w; sleep 30",
+                                                                wait="60s"))
+            wait_for(lambda: c.show_session(s["id"]).get("current") is not None,
+                     "the waited-on command to start")
+            held = c.show_session(s["id"])["current"]
+            with pytest.raises(ApiError) as busy:
+                c.exec(s["id"], "true")
+            assert busy.value.status == 409 and busy.value.code == "busy"
+            assert held in busy.value.message
+            assert c.stop(held, force=True)
+            assert waiting.result(timeout=30)["outcome"] == "cancelled"
+        # the same bound on a plain submission, through the client: the result, or the task
+        # still running with its output so far
+        done = c.submit(["echo", "hello"], wait="10s")
+        assert done.state == "finished" and done.outcome == "succeeded"
+        assert done.result is not None and done.result["output"]["stdout"]["head"] == "hello\n"
+        running = c.submit(["sh", "-c", "echo so-far; sleep 30"], wait=1)
+        assert running.state == "running" and running.result is None
+        assert running.output is not None and running.output["stdout"]["head"] == "so-far\n"
+        assert c.stop(running.id, force=True)
     status, body = raw(d, b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-length: 46\r\n\r\n"
                           b'{"argv": ["echo", "hello"], "wait": "10s"}    ')
     assert status == 200 and body["outcome"] == "succeeded", body
-    assert body["result"]["output"]["stdout"]["head"] == "hello\n"
 
 
 def test_closing_a_session_stops_everything_of_it(start_daemon: Start,

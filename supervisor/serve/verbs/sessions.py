@@ -10,8 +10,10 @@
 - ``POST /v1/sessions/ID/exec`` ``{"command": "cd src && make", "background", "wait",
   "time_limit", "grace", "stdin", "name", "idempotency_key"}``: run one command as a task of
   its own (as ``POST /v1/tasks`` answers; with ``wait``, when it ends or the bound passes).
-  One foreground command at a time (409 ``busy`` names the one running); background ones run
-  beside it and carry nothing.
+  A foreground command handed back still running (answered at once, or at its wait bound)
+  becomes background work when the session runs its next one, and then carries nothing; one
+  whose exec is still waiting makes the session busy (409 ``busy`` names it).  Background ones
+  run beside it and carry nothing.
 
 A session's commands are checked exactly as a submission is (its properties, limits and
 environment, as the caller): a session gives a tenant nothing a task would not.
@@ -121,10 +123,12 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
         stdin_data=e.stdin_data, idempotency_key=e.idempotency_key, tty=e.tty,
         session={"id": s.id, "command": e.command, "background": e.background,
                  "exact_env": s.env is not None})
-    if not e.background and s.current is not None and not await _resent(d, req, r):
-        raise ApiError(409, "busy", f"session {id} is running a command (task {s.current}); "
-                       f"wait for it (GET /v1/tasks/{s.current}/wait), stop it, or run this "
-                       f"one with \"background\": true", "command")
+    current = d.tasks.get(s.current) if s.current is not None else None
+    waited_on = current is not None and not current.handed_back and current.outcome is None
+    if not e.background and waited_on and not await _resent(d, req, r):
+        raise ApiError(409, "busy", f"session {id} is running a command (task {s.current}) "
+                       f"whose exec has not been answered yet; wait for that answer, stop it, "
+                       f"or run this one with \"background\": true", "command")
     # (its size as held and recorded: the body, and the environment the session adds to it)
     size = len(req.body) + (len(json.dumps(env)) if env else 0)
     earlier, t = await accept(d, req.peer, r, size)
@@ -133,8 +137,12 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
     assert t is not None
     s.running.add(t.id)
     if not e.background:
+        before = d.tasks.get(s.current) if s.current is not None else None
+        if before is not None and before.outcome is None and before is not t:
+            before.demoted = True  # (handed back still running: now background work)
         s.current = t.id
     if wait is None:
+        t.handed_back = True
         return json_response(201, {"id": t.id, "state": t.state, "session": s.id})
     return await answer_after(d, t, wait)
 

@@ -93,11 +93,12 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
 async def answer_after(d: Daemon, t: DaemonTask, wait: float) -> Response:
     """The answer of a request with a ``wait`` bound: 200 with the task and its result if it
     ends within ``wait`` seconds; else 202 with its state and its output so far (the task
-    goes on: nothing is stopped)."""
+    goes on: nothing is stopped; its session may run its next command meanwhile)."""
     with trio.move_on_after(wait):
         await t.done.wait()
     if t.done.is_set():
         return json_response(200, t.to_json(full=True))
+    t.handed_back = True  # (a session's next command may start: this one goes on beside it)
     so_far = await trio.to_thread.run_sync(output_so_far, t.output)
     return json_response(202, {**t.to_json(full=False, position=d.scheduler.position(t)),
                                "output": so_far})
