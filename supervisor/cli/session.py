@@ -42,7 +42,8 @@ def add_parser(sub: Any) -> None:
     e = verbs.add_parser("exec", help="run a command in a session")
     e.add_argument("id")
     e.add_argument("--wait", default="1h", metavar="DURATION",
-                   help="answer by then at the latest; the command goes on (default 1h)")
+                   help="answer by then at the latest: a command still running goes on, "
+                        "and corral exits 75 (default 1h)")
     e.add_argument("--background", action="store_true",
                    help="beside the foreground command; carries nothing; prints its id")
     e.add_argument("--time-limit", metavar="DURATION")
@@ -99,6 +100,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _exec(client: Any, args: argparse.Namespace) -> int:
     from . import die
+    from .submit import _bound, still_running
     from .wait import report
 
     words = list(args.command)
@@ -116,9 +118,7 @@ def _exec(client: Any, args: argparse.Namespace) -> int:
             so_far = answer["output"][stream]
             out.write(so_far["head"] + (f"\n[... {so_far['dropped_bytes']} bytes ...]\n"
                                         if so_far["dropped_bytes"] else "") + so_far["tail"])
-        print(f"corral: task {answer['id']} still running (corral logs -f {answer['id']}, "
-              f"corral wait {answer['id']})", file=sys.stderr)
-        return 0
+        return still_running(answer["id"], _bound(args.wait))
     result = answer["result"]
     for stream, out in (("stdout", sys.stdout), ("stderr", sys.stderr)):
         part = result["output"][stream]

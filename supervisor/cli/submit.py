@@ -32,7 +32,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("submit", help="submit a command to the daemon",
                        usage="corral submit [OPTIONS] -- CMD [ARGS...]",
                        description="Submit CMD to the corral daemon; print its task id.")
-    p.add_argument("--wait", action="store_true", help="wait; exit with the task's status")
+    p.add_argument("--wait", nargs="?", const=True, default=None, metavar="DURATION",
+                   help="wait; exit with the task's status.  With a DURATION, at most that "
+                        "long: a task still running then goes on, and corral exits "
+                        f"{STILL_RUNNING} (corral wait ID, corral logs -f ID)")
     p.add_argument("-t", "--tty", action="store_true",
                    help="a terminal of its own, this terminal's size, and attach this terminal "
                         "to it (corral attach: detach with Ctrl-], q; it goes on)")
@@ -73,6 +76,29 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
     return options
+
+
+STILL_RUNNING = 75  # (sysexits' EX_TEMPFAIL) the task still runs at the --wait bound
+
+
+def _bound(wait: str | bool | None) -> float | None:
+    """``--wait DURATION`` in seconds (None: no bound)."""
+    if wait is None or wait is True:
+        return None
+    from ..syntax import UnitsError, parse_duration
+
+    try:
+        return parse_duration(str(wait), "--wait", allow_zero=True)
+    except UnitsError as e:
+        die(str(e))
+
+
+def still_running(task_id: str, bound: float | None) -> int:
+    """Say that the task goes on past the wait bound; the exit status that says it."""
+    print(f"corral: task {task_id} is still running after the {bound:g}s wait bound; it goes "
+          f"on (corral wait {task_id}, corral logs -f {task_id}, corral stop {task_id})",
+          file=sys.stderr)
+    return STILL_RUNNING
 
 
 class Interrupts:
@@ -160,6 +186,7 @@ def main(args: argparse.Namespace) -> int:
     if not command:
         die("no command given: corral submit [OPTIONS] -- CMD [ARGS...]")
     options = _options(args)
+    bound = _bound(args.wait)
     if args.tty:
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             die("-t needs a terminal on stdin and stdout (it attaches it to the task)")
@@ -182,7 +209,9 @@ def main(args: argparse.Namespace) -> int:
             end = _follow(client, task.id) if args.follow else None
             if end is not None:
                 return report(task.id, end.result, end.exit_status, quiet=False)
-            info = client.wait(task.id)
+            info = client.wait(task.id, timeout=bound)
+        if info.state != "finished":
+            return still_running(task.id, bound)
         return report(task.id, info.result, info.exit_status, quiet=False)
 
     return run_client(args, body)

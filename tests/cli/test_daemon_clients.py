@@ -206,3 +206,23 @@ def test_show_gives_the_figures_of_a_task_that_ran(
     shown = d.corral("show", task_id, check=True).stdout.decode()
     wall = next(line for line in shown.splitlines() if line.startswith("Wall: "))
     assert wall.startswith("Wall: 0.") and "n/a" not in wall.split("CPU")[0], wall
+
+
+def test_a_wait_bound_on_the_command_line_exits_75_and_the_task_goes_on(
+        start_daemon: Callable[..., RunningDaemon]) -> None:
+    d = start_daemon()
+    r = d.corral("submit", "--wait", "10s", "--", "sh", "-c", "exit 4")
+    assert r.returncode == 4  # ended within the bound: its own status
+    r = d.corral("submit", "--wait", "0.5s", "--", "sh", "-c", "sleep 30")
+    err = r.stderr.decode()
+    assert r.returncode == 75 and "still running after the 0.5s wait bound" in err, err
+    task_id = err.split()[2]
+    assert d.corral("show", task_id, check=True).stdout.decode().count("running") >= 1
+    assert d.corral("stop", "--force", task_id).returncode == 0
+    r = d.corral("submit", "--wait", "soon", "--", "true")
+    assert r.returncode == 125 and "--wait" in r.stderr.decode()
+    session = d.corral("session", "open", check=True).stdout.decode().split()[0]
+    r = d.corral("session", "exec", "--wait", "0.3s", session, "--", "echo hi; sleep 30")
+    err = r.stderr.decode()
+    assert r.returncode == 75 and r.stdout == b"hi\n" and "wait bound" in err, (r, err)
+    d.corral("session", "close", session, check=True)
