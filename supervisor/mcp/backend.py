@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 __all__ = ["SIGNALS", "STREAMS", "Backend", "Limits", "Refused", "RunRequest", "SessionRequest",
-           "whole_characters"]
+           "closed_session", "session_cwd", "whole_characters"]
 
 # what the signal tool may send: KILL is stop(force), STOP is the supervisor's pause
 SIGNALS = ("INT", "TERM", "HUP", "QUIT", "USR1", "USR2", "WINCH", "CONT")
@@ -52,6 +52,7 @@ class RunRequest:
     time_limit: float | str | None = None
     stdin: str | None = None  # text fed to the command, then end of file; None: /dev/null
     background: bool = False
+    interactive: bool = False  # stdin a pipe the input tool writes (``stdin``: its first text)
     wait: float = 0.0  # seconds start may wait for the end (a backend may answer sooner)
 
 
@@ -105,6 +106,21 @@ class Backend(Protocol):
     async def listing(self, session: str | None) -> dict[str, Any]:
         """Tasks and sessions (``LIST``), of one session or all."""
         ...
+
+    async def input(self, task_id: str, text: str, eof: bool) -> dict[str, Any]:
+        """Write ``text`` to an interactive task's stdin (then close it, with ``eof``)
+        (``INPUT``); Refused for a task that is not interactive or has ended."""
+        ...
+
+    async def close_session(self, session: str) -> dict[str, Any]:
+        """Close a session: every command of it still running is stopped (``CLOSED``)."""
+        ...
+
+
+def closed_session(name: str) -> str:
+    """What a run in a closed session is told."""
+    return (f"session {name} is closed: it takes no more commands; new_session opens a new "
+            f"one, or leave session out for the default session")
 
 
 def session_cwd(request: SessionRequest) -> str:

@@ -40,6 +40,7 @@ from .backend import (
     Refused,
     RunRequest,
     SessionRequest,
+    closed_session,
     session_cwd,
     whole_characters,
 )
@@ -145,7 +146,8 @@ class DaemonBackend:
     def _daemon_session(self, name: str | None) -> str:
         """The daemon's id of a session named as the model names it."""
         if name is None or name == DEFAULT_SESSION:
-            assert self._default is not None
+            if self._default is None:
+                raise self._no_session(DEFAULT_SESSION)
             return self._default
         return name
 
@@ -175,13 +177,17 @@ class DaemonBackend:
 
     async def start(self, request: RunRequest) -> str:
         name = request.session if request.session is not None else DEFAULT_SESSION
+        if name == DEFAULT_SESSION and self._default is None:
+            await self.open_default()  # (the model closed it: a new default session)
         session_id = self._daemon_session(name)
         options: dict[str, Any] = {"background": request.background}
         notes = []
         if request.time_limit is not None:
             options["time_limit"], note = self._capped(request.time_limit)
             notes += [note] if note else []
-        if request.stdin is not None:
+        if request.interactive:
+            options["stdin"] = "pipe"  # (its first text is written once it runs, below)
+        elif request.stdin is not None:
             options["stdin"] = request.stdin.encode()
         if request.wait > 0 and not request.background:
             options["wait"] = f"{request.wait:.3f}s"
@@ -195,6 +201,8 @@ class DaemonBackend:
                 await self._stop_started(session_id, request.command, options)
             raise
         self._background[obj["id"]] = request.background
+        if request.interactive and request.stdin:
+            await self.input(str(obj["id"]), request.stdin, eof=False)
         if notes:
             self._notes[obj["id"]] = notes
         if "result" in obj:
@@ -239,6 +247,8 @@ class DaemonBackend:
     async def _refused_exec(self, name: str, session_id: str, e: _Refusal) -> Refused:
         if e.status == 404:
             return self._no_session(name)
+        if e.code == "closed":
+            return Refused(closed_session(name))
         if e.code == "busy":
             s = await self._session_json(name)
             return Refused(f"session {name} is running a command (task {s.get('current')}) "
@@ -328,6 +338,30 @@ class DaemonBackend:
             return await self._call(lambda c: c.stop(task_id, force=force))
         except Refused as e:
             raise _no_task(task_id, e) from None
+
+    async def input(self, task_id: str, text: str, eof: bool) -> dict[str, Any]:
+        data = text.encode()
+        try:
+            await self._call(lambda c: c.write_stdin(task_id, data, eof=eof))
+        except _Refusal as e:
+            if e.code == "no_stdin_pipe":
+                raise Refused(f"task {task_id} was not run with interactive: true: its stdin "
+                              f"is not open to input (run it again with interactive: true)"
+                              ) from None
+            if e.status == 409:
+                raise Refused(f"task {task_id} takes no more input ({e})") from None
+            raise _no_task(task_id, e) from None
+        state = (await self._call(lambda c: c.show(task_id))).state
+        return {"task_id": task_id, "written": len(data), "eof": eof, "state": _state(state)}
+
+    async def close_session(self, session: str) -> dict[str, Any]:
+        await self._session_json(session)  # (Refused: no such session of ours)
+        session_id = self._daemon_session(session)
+        obj = await self._call(lambda c: c.close_session(session_id))
+        self._sessions.pop(session_id, None)
+        if session_id == self._default:
+            self._default = None  # (the next run without a session opens a new one)
+        return {"session": session, "stopped": [str(i) for i in obj.get("stopped") or ()]}
 
     async def listing(self, session: str | None) -> dict[str, Any]:
         names = [session] if session is not None else list(self._sessions.values())

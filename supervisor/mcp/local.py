@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -62,6 +62,7 @@ from .backend import (
     Refused,
     RunRequest,
     SessionRequest,
+    closed_session,
     session_cwd,
     whole_characters,
 )
@@ -117,6 +118,7 @@ class LocalBackend:
         self._options = options  # from the properties: limits, isolation, grace, ...
         self._shell = shell
         self._sessions: dict[str, Session] = {}
+        self._closed: set[str] = set()  # sessions closed (close_session), by id
         self._counts: collections.Counter[str] = collections.Counter()  # commands per session
         self._tasks: collections.OrderedDict[str, _Command] = collections.OrderedDict()
         self._made = 0
@@ -153,6 +155,8 @@ class LocalBackend:
             return found if found is not None else self._open_session(DEFAULT_SESSION,
                                                                       SessionRequest())
         found = self._sessions.get(session_id)
+        if found is None and session_id in self._closed:
+            raise Refused(closed_session(session_id))
         if found is None:
             known = ", ".join(self._sessions) or "none yet"
             raise Refused(f"no session {session_id!r} (sessions: {known}); new_session opens "
@@ -170,7 +174,8 @@ class LocalBackend:
         self._made += 1
         cmd = _Command(session, request.command, request.background,
                        os.path.join(self._logs, f"{self._made}.log"))
-        stdin = None if request.stdin is None else request.stdin.encode()
+        first = None if request.stdin is None else request.stdin.encode()
+        stdin: Literal["pipe"] | bytes | None = "pipe" if request.interactive else first
         r, w = state_pipe()
         options: dict[str, Any] = dict(self._options)
         if request.time_limit is not None:
@@ -189,6 +194,8 @@ class LocalBackend:
             task_id: str = await self._nursery.start(self._life, cmd, spec, r, w)
         except* ValueError as group:  # the supervisor's refusal at its start (a SpecError)
             raise Refused("; ".join(str(e) for e in group.exceptions)) from None
+        if request.interactive and first:
+            await self.input(task_id, request.stdin or "", eof=False)
         return task_id
 
     async def _life(self, cmd: _Command, spec: TaskSpec, r: int, w: int,
@@ -332,6 +339,32 @@ class LocalBackend:
         changed = cmd.handle.stop(force=force)
         await trio.lowlevel.checkpoint()
         return changed
+
+    async def input(self, task_id: str, text: str, eof: bool) -> dict[str, Any]:
+        cmd = self._command(task_id)
+        assert cmd.handle is not None
+        if cmd.handle.spec.stdin != "pipe":
+            raise Refused(f"task {task_id} was not run with interactive: true: its stdin is "
+                          f"not open to input (run it again with interactive: true)")
+        data = text.encode()
+        try:
+            await cmd.handle.write_stdin(data)
+            if eof:
+                cmd.handle.close_stdin()
+        except BrokenPipeError:
+            raise Refused(f"task {task_id} takes no more input: its stdin is closed (it "
+                          f"ended, closed it, or input was ended with eof)") from None
+        return {"task_id": task_id, "written": len(data), "eof": eof, "state": state_of(cmd)}
+
+    async def close_session(self, session: str) -> dict[str, Any]:
+        s = self._session(session)
+        stopped = [c.id for c in self._tasks.values() if c.session is s
+                   and not c.ended.is_set() and c.handle is not None and c.handle.stop()]
+        del self._sessions[s.id]
+        if s.id != DEFAULT_SESSION:  # (the default one is made anew by the next run)
+            self._closed.add(s.id)
+        await trio.lowlevel.checkpoint()
+        return {"session": s.id, "stopped": stopped}
 
     async def listing(self, session: str | None) -> dict[str, Any]:
         sessions = [self._session(session)] if session is not None else \

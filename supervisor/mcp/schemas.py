@@ -87,6 +87,9 @@ OUTPUT: dict[str, dict[str, Any]] = {
     "list": _object({"tasks": {"type": "array", "items": _BRIEF},
                      "sessions": {"type": "array", "items": SESSION}}),
     "new_session": SESSION,
+    "input": _object({"task_id": _STR, "written": _INT, "eof": {"type": "boolean"},
+                      "state": {"enum": list(STATES)}}),
+    "close_session": _object({"session": _STR, "stopped": _STRINGS}),
 }
 
 _TASK_ID = {"type": "string", "minLength": 1, "maxLength": 64,
@@ -109,6 +112,10 @@ INPUT: dict[str, dict[str, Any]] = {
                                  "/dev/null)"},
         "background": {"type": "boolean",
                        "description": "answer at once; carries nothing over to the session"},
+        "interactive": {"type": "boolean",
+                        "description": "keep its stdin open for the input tool (a prompt, a "
+                                       "REPL, an installer that asks); stdin, if given, is "
+                                       "written first"},
     }, required=("command",)),
     "output": _object({
         "task_id": _TASK_ID,
@@ -129,6 +136,15 @@ INPUT: dict[str, dict[str, Any]] = {
                                "description": "kill now instead of stop signal, grace, kill"}},
                     required=("task_id",)),
     "list": _object({"session": _SESSION_ID}, required=()),
+    "input": _object({
+        "task_id": _TASK_ID,
+        "text": {"type": "string", "maxLength": 1 << 20,
+                 "description": "written as it is (end a line with \\n to send it)"},
+        "eof": {"type": "boolean", "description": "then close its stdin (end of input)"},
+    }, required=("task_id", "text")),
+    "close_session": _object({"session": {**_SESSION_ID, "description": "a session id from "
+                                                                        "new_session"}},
+                             required=("session",)),
     "new_session": _object({
         "cwd": {"type": "string", "minLength": 1,
                 "description": "its working directory (default: the server's)"},

@@ -76,7 +76,8 @@ def tool_list(limits: Limits) -> list[types.Tool]:
             f"Run a shell command in a session (default: the default session, made on first "
             f"use; new_session makes others). cd, export and unset carry over to the next "
             f"command when it ends by itself (succeeded or failed); `carried` says what did. "
-            f"stdin is empty (/dev/null) unless given. The answer comes when the command ends "
+            f"stdin is empty (/dev/null) unless given (interactive: kept open for the input "
+            f"tool). The answer comes when the command ends "
             f"or after `wait` seconds (default {DEFAULT_WAIT:g}), whichever is first: a "
             f"command still running goes on (state running, its task_id): read it with "
             f"output, end it with stop. background: answer at once, carry nothing. Output: "
@@ -101,6 +102,11 @@ def tool_list(limits: Limits) -> list[types.Tool]:
         "new_session": ("Open a new session: its own working directory and environment "
                         "(set over the server's), carried from one command to the next. "
                         "Returns its id, for run's session."),
+        "input": ("Type text into the stdin of a task run with interactive: true (answer a "
+                  "prompt, feed a REPL); end a line with \\n. eof: then end its input. Its "
+                  "answer shows in output."),
+        "close_session": ("Close a session: every command of it still running is stopped "
+                          "(each still recorded); it takes no more commands."),
     }
     annotations = {
         "run": types.ToolAnnotations(destructive_hint=True, open_world_hint=True),
@@ -109,6 +115,8 @@ def tool_list(limits: Limits) -> list[types.Tool]:
         "stop": types.ToolAnnotations(destructive_hint=True, idempotent_hint=True),
         "list": types.ToolAnnotations(read_only_hint=True),
         "new_session": types.ToolAnnotations(destructive_hint=False),
+        "input": types.ToolAnnotations(destructive_hint=False),
+        "close_session": types.ToolAnnotations(destructive_hint=True, idempotent_hint=True),
     }
     return [types.Tool(name=name, description=descriptions[name], input_schema=INPUT[name],
                        output_schema=OUTPUT[name], annotations=annotations[name])
@@ -174,7 +182,7 @@ async def _run(backend: Backend, ctx: Context, args: dict[str, Any]) -> dict[str
     t0 = trio.current_time()
     task_id = await backend.start(RunRequest(
         args["command"], args.get("session"), args.get("time_limit"), args.get("stdin"),
-        background, min(bound, PROGRESS_EVERY)))
+        background, bool(args.get("interactive", False)), min(bound, PROGRESS_EVERY)))
     waited = await _wait_reporting(backend, ctx, task_id, bound, t0)
     view = await backend.view(task_id)
     if view["state"] == "finished":
@@ -221,7 +229,16 @@ async def _new_session(backend: Backend, ctx: Context, args: dict[str, Any]) -> 
     return await backend.new_session(SessionRequest(args.get("cwd"), args.get("env") or {}))
 
 
+async def _input(backend: Backend, ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    return await backend.input(args["task_id"], args["text"], bool(args.get("eof", False)))
+
+
+async def _close_session(backend: Backend, ctx: Context, args: dict[str, Any]
+                         ) -> dict[str, Any]:
+    return await backend.close_session(args["session"])
+
+
 HANDLERS: dict[str, Handler] = {
-    "run": _run, "output": _output, "signal": _signal, "stop": _stop, "list": _list,
-    "new_session": _new_session,
+    "run": _run, "output": _output, "input": _input, "signal": _signal, "stop": _stop,
+    "list": _list, "new_session": _new_session, "close_session": _close_session,
 }

@@ -42,20 +42,21 @@ async def test_a_task_outlives_the_host_and_idle_sessions_are_closed(
         c.close_session(still["id"])
 
 
-async def test_a_session_runs_one_foreground_command_at_a_time(start_daemon: Start,
-                                                               test_cgroup: cgroupfs.Cgroup,
-                                                               tmp_path: Path) -> None:
+async def test_a_command_past_its_bound_becomes_background_work_when_the_next_runs(
+        start_daemon: Start, test_cgroup: cgroupfs.Cgroup, tmp_path: Path) -> None:
+    # (as in-process: the daemon's sessions take the next command once an exec was answered)
     d = start_daemon()
     async with open_host(test_cgroup, tmp_path / "err", socket=d.socket) as h:
-        first = await h.run("sleep 600", wait=0.2)
-        busy = await h.call("run", {"command": "true"}, error=True)
-        assert f"task {first['task_id']}" in busy["text"] and "background" in busy["text"]
+        first = await h.run("sleep 600; cd /", wait=0.2)
+        assert first["state"] == "running"
+        after = await h.run("echo next")
+        assert after["stdout"]["head"] == "next\n"
         beside = await h.run("echo beside", background=True)
         done = await h.call("output", {"task_id": beside["task_id"], "wait": HANG})
         assert done["text"] == "beside\n" and done["eof"] is True
-        await h.call("stop", {"task_id": first["task_id"], "force": True})
-        after = await h.run("echo free")
-        assert after["stdout"]["head"] == "free\n"
+        stopped = await h.call("stop", {"task_id": first["task_id"], "force": True})
+        assert stopped["state"] == "finished"
+        assert "background work" in stopped["carried"]["nothing"]
 
 
 async def test_the_descriptions_carry_the_daemons_ceiling(start_daemon: Start,

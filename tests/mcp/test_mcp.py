@@ -17,7 +17,7 @@ from mcp_util import HANG, Host, assert_nothing_left, open_host
 
 import cgroupfs
 
-TOOLS = {"run", "output", "signal", "stop", "list", "new_session"}
+TOOLS = {"run", "output", "input", "signal", "stop", "list", "new_session", "close_session"}
 
 
 async def test_tools_are_listed_with_valid_schemas_and_the_policy(host: Host) -> None:
@@ -134,6 +134,38 @@ async def test_stdin_is_empty_unless_given(host: Host) -> None:
     assert empty["outcome"] == "succeeded" and empty["stdout"]["head"] == "end\n"
     fed = await host.run("tr a-z A-Z", stdin="hello\n")
     assert fed["stdout"]["head"] == "HELLO\n"
+
+
+async def test_an_interactive_command_takes_input_until_its_end(host: Host) -> None:
+    # a program that asks: it waits for input, the model answers through the input tool
+    asks = await host.run("echo 'name?'; read name; echo \"hello $name\"; read more; "
+                          "echo \"then $more\"", interactive=True, stdin="first\n", wait=1)
+    task_id = asks["task_id"]
+    assert asks["state"] == "running" and asks["stdout"]["head"] == "name?\nhello first\n"
+    typed = await host.call("input", {"task_id": task_id, "text": "last\n", "eof": True})
+    assert typed == {"task_id": task_id, "written": 5, "eof": True, "state": typed["state"]}
+    end = await host.call("output", {"task_id": task_id, "wait": HANG})
+    assert end["text"] == "name?\nhello first\nthen last\n" and end["eof"]
+    late = await host.call("input", {"task_id": task_id, "text": "x"}, error=True)
+    assert "no more input" in late["text"]
+    plain = await host.run("true")
+    refused = await host.call("input", {"task_id": plain["task_id"], "text": "x"}, error=True)
+    assert "interactive: true" in refused["text"]
+
+
+async def test_closing_a_session_stops_what_runs_in_it(host: Host) -> None:
+    s = await host.call("new_session", {})
+    long = await host.run("sleep 600", session=s["session"], background=True)
+    closed = await host.call("close_session", {"session": s["session"]})
+    assert closed == {"session": s["session"], "stopped": [long["task_id"]]}
+    ended = await host.call("output", {"task_id": long["task_id"], "wait": HANG})
+    assert ended["eof"] and ended["state"] == "finished"
+    gone = await host.call("run", {"command": "true", "session": s["session"]}, error=True)
+    assert f"session {s['session']} is closed" in gone["text"]
+    # the default session, closed, is made anew by the next run
+    await host.run("cd /")
+    await host.call("close_session", {"session": "default"})
+    assert (await host.run("pwd"))["outcome"] == "succeeded"
 
 
 async def test_signal_reaches_every_process_of_the_tree(host: Host) -> None:
