@@ -18,13 +18,19 @@ from hypothesis import strategies as st
 from supervisor.serve.http import HttpLimits, Request, json_response, serve_connection
 from supervisor.serve.peers import Peer
 from supervisor.serve.protocol import (
+    MAX_TTY,
     SUBMIT_FIELDS,
     ApiError,
     SubmitRequest,
     dumps_in_slices,
+    parse_exec,
     parse_json_body,
+    parse_resize,
+    parse_session,
+    parse_signal,
     parse_stop,
     parse_submit,
+    pop_wait,
     query_bool,
     query_int,
 )
@@ -106,6 +112,47 @@ def test_building_a_spec_raises_nothing_but_api_errors(obj: Any) -> None:
 def test_stop_bodies(obj: Any) -> None:
     try:
         assert isinstance(parse_stop(obj), bool)
+    except ApiError as e:
+        _is_refusal(e)
+
+
+SESSION_FIELDS = ["cwd", "env", "shell", "time_limit", "grace", "properties", "bogus"]
+EXEC_FIELDS = ["command", "background", "time_limit", "grace", "stdin", "tty", "name",
+               "idempotency_key", "bogus"]
+session_bodies = st.dictionaries(st.sampled_from(SESSION_FIELDS), json_values, max_size=5)
+exec_bodies = st.dictionaries(st.sampled_from(EXEC_FIELDS), json_values | texts, max_size=5)
+
+
+@settings(deadline=None)
+@given(json_values | session_bodies | exec_bodies)
+def test_every_new_verbs_body_is_a_request_or_a_400_naming_the_field(obj: Any) -> None:
+    # the agents' verbs: a session, a command of one, a signal, a resize, a wait bound
+    for parse in (parse_session, parse_exec, parse_signal, parse_resize, pop_wait):
+        try:
+            parse(json.loads(json.dumps(obj)))  # (each is given its own copy)
+        except ApiError as e:
+            _is_refusal(e)
+            assert e.field is not None or parse in (parse_session, parse_exec), (parse, e)
+
+
+@given(st.dictionaries(st.sampled_from(["signal", "rows", "cols", "wait"]),
+                       json_values | st.integers(-5, 100_000) | st.sampled_from(
+                           ["INT", "SIGINT", "KILL", "STOP", "int", "1s", "2h", "-1s"]),
+                       max_size=3))
+def test_signal_resize_and_wait_keep_their_bounds(obj: dict[str, Any]) -> None:
+    try:
+        name = parse_signal(dict(obj))
+        assert name in ("INT", "QUIT", "HUP", "TERM", "USR1", "USR2", "WINCH", "CONT")
+    except ApiError as e:
+        _is_refusal(e)
+    try:
+        rows, cols = parse_resize(dict(obj))
+        assert 1 <= rows <= MAX_TTY and 1 <= cols <= MAX_TTY, (rows, cols)
+    except ApiError as e:
+        _is_refusal(e)
+    try:
+        wait = pop_wait(dict(obj))
+        assert wait is None or 0 <= wait <= 3600
     except ApiError as e:
         _is_refusal(e)
 
