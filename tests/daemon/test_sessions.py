@@ -459,3 +459,16 @@ def test_corral_session_from_the_shell(start_daemon: Start) -> None:
     assert b"closed; stopped" in closed.stderr
     shown = json.loads(d.corral("session", "show", sid, check=True).stdout)
     assert shown["state"] == "closed" and shown["cwd"] == "/usr"
+
+
+def test_a_sessions_command_on_a_terminal_of_its_own_still_carries(
+        start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        s = c.open_session(cwd="/")
+        on_tty = c.exec(s["id"], "test -t 0 && stty size; cd /tmp; export T=1",
+                        tty={"rows": 30, "cols": 100}, wait="10s")
+        assert on_tty["result"]["output"]["stdout"]["head"] == "30 100\r\n", on_tty
+        assert on_tty["carried"] == {"cwd": "/tmp", "set": ["T"], "unset": []}
+        after = c.exec(s["id"], "echo $T $PWD", wait="10s")
+        assert after["result"]["output"]["stdout"]["head"] == "1 /tmp\n"
