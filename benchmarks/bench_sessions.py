@@ -9,7 +9,7 @@
 
    * a plain submit of ``sh -c "echo hi"`` answered with its result: ``POST /v1/tasks`` with
      ``"wait": "10s"`` (one request, like the exec; sent by hand over the same socket, as
-     ``curl`` would: ``Client.submit`` takes no ``wait``); the goal: a session command within
+     ``curl`` would); the goal: a session command within
      2x of it.  For information also ``Client.submit`` + ``Client.wait`` (two requests) and
      the same one-request submit of ``bash -c`` (a session's shell is bash: its start-up is
      part of what a session command costs);
