@@ -48,6 +48,7 @@ def refused(parse: Callable[..., object], value: Any, what: str, **kwargs: Any) 
 def test_module_exports_exactly_its_api() -> None:
     assert sorted(_units.__all__) == sorted(
         [
+            "DEFAULT_GRACE",
             "UnitsError",
             "format_duration",
             "parse_count",
