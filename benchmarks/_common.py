@@ -54,6 +54,12 @@ def raise_nofile(needed: int) -> str:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft >= needed:
         return f"RLIMIT_NOFILE soft {soft} >= {needed} needed: left as is"
+    if hard != resource.RLIM_INFINITY and hard < needed and os.geteuid() == 0:
+        try:  # (root may raise the hard limit too, up to fs.nr_open)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, needed))
+            return f"RLIMIT_NOFILE raised {soft}:{hard} -> {needed}:{needed} (root)"
+        except (ValueError, OSError):
+            pass
     new = hard if hard != resource.RLIM_INFINITY else max(needed, soft)
     resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
     msg = f"RLIMIT_NOFILE soft raised {soft} -> {new} (hard {hard}) for {needed} fds"
