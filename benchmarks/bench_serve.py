@@ -259,7 +259,8 @@ def rss_kib(pid: int) -> int:
 
 def held_rss(held: int) -> tuple[int, int]:
     """(idle RSS, RSS holding ``held`` running tasks), KiB."""
-    with daemon("--max-running", str(held), "--max-queued-per-uid", str(held)) as (sock, proc):
+    with daemon("--max-running", str(held), "--max-running-per-uid", str(held),
+                "--max-queued-per-uid", str(held)) as (sock, proc):
         with Client(sock) as c:
             c.wait(c.submit(["/bin/true"]).id)
             idle = rss_kib(proc.pid)

@@ -32,6 +32,7 @@ __all__ = [
     "Frame",
     "SubmitRequest",
     "TaskInfo",
+    "canonical_id",
     "parse_frame",
     "parse_json_body",
     "parse_stop",
@@ -524,6 +525,16 @@ def query_bool(query: dict[str, str], name: str, default: bool = False) -> bool:
     if value in ("false", "0", "no"):
         return False
     raise invalid(name, f"?{name}= must be true or false, got {_show(value)}")
+
+
+MAX_ID_DIGITS = 18  # below 2**63: what SQLite's INTEGER holds
+
+
+def canonical_id(task_id: str) -> bool:
+    """Whether ``task_id`` is a task (or session) id as the daemon writes them: a decimal
+    number without leading zeros, of at most :data:`MAX_ID_DIGITS` digits."""
+    return (task_id.isascii() and task_id.isdigit() and len(task_id) <= MAX_ID_DIGITS
+            and task_id[0] != "0")
 
 
 def query_int(query: dict[str, str], name: str, default: int, low: int = 0,

@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from .http import Handler, Request, Router
-from .protocol import ApiError
+from .protocol import ApiError, canonical_id
 from .state import not_found
 from .verbs import (
     events,
@@ -28,10 +28,9 @@ from .verbs import (
 if TYPE_CHECKING:
     from .state import Daemon
 
-__all__ = ["ROUTES", "SMALL_BODY", "body_limit", "canonical_id", "make_router"]
+__all__ = ["ROUTES", "SMALL_BODY", "body_limit", "make_router"]
 
 _ID = r"(?P<id>[0-9A-Za-z_.-]{1,64})"
-MAX_ID_DIGITS = 18  # below 2**63: what SQLite's INTEGER holds
 
 # method, path pattern, verb module, long (a long poll or a stream: abandoned when the client
 # leaves)
@@ -68,13 +67,6 @@ def body_limit(method: str, path: str, max_body: int) -> int:
     if method == "POST" and any(p.fullmatch(path) for p in _LARGE_BODIES):
         return max_body
     return min(max_body, SMALL_BODY)
-
-
-def canonical_id(task_id: str) -> bool:
-    """Whether ``task_id`` is a task id as the daemon writes them: a decimal number without
-    leading zeros, of at most :data:`MAX_ID_DIGITS` digits."""
-    return (task_id.isascii() and task_id.isdigit() and len(task_id) <= MAX_ID_DIGITS
-            and task_id[0] != "0")
 
 
 def make_router(d: Daemon) -> Router:

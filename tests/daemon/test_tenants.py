@@ -328,6 +328,11 @@ def test_a_task_has_one_id_and_any_other_spelling_is_404(start_daemon: Start) ->
             status, answer = raw(d, request.encode())
             assert status == 404 and answer["error"]["code"] in ("not_found", "no_such_path"), \
                 (path, answer)
+        # a session id in a listing's filter is one too: 400 naming it, never a 500 (an id
+        # past SQLite's INTEGER raised OverflowError in the records thread)
+        status, answer = raw(d, f"GET /v1/tasks?session={spelling} HTTP/1.1\r\nhost: x\r\n"
+                                f"\r\n".encode())
+        assert status == 400 and answer["error"]["field"] == "session", (spelling, answer)
     with d.client() as c:
         assert c.show("1").state == "running"  # no stop reached it through another spelling
         c.stop("1", force=True)

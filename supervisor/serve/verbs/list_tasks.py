@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..daemontask import listed_row_json
 from ..http import Request, Response, json_response
-from ..protocol import STATES, invalid, query_int
+from ..protocol import MAX_ID_DIGITS, STATES, canonical_id, invalid, query_int
 
 if TYPE_CHECKING:
     from ..state import Daemon
@@ -26,8 +26,9 @@ async def handle(d: Daemon, req: Request) -> Response:
         raise invalid("state", f"?state= must be one of {', '.join(STATES)}, got {state!r}")
     limit = query_int(req.query, "limit", 100, 1, MAX_LIST)
     session = req.query.get("session")
-    if session is not None and not (session.isascii() and session.isdigit()):
-        raise invalid("session", f"?session= must be a session id, got {session!r}")
+    if session is not None and not canonical_id(session):
+        raise invalid("session", f"?session= must be a session id (a number without leading "
+                                 f"zeros, at most {MAX_ID_DIGITS} digits), got {session[:40]!r}")
     before = query_int(req.query, "before", 2**62, 1)
     peer = req.peer
     out: list[dict[str, Any]] = []
