@@ -322,7 +322,8 @@ class TaskHandle:
                 raise BrokenPipeError(errno.EPIPE, f"task {self._t.id}: its stdin is closed")
             if len(feed.buffer) < (1 << 20):
                 break
-            feed.space = feed.space or trio.Event()
+            if feed.space is None:  # (another write may wait already: the same event)
+                feed.space = trio.Event()
             await feed.space.wait()
         feed.buffer += data
         self._t.rt.reactor.poke(stream)

@@ -19,6 +19,7 @@ import json
 import sys
 
 from .clientutil import add_socket, run_client
+from .printable import printable
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -84,7 +85,8 @@ def main(args: argparse.Namespace) -> int:
             return _exec(client, args)
         if args.action == "ls":
             for s in client.sessions():
-                print(f"{s['id']:>6}  {s['state']:<6}  {s['cwd']}  "
+                # (a tenant's cwd, escaped: root's terminal acts on no one's sequences)
+                print(f"{s['id']:>6}  {s['state']:<6}  {printable(s['cwd'])}  "
                       f"{'running ' + ','.join(s['running']) if s['running'] else ''}")
             return 0
         if args.action == "close":

@@ -101,8 +101,10 @@ async def serve(config: Config, *,
                           output_dir=os.path.join(config.state_dir, "output"))
             with bind_listeners(config, passed.listeners, passed.own) as bound:
                 async with trio.open_nursery() as tasks_nursery:
-                    disk = OutputDisk.measure(config, await records.held_bytes())
-                    d = Daemon(config, sup, records, tasks_nursery, notifier, hooks, run, disk)
+                    held = await records.held_bytes()
+                    disk = OutputDisk.measure(config, held)
+                    d = Daemon(config, sup, records, tasks_nursery, notifier, hooks, run, disk,
+                               held)
                     summary = await recover(d, runs, adopted)
                     log.info("started (run %d, cgroup root %s): from earlier runs %d task(s) "
                              "queued again, %d adopted, %d recorded lost; %d orphan output "

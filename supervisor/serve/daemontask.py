@@ -28,9 +28,9 @@ class DaemonTask:
     """One accepted task.  ``id`` is the record's (never reused) and the core's leaf name."""
 
     __slots__ = ("carried", "created_at", "demoted", "done", "ended_at", "exit_status",
-                 "gid", "groups", "handed_back", "handle", "id", "kept", "outcome", "output",
-                 "peer_pid", "pid", "recorded", "request", "result_json", "size", "spec",
-                 "started", "started_at", "state", "stop_force", "stop_requests", "uid")
+                 "gid", "groups", "handed_back", "handle", "holds", "id", "kept", "outcome",
+                 "output", "peer_pid", "pid", "recorded", "request", "result_json", "size",
+                 "spec", "started", "started_at", "state", "stop_force", "stop_requests", "uid")
 
     def __init__(self, task_id: str, uid: int, gid: int, peer_pid: int,
                  request: SubmitRequest, spec: TaskSpec | None, output: str, created_at: float,
@@ -42,6 +42,7 @@ class DaemonTask:
         self.peer_pid = peer_pid
         self.request = request
         self.size = size  # the request's bytes as sent (what a queued task holds: ~5 times)
+        self.holds = 0  # the disk's room its output may take while it runs (room.py)
         self.spec = spec  # None: not to be started here (lost, or adopted)
         self.output = output  # stdout's file; stderr's is output + ".stderr"
         self.created_at = created_at

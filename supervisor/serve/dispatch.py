@@ -72,10 +72,12 @@ def accepted(d: Daemon, t: DaemonTask, *, reserved: bool) -> None:
 def dispatch(d: Daemon) -> None:
     """Start queued tasks as the limits allow, round-robin between uids.  Called when a
     task is queued and when one ends (no dispatcher task: one scheduling round less)."""
+    d.room.wanted = None
     while not (d.draining or d.handing_over):
-        t = d.scheduler.next_ready()
+        t = d.scheduler.next_ready(d.fits)
         if t is None:
             return
+        d.hold_room(t)
         d.nursery.start_soon(run_task, d, t, False)
 
 
@@ -234,6 +236,8 @@ async def _mark_starting(d: Daemon, t: DaemonTask) -> bool:
         log.error("task %s stays queued: %s (retrying in %gs)", t.id, e, RETRY)
         t.state = "queued"
         d.scheduler.requeue(t)
+        d.room.give(t.uid, t.holds)
+        t.holds = 0
         d.nursery.start_soon(_dispatch_later, d)
         return False
 
@@ -316,6 +320,10 @@ async def write_end(d: Daemon, t: DaemonTask,
     task stays in memory, ``"record": "pending"``)."""
     assert t.result_json is not None and t.ended_at is not None
     values = end_values(t, notify=d.hooks.enabled)
+    d.room.settle(t.uid, t.holds, values["bytes"])  # (its worst case: now what it took)
+    t.holds = 0
+    if d.room.wanted is not None:
+        dispatch(d)  # (a start waited for room, and this task took less than it held)
     with trio.CancelScope(shield=True):
         try:
             await d.records.ended(t.id, values, session)

@@ -39,6 +39,7 @@ __all__ = [
     "parse_submit",
     "query_bool",
     "query_int",
+    "shown",
 ]
 
 
@@ -109,7 +110,8 @@ def invalid(field: str, message: str) -> ApiError:
     return ApiError(400, "invalid", message, field)
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
+    """``value`` as JSON, at most 80 characters: how an answer names a bad value."""
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -197,7 +199,7 @@ def _no_lone_surrogates(value: Any) -> None:
     text, index, keys = path
     field = None if not keys else str(keys[0])
     where = "the request" if not keys else (
-        str(keys[0]) + "".join(f"[{_show(k)}]" for k in keys[1:]))
+        str(keys[0]) + "".join(f"[{shown(k)}]" for k in keys[1:]))
     raise ApiError(400, "invalid_utf8", f"{where} holds a lone surrogate "
                    f"(\\u{ord(text[index]):04x} at character {index}), which is not text; "
                    f"send UTF-8 text", field)
@@ -226,14 +228,14 @@ def _lone_surrogate_at(value: Any, keys: list[Any]) -> tuple[str, int, list[Any]
 
 def _object(obj: Any, what: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise invalid(what, f"{what} must be a JSON object, got {_show(obj)}")
+        raise invalid(what, f"{what} must be a JSON object, got {shown(obj)}")
     return obj
 
 
 def _check_fields(obj: dict[str, Any], known: tuple[str, ...], what: str) -> None:
     for key in obj:
         if key not in known:
-            raise ApiError(400, "unknown_field", f"unknown field {_show(key)} in {what}; the "
+            raise ApiError(400, "unknown_field", f"unknown field {shown(key)} in {what}; the "
                            f"fields are: {', '.join(known)}", key)
 
 
@@ -242,7 +244,7 @@ def _string(obj: dict[str, Any], key: str, *, limit: int = MAX_TEXT) -> str | No
     if value is None:
         return None
     if not isinstance(value, str):
-        raise invalid(key, f"{key} must be a string, got {_show(value)}")
+        raise invalid(key, f"{key} must be a string, got {shown(value)}")
     if len(value) > limit:
         raise invalid(key, f"{key} must be at most {limit} characters, got {len(value)}")
     return value
@@ -254,7 +256,7 @@ def _duration(obj: dict[str, Any], key: str) -> str | float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise invalid(key, f"{key} must be a duration like \"30s\" or \"5min\" (or a number "
-                           f"of seconds), got {_show(value)}")
+                           f"of seconds), got {shown(value)}")
     return value
 
 
@@ -263,13 +265,13 @@ def _string_map(obj: dict[str, Any], key: str, *, numbers: bool = False) -> dict
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise invalid(key, f"{key} must be an object of names to strings, got {_show(value)}")
+        raise invalid(key, f"{key} must be an object of names to strings, got {shown(value)}")
     out = {}
     for k, v in value.items():
         if numbers and isinstance(v, int | float) and not isinstance(v, bool):
             v = str(v)
         if not isinstance(v, str):
-            raise invalid(key, f"{key}[{_show(k)}] must be a string, got {_show(v)}")
+            raise invalid(key, f"{key}[{shown(k)}] must be a string, got {shown(v)}")
         out[k] = v
     return out
 
@@ -281,13 +283,13 @@ def _argv(obj: dict[str, Any]) -> list[str]:
                               "[\"make\", \"test\"]")
     if not isinstance(argv, list) or not argv:
         raise invalid("argv", f"argv must be a non-empty list of strings like [\"make\", "
-                              f"\"test\"], got {_show(argv)}")
+                              f"\"test\"], got {shown(argv)}")
     if len(argv) > MAX_ARGS:
         raise invalid("argv", f"argv must have at most {MAX_ARGS} items, got {len(argv)}")
     for item in argv:
         if not isinstance(item, str):
-            raise invalid("argv", f"argv items must be strings, got {_show(item)} in "
-                                  f"{_show(argv)}")
+            raise invalid("argv", f"argv items must be strings, got {shown(item)} in "
+                                  f"{shown(argv)}")
     return argv
 
 
@@ -311,7 +313,7 @@ def _stdin(obj: dict[str, Any]) -> tuple[str | None, bytes | None]:
                                        "with standard base64 (RFC 4648)") from None
     raise invalid("stdin", f"stdin must be null (/dev/null), \"pipe\" (write it with POST "
                            f"/v1/tasks/ID/stdin), {{\"text\": \"...\"}} or {{\"base64\": "
-                           f"\"...\"}}, got {_show(value)}")
+                           f"\"...\"}}, got {shown(value)}")
 
 
 class SubmitRequest(NamedTuple):
@@ -368,7 +370,7 @@ def parse_tty(obj: dict[str, Any]) -> dict[str, int] | None:
             and 1 <= value[k] <= MAX_TTY for k in ("rows", "cols")):
         return {"rows": value["rows"], "cols": value["cols"]}
     raise invalid("tty", f"tty must be true or {{\"rows\": 24, \"cols\": 80}} (each 1 to "
-                         f"{MAX_TTY}), got {_show(value)}")
+                         f"{MAX_TTY}), got {shown(value)}")
 
 
 def parse_submit(obj: Any, *, recorded: bool = False) -> SubmitRequest:
@@ -381,11 +383,11 @@ def parse_submit(obj: Any, *, recorded: bool = False) -> SubmitRequest:
     _check_fields(obj, SUBMIT_FIELDS, "a task submission")
     cwd = _string(obj, "cwd")
     if cwd is not None and not cwd.startswith("/"):
-        raise invalid("cwd", f"cwd must be an absolute path, got {_show(cwd)}")
+        raise invalid("cwd", f"cwd must be an absolute path, got {shown(cwd)}")
     signal = obj.get("stop_signal")
     if signal is not None and (isinstance(signal, bool) or not isinstance(signal, str | int)):
         raise invalid("stop_signal", f"stop_signal must be a signal name like \"TERM\" or a "
-                                     f"number, got {_show(signal)}")
+                                     f"number, got {shown(signal)}")
     stdin, stdin_data = _stdin(obj)
     return SubmitRequest(
         argv=_argv(obj), env=_string_map(obj, "env"), cwd=cwd,
@@ -416,7 +418,7 @@ def wait_duration(value: Any, field: str) -> float:
     except UnitsError as e:
         raise invalid(field, str(e)) from None
     if seconds > MAX_WAIT:
-        raise invalid(field, f"{field} must be at most 1h, got {_show(value)}; wait again "
+        raise invalid(field, f"{field} must be at most 1h, got {shown(value)}; wait again "
                       f"after it passes (GET /v1/tasks/ID/wait)")
     return seconds
 
@@ -438,7 +440,7 @@ def parse_session(obj: Any) -> SessionRequest:
     cwd, shell = _string(obj, "cwd"), _string(obj, "shell", limit=4096)
     for key, value in (("cwd", cwd), ("shell", shell)):
         if value is not None and not value.startswith("/"):
-            raise invalid(key, f"{key} must be an absolute path, got {_show(value)}")
+            raise invalid(key, f"{key} must be an absolute path, got {shown(value)}")
     return SessionRequest(cwd=cwd, env=_string_map(obj, "env"), shell=shell,
                           time_limit=_duration(obj, "time_limit"),
                           grace=_duration(obj, "grace"),
@@ -475,7 +477,7 @@ def parse_exec(obj: Any) -> ExecRequest:
     background = obj.get("background", False)
     if not isinstance(background, bool):
         raise invalid("background", f"background must be true or false, got "
-                                    f"{_show(background)}")
+                                    f"{shown(background)}")
     stdin, stdin_data = _stdin(obj)
     return ExecRequest(command, background, _duration(obj, "time_limit"),
                        _duration(obj, "grace"), _string(obj, "name"), stdin, stdin_data,
@@ -501,9 +503,9 @@ def parse_signal(obj: Any) -> str:
     if isinstance(name, str) and name.upper().removeprefix("SIG") in SIGNALS:
         return name.upper().removeprefix("SIG")
     if name in ("KILL", "SIGKILL", "STOP", "SIGSTOP"):
-        raise invalid("signal", f"signal {_show(name)} is not sent this way: POST "
+        raise invalid("signal", f"signal {shown(name)} is not sent this way: POST "
                       f"/v1/tasks/ID/stop {{\"force\": true}} kills the task's whole tree")
-    raise invalid("signal", f"signal must be one of {', '.join(SIGNALS)}, got {_show(name)}")
+    raise invalid("signal", f"signal must be one of {', '.join(SIGNALS)}, got {shown(name)}")
 
 
 def parse_stop(obj: Any) -> bool:
@@ -512,7 +514,7 @@ def parse_stop(obj: Any) -> bool:
     _check_fields(obj, ("force",), "a stop request")
     force = obj.get("force", False)
     if not isinstance(force, bool):
-        raise invalid("force", f"force must be true or false, got {_show(force)}")
+        raise invalid("force", f"force must be true or false, got {shown(force)}")
     return force
 
 
@@ -524,7 +526,7 @@ def query_bool(query: dict[str, str], name: str, default: bool = False) -> bool:
         return True
     if value in ("false", "0", "no"):
         return False
-    raise invalid(name, f"?{name}= must be true or false, got {_show(value)}")
+    raise invalid(name, f"?{name}= must be true or false, got {shown(value)}")
 
 
 MAX_ID_DIGITS = 18  # below 2**63: what SQLite's INTEGER holds
@@ -542,9 +544,10 @@ def query_int(query: dict[str, str], name: str, default: int, low: int = 0,
     value = query.get(name)
     if value is None:
         return default
-    if not value.isascii() or not value.isdigit() or not low <= int(value) <= high:
+    if not value.isascii() or not value.isdigit() or len(value.lstrip("0")) > len(str(high)) or \
+            not low <= int(value) <= high:  # (its length first: int() of 5,000 digits raises)
         raise invalid(name, f"?{name}= must be a whole number from {low} to {high}, got "
-                            f"{_show(value)}")
+                            f"{shown(value)}")
     return int(value)
 
 

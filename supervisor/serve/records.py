@@ -390,13 +390,16 @@ class Records:
     # ---- retention --------------------------------------------------------------------------
 
     async def expire(self, policy: Retention, now: float, bytes_cap: int | None = None,
-                     running: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
+                     running: Mapping[int, int] | None = None,
+                     room: tuple[int, Mapping[int, int]] | None = None,
+                     ) -> list[dict[str, Any]]:
         """Remove finished rows past ``policy`` (shared fairly between uids: ``rows.expire``;
         ``bytes_cap`` instead of ``policy.max_bytes``; ``running``: each uid's running tasks'
-        bytes), leaving a tombstone each; returns them (id, uid, idempotency_key, why) so
-        that their files and memory can go.  Committed before any file is removed."""
+        bytes; ``room``: the disk's room and each uid's running worst cases), leaving a
+        tombstone each; returns them (id, uid, idempotency_key, bytes, why) so that their
+        files and memory can go.  Committed before any file is removed."""
         gone: list[dict[str, Any]] = await self._write(rows.expire, policy, now, bytes_cap,
-                                                       running)
+                                                       running, room)
         return gone
 
     async def held_bytes(self) -> int:

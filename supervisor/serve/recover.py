@@ -149,6 +149,7 @@ def _adopt(d: Daemon, row: dict[str, Any], handle: TaskHandle) -> None:
     t = _task_of(d, row)
     d.add(t)
     d.scheduler.running(t.uid)
+    d.hold_room(t)
     d.nursery.start_soon(adopt, d, t, handle)
 
 

@@ -1,7 +1,8 @@
 """Retention: finished tasks are kept by age, count and bytes, then expire (``--retain-*``).
 
 Enforced while the daemon runs: a pass soon after tasks finish (at most one a second), and
-one every minute (or every quarter of ``--retain-age``, if shorter) for age.  A pass commits
+one every minute (or every quarter of ``--retain-age``, if shorter) for age; at once, without
+the gap, when a task waits to start for the disk's room (``room.py``).  A pass commits
 first (each expired row becomes a tombstone in ``expired``, so that a late request is told the
 task expired rather than that it never existed), then forgets the tasks held in memory and
 removes their output files.  A crash between the commit and the unlinks leaves files without a
@@ -22,6 +23,7 @@ import time
 
 import trio
 
+from .dispatch import dispatch
 from .records import RecordsError
 from .schema import output_bytes
 from .state import Daemon
@@ -32,36 +34,49 @@ log = logging.getLogger(__name__)
 
 PERIOD = 60.0  # seconds between passes when nothing finishes (age moves on)
 MIN_GAP = 1.0  # seconds between passes
+RETRY = 5.0  # seconds before a failed pass is tried again while a start waits for room
 
 
 async def retention_loop(d: Daemon) -> None:
     """Run passes until cancelled."""
     age = d.config.retention.max_age
     period = PERIOD if age is None else min(PERIOD, max(MIN_GAP, age / 4))
+    failed = False
     while True:
-        with trio.move_on_after(period):
+        # (a pass that failed while a start waits for room is tried again sooner)
+        with trio.move_on_after(RETRY if failed and d.room.wanted else period):
             await d.retention_due.wait()
         d.retention_due = trio.Event()
-        await expire_now(d)
-        await trio.sleep(MIN_GAP)
+        d.room.asked = trio.Event()
+        failed = await expire_now(d) is None
+        with trio.move_on_after(MIN_GAP):
+            await d.room.asked.wait()  # (a start waits for the disk's room: no gap)
 
 
-async def expire_now(d: Daemon) -> int:
-    """One pass; how many tasks expired."""
+async def expire_now(d: Daemon) -> int | None:
+    """One pass; how many tasks expired (None: the records could not be written).  If a
+    start waits for the disk's room (``room.py``), finished tasks also expire until it fits,
+    and the queue is tried again."""
     running = await trio.to_thread.run_sync(
         _running_bytes, [(t.uid, t.output) for t in d.tasks.values() if t.state != "finished"
                          and t.state != "queued"])
+    pressed = d.room.pressed()
+    room = None if pressed is None else (d.room.room, pressed)
     try:
-        gone = await d.records.expire(d.config.retention, time.time(), d.disk.budget, running)
+        gone = await d.records.expire(d.config.retention, time.time(), d.disk.budget, running,
+                                      room)
     except RecordsError as e:
-        log.error("retention: %s; retrying in %gs", e, PERIOD)
-        return 0
+        log.error("retention: %s; retrying in %gs", e, RETRY if d.room.wanted else PERIOD)
+        return None
     for g in gone:
         d.forget(g["id"])
     if gone:
+        d.room.expired(sum(g["bytes"] or 0 for g in gone))
         await trio.to_thread.run_sync(_remove_files, d.output_dir, [g["id"] for g in gone])
         log.info("retention: %d finished task(s) expired (ids %s...)", len(gone),
                  ", ".join(g["id"] for g in gone[:5]))
+        if d.room.wanted is not None:
+            dispatch(d)
     return len(gone)
 
 

@@ -85,7 +85,8 @@ def make_router(d: Daemon) -> Router:
                 name = f"{name}.{function}"
             task_id = match.groupdict().get("id")
             if task_id is not None and not canonical_id(task_id):
-                raise not_found(task_id)  # (one spelling per task: "0123" is no task)
+                # (one spelling per task or session: "0123" is none)
+                raise not_found(task_id, "session" if module is sessions else "task")
             return (functools.partial(getattr(module, function), d, **match.groupdict()),
                     long, name)
         if allowed:

@@ -155,8 +155,8 @@ def fair_level(usage: dict[int, int], cap: int) -> float:
 
 
 def expire(db: sqlite3.Connection, policy: Retention, now: float,
-           bytes_cap: int | None = None,
-           running: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
+           bytes_cap: int | None = None, running: Mapping[int, int] | None = None,
+           room: tuple[int, Mapping[int, int]] | None = None) -> list[dict[str, Any]]:
     """Expire finished rows past ``policy`` (tombstones left in ``expired``); returns them.
 
     Age is per task.  Count and bytes (``bytes_cap``, else ``policy.max_bytes``) are shared
@@ -164,7 +164,9 @@ def expire(db: sqlite3.Connection, policy: Retention, now: float,
     lose their oldest tasks, down to that share; a uid within an equal share loses nothing
     to another's flood.  ``running``: what each uid's running tasks' files hold now, counted
     as that uid's in the bytes share (a uid's idle running tasks cost nobody anything; one
-    whose running tasks write much loses its own finished ones first)."""
+    whose running tasks write much loses its own finished ones first).  ``room``: the disk's
+    room for output and what each uid's running tasks may take of it at most (``room.py``),
+    shared the same way, when a start waits for it."""
     gone: list[dict[str, Any]] = []
     if policy.max_age is not None:
         gone += _tombstone(db, select(
@@ -185,13 +187,9 @@ def expire(db: sqlite3.Connection, policy: Retention, now: float,
                 r["b"] -= sum(o["bytes"] or 0 for o in oldest)
     cap = policy.max_bytes if bytes_cap is None else bytes_cap
     if cap is not None:
-        used = {u: r["b"] for u, r in per_uid.items()}
-        for uid, held in (running or {}).items():
-            used[uid] = used.get(uid, 0) + held
-        level = fair_level(used, cap)
-        for uid, r in per_uid.items():
-            if used[uid] > level:
-                gone += _trim_bytes(db, uid, min(used[uid] - level, r["b"]), now)
+        gone += _share_bytes(db, per_uid, cap, running or {}, now)
+    if room is not None:
+        gone += _share_bytes(db, per_uid, *room, now)
     if gone:
         trim_tombstones(db)
     return gone
@@ -211,6 +209,23 @@ def trim_tombstones(db: sqlite3.Connection, cap: int = MAX_TOMBSTONES) -> None:
         if over > 0:
             db.execute("DELETE FROM expired WHERE seq IN (SELECT seq FROM expired WHERE uid = ? "
                        "ORDER BY seq LIMIT ?)", (uid, over))
+
+
+def _share_bytes(db: sqlite3.Connection, per_uid: dict[int, dict[str, Any]], cap: int,
+                 running: Mapping[int, int], now: float) -> list[dict[str, Any]]:
+    """Finished rows expired until theirs and ``running``'s bytes fit ``cap``, max-min fair
+    between uids (``per_uid``: each uid's finished count and bytes, kept up to date)."""
+    gone: list[dict[str, Any]] = []
+    used = {u: r["b"] for u, r in per_uid.items()}
+    for uid, held in running.items():
+        used[uid] = used.get(uid, 0) + held
+    level = fair_level(used, cap)
+    for uid, r in per_uid.items():
+        if used[uid] > level:
+            victims = _trim_bytes(db, uid, min(used[uid] - level, r["b"]), now)
+            r["b"] -= sum(v["bytes"] or 0 for v in victims)
+            gone += victims
+    return gone
 
 
 def _trim_bytes(db: sqlite3.Connection, uid: int, excess: float,

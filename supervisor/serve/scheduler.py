@@ -7,7 +7,8 @@ past any, the submission is refused with 429 naming the limit.  Dispatch: at mos
 ``max_running`` tasks run at once, at most ``max_running_per_uid`` of one uid (by default half
 the global: one uid never holds every slot); the next task comes from the next uid in turn
 that has one waiting and room to run, so one busy uid cannot starve the others.  FIFO within
-a uid.
+a uid.  A task may also need room on the disk for its output (``room.py``): the one whose turn
+it is waits for it, and the others with it.
 
 Pure bookkeeping on the trio thread: no awaits, no locks.
 """
@@ -15,6 +16,7 @@ Pure bookkeeping on the trio thread: no awaits, no locks.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from .protocol import ApiError
@@ -117,17 +119,23 @@ class Scheduler(Generic[T]):
         del self._waiting[uid]
         self._turns.remove(uid)
 
-    def next_ready(self) -> T | None:
-        """The next task to start (counted as running from now), or None."""
+    def next_ready(self, fits: Callable[[T], bool] | None = None) -> T | None:
+        """The next task to start (counted as running from now), or None.  ``fits``: whether
+        a task may start now by what else it needs (the disk's room for its output); the
+        task whose turn it is waits for it at the head of its queue, and so do all others
+        (they would take the room it waits for)."""
         lim = self.limits
         if self.total_running >= lim.max_running:
             return None
         for _ in range(len(self._turns)):
             uid = self._turns[0]
-            self._turns.rotate(-1)  # served or skipped: its next turn comes after the others
             if self._running[uid] >= lim.max_running_per_uid:
+                self._turns.rotate(-1)  # skipped: its next turn comes after the others
                 continue
             waiting = self._waiting[uid]
+            if fits is not None and not fits(waiting[0]):
+                return None  # (its turn stays: it starts first once there is room)
+            self._turns.rotate(-1)  # served: its next turn comes after the others
             task = waiting.popleft()
             if not waiting:
                 self._drop_uid(uid)

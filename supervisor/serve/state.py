@@ -10,6 +10,7 @@ spec is built in a worker thread, which only reads the configuration).
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import os
 import time
@@ -26,6 +27,7 @@ from .offload import Offload
 from .peers import Peer
 from .protocol import DEFAULT_SOCKET, ApiError, SubmitRequest
 from .records import Records, Retention
+from .room import BLOCK, Room, worst
 from .scheduler import QueueLimits, Scheduler
 from .sessions import Session
 from .shares import Shares
@@ -88,17 +90,19 @@ RECORDS_ROOM = 8 << 20
 class OutputDisk(NamedTuple):
     """How much of the state filesystem the tasks' output may take, measured at start.
 
-    ``budget``: finished tasks' rows and files plus running tasks' files, at most
-    ``--retain-bytes`` and at most :data:`DISK_SHARE` of what the filesystem has room for
-    (its free space and what the daemon holds already): a flood of output never fills the
-    disk the records live on.  ``stream_cap``: the bytes of each stream a task's file keeps
-    (``--output-cap``; less, down to :data:`MIN_STREAM_CAP`, on a filesystem too small for
-    ``--max-running`` tasks at that cap: every running task may fill its file at once).
-    Retention keeps the finished tasks and what the running ones hold within the budget,
-    shared fairly between uids (``retention.py``)."""
+    ``room``: at most :data:`DISK_SHARE` of what the filesystem has room for (its free space
+    and what the daemon holds already, less the records' own): a task starts only if what
+    finished tasks hold and every running task's worst case fit it (``room.py``), so that a
+    flood of output never fills the disk the records live on.  ``budget``: at most ``room``
+    and ``--retain-bytes``: retention keeps the finished tasks and what the running ones hold
+    now within it, shared fairly between uids (``retention.py``).  ``stream_cap``: the bytes
+    of each stream a task's file keeps (``--output-cap``; less, down to
+    :data:`MIN_STREAM_CAP`, on a filesystem too small for ``--max-running`` tasks at that cap:
+    their worst cases may take at most half the room)."""
 
     budget: int
     stream_cap: int
+    room: int = 1 << 62
 
     @classmethod
     def measure(cls, config: Config, held: int) -> OutputDisk:
@@ -110,8 +114,13 @@ class OutputDisk(NamedTuple):
             room = 1 << 62
         limit = config.retention.max_bytes
         budget = room if limit is None else min(limit, room)
-        per_stream = budget // (2 * config.queue.max_running)
-        return cls(budget, min(config.output_cap, max(MIN_STREAM_CAP, per_stream)))
+        running = config.queue.max_running
+        per_stream = min(budget // (2 * running), room // (4 * running) - 2 * BLOCK)
+        return cls(budget, min(config.output_cap, max(MIN_STREAM_CAP, per_stream)), room)
+
+    def worst(self, request: int) -> int:
+        """What a task with a request of ``request`` bytes may hold at most (``room.py``)."""
+        return worst(self.stream_cap, _default_tail(), request)
 
     def queue_within(self, limits: QueueLimits) -> QueueLimits:
         """``limits`` with the queued requests' bytes at most a quarter of the budget: each
@@ -122,14 +131,24 @@ class OutputDisk(NamedTuple):
             max_queued_bytes_per_uid=min(limits.max_queued_bytes_per_uid, most))
 
 
+@functools.cache
+def _default_tail() -> int:
+    """The tail of each stream a task keeps (the daemon's specs leave TaskSpec's default)."""
+    from .. import TaskSpec
+    return TaskSpec(("true",)).output_tail
+
+
 class Daemon:
     """The state the verbs work on; made by ``daemon.serve`` once the supervisor is open."""
 
     def __init__(self, config: Config, sup: Supervisor, records: Records,
                  nursery: trio.Nursery, notifier: Notifier, hooks: Hooks, run: int,
-                 disk: OutputDisk | None = None) -> None:
+                 disk: OutputDisk | None = None, held: int = 0) -> None:
         self.config = config
-        self.disk = disk or OutputDisk.measure(config, 0)
+        self.disk = disk or OutputDisk.measure(config, held)
+        # the disk's room for output: who may start (retention is woken to make room)
+        self.room = Room(self.disk.room, held, lambda: self.retention_due.set(),
+                         lambda now: OutputDisk.measure(config, now).room)
         self.sup = sup
         self.records = records
         self.nursery = nursery  # task lives and record writes
@@ -193,6 +212,15 @@ class Daemon:
         if size <= HEAVY:
             return fn(*args)
         return await self.offload.run(uid, fn, *args)
+
+    def fits(self, t: DaemonTask) -> bool:
+        """Whether queued ``t``'s output fits the disk's room now (``room.py``)."""
+        return self.room.fits(t.uid, self.disk.worst(t.size))
+
+    def hold_room(self, t: DaemonTask) -> None:
+        """``t`` counts as running: its worst case holds room from now on."""
+        t.holds = self.disk.worst(t.size)
+        self.room.take(t.uid, t.holds)
 
     def add(self, t: DaemonTask) -> None:
         """A task joins the table (accepted now, or found in the records at start-up)."""
@@ -269,10 +297,14 @@ def refuse_while_restarting(d: Daemon) -> None:
                        "nothing was done; retry in a moment (the clients do)")
 
 
-def not_found(task_id: str) -> ApiError:
-    # the same answer for a task that does not exist and for someone else's
-    return ApiError(404, "not_found", f"no task {task_id!r} of yours; list yours with GET "
-                    f"/v1/tasks (corral ps)", "id")
+def not_found(task_id: str, kind: str = "task") -> ApiError:
+    """The same answer for a task (or a session: ``kind``) that does not exist and for
+    someone else's."""
+    listing = ("GET /v1/sessions (corral session ls)" if kind == "session" else
+               "GET /v1/tasks (corral ps)")
+    shown = task_id if len(task_id) <= 40 else task_id[:37] + "..."
+    return ApiError(404, "not_found", f"no {kind} {shown!r} of yours; list yours with "
+                    f"{listing}", "id")
 
 
 def expired_error(task_id: str, gone: dict[str, Any], policy: Retention) -> ApiError:

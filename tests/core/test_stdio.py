@@ -42,6 +42,24 @@ async def test_writing_more_than_the_buffer_waits_for_the_task_to_read(
     assert r.stdout.strip() == str(size).encode()
 
 
+async def test_writes_waiting_together_for_the_buffer_all_get_written(
+        sup: supervisor.Supervisor) -> None:
+    # found by an independent attack on the daemon: a second write while the first waited for
+    # room failed with "Trio events cannot be treated as bools" (a 500 for a tenant)
+    gate = "sleep 0.5; wc -c"  # (reads nothing for half a second: the writes wait)
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", gate], stdin="pipe"))
+        await task.write_stdin(b"x" * (3 << 20 >> 1))  # (the queue over its MiB: writes wait)
+        with trio.fail_after(HANG):
+            async with trio.open_nursery() as writers:
+                for _ in range(3):
+                    writers.start_soon(task.write_stdin, b"y" * (1 << 20))
+            task.close_stdin()
+            r = await task.wait()
+    assert r.outcome == "succeeded", r
+    assert int(r.stdout) == (3 << 20 >> 1) + (3 << 20), r.stdout
+
+
 async def test_a_task_that_closes_its_stdin_makes_writes_fail_not_the_task(
         sup: supervisor.Supervisor) -> None:
     async with trio.open_nursery() as n:

@@ -8,12 +8,16 @@ import errno
 import os
 import re
 import select
+import shutil
 import subprocess
 import time
 import tty
 from collections.abc import Callable
+from typing import Any
 
-from daemon_util import CORRAL, RunningDaemon
+from daemon_util import CORRAL, RunningDaemon, User, as_user
+
+from supervisor.client import Client
 
 Start = Callable[..., RunningDaemon]
 
@@ -86,3 +90,33 @@ def test_logs_to_a_pipe_or_with_raw_gives_the_exact_bytes(start_daemon: Start) -
     task_id = hostile_task(d)
     assert d.corral("logs", task_id, check=True).stdout == HOSTILE
     assert on_a_terminal(d, "logs", "--raw", task_id) == HOSTILE
+
+
+def test_session_ls_shows_a_tenants_working_directory_escaped(start_daemon: Start,
+                                                              users: list[User]) -> None:
+    """Found by an independent attack: ``corral session ls`` printed each session's cwd raw,
+    and a tenant names its directories as it likes, so root's terminal ran a tenant's title,
+    clipboard (OSC 52) and screen-clearing sequences.  It escapes them, as ``ps`` and
+    ``show`` do."""
+    d = start_daemon()
+    name = "/tmp/corral-test-cwd \x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J end"
+
+    def wander() -> Any:
+        with Client(d.socket) as c:
+            sid = c.open_session(cwd="/tmp")["id"]
+            # (the name spelled for printf(1): the command line holds none of its bytes)
+            spelled = "".join(f"\\{ord(ch):03o}" for ch in name)
+            done = c.exec(sid, f'd="$(printf \'{spelled}\')"; mkdir -p "$d" && cd "$d"',
+                          wait=30)
+            return sid, done["result"]["outcome"]
+
+    try:
+        sid, outcome = as_user(users[0], wander)
+        assert outcome == "succeeded"
+        listed = d.corral("session", "ls", check=True).stdout
+        shown = on_a_terminal(d, "session", "ls")
+    finally:
+        shutil.rmtree(name, ignore_errors=True)
+    for out in (listed, shown):
+        assert sid.encode() in out and b"\x1b" not in out and b"\x07" not in out, out
+        assert rb"\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J end" in out, out

@@ -16,6 +16,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -340,6 +341,40 @@ def test_a_task_has_one_id_and_any_other_spelling_is_404(start_daemon: Start) ->
     assert "Traceback" not in d.log_text()
 
 
+def test_a_number_in_a_query_of_any_length_is_a_400_naming_it(start_daemon: Start,
+                                                               users: list[User]) -> None:
+    """Found by an independent attack: a query number of more than 4,300 digits (``?limit=``,
+    ``?before=``, ``?offset=``, ``?tail=``) was a 500 and a traceback (Python's limit on
+    int() of a string); a session path's id of 20 digits said "no task".  Each is a 400
+    naming the parameter, or a 404 naming a session, for a tenant as for root."""
+    d = start_daemon()
+    huge = "9" * 5000
+
+    def ask() -> Any:
+        with Client(d.socket) as c:
+            task_id = c.submit(["echo", "hi"], wait=30).id
+            sid = c.open_session()["id"]
+        answers = []
+        for path in (f"/v1/tasks?limit={huge}", f"/v1/tasks?before={huge}",
+                     "/v1/tasks?limit=0000000000000000000000000000002",
+                     f"/v1/tasks/{task_id}/output?offset={huge}",
+                     f"/v1/tasks/{task_id}/output?tail={huge}",
+                     f"/v1/sessions?limit={huge}", "/v1/sessions/99999999999999999999999",
+                     f"/v1/sessions/0{sid}", "/v1/sessions/-1"):
+            answers.append([path[:40], *raw(d, f"GET {path} HTTP/1.1\r\nhost: x\r\n"
+                                                f"\r\n".encode())])
+        return answers
+
+    answers = as_user(users[0], ask)
+    for path, status, answer in answers[:2] + answers[3:6]:
+        assert status == 400 and answer["error"]["field"] in path, (path, answer)
+        assert len(answer["error"]["message"]) < 300, answer
+    assert answers[2][1] == 200 and len(answers[2][2]["tasks"]) == 1, answers[2]
+    for path, status, answer in answers[6:]:
+        assert status == 404 and "no session" in answer["error"]["message"], (path, answer)
+    assert "Traceback" not in d.log_text()
+
+
 @pytest.fixture
 def open_dir() -> Iterator[str]:
     """A 0755 directory every uid may reach (the state directory goes in it)."""
@@ -531,6 +566,80 @@ def test_a_tenants_output_flood_fills_the_disk_and_stops_nothing_nor_falsifies_a
         (disk.inside / "filler").unlink()
         assert c.wait(c.submit(["echo", "room"]).id).outcome == "succeeded"
     assert "Traceback" not in d.log_text() + again.log_text()
+
+
+def _disk_use(where: Path, output: Path, seen: list[tuple[int, int]],
+              stop: threading.Event) -> None:
+    """Sample (the filesystem's free bytes, what the output directory's files take) of
+    ``where`` until ``stop``."""
+    while not stop.is_set():
+        try:
+            st = os.statvfs(where)
+            took = sum(e.stat().st_blocks * 512 for e in os.scandir(output) if e.is_file())
+        except OSError:  # (a file removed between the listing and its stat)
+            continue
+        seen.append((st.f_bavail * st.f_frsize, took))
+        time.sleep(0.005)
+
+
+def test_a_tenants_output_never_fills_the_disk_however_fast_its_tasks_end(
+        start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
+        tmp_path: Path) -> None:
+    """Found by an independent attack: on a 20 MiB state filesystem (--retain-count 20) one
+    tenant's sixty tasks, each printing 2.7 MB to stdout and to stderr, filled it; the output
+    took 19.2 MB of its 11.7 MB share (each stream's file was capped, but its kept tail was
+    not counted, and retention, at most once a second, removed results slower than sixteen
+    running tasks ended them), the records' reserve went, end records and retention could no
+    longer be written, and every tenant's submissions were refused (503) until an admin freed
+    space.  Now a task starts only if its worst case fits the disk's room for output, and
+    retention makes room at once, from the uid that holds the most: the disk never fills,
+    every task ends with its record, and the other tenant's result and submissions go on."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "12m")
+    d = start_daemon("--retain-count", "20", state_dir=str(state), wrap=disk.wrap)
+    attacker, victim = users[0], users[1]
+
+    def keep_one() -> Any:
+        with Client(d.socket) as c:
+            return c.wait(c.submit(["echo", "mine"]).id).id
+
+    mine = as_user(victim, keep_one)
+    size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
+    seen: list[tuple[int, int]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=_disk_use, args=(disk.inside, disk.inside / "output",
+                                                       seen, stop))
+    sampler.start()
+    loud = ["sh", "-c", "head -c 3M /dev/zero; head -c 3M /dev/zero >&2"]
+
+    def flood() -> Any:
+        with Client(d.socket, timeout=300) as c:
+            ids = [c.submit(loud).id for _ in range(40)]
+            return [_expired_or_outcome(c, i) if i != ids[-1] else c.wait(i).outcome
+                    for i in ids]
+
+    def meanwhile() -> Any:
+        time.sleep(0.5)
+        with Client(d.socket, timeout=300) as c:
+            return [c.wait(c.submit(["echo", str(n)]).id).outcome for n in range(5)]
+
+    try:
+        flooded, served = as_users([(attacker, flood), (victim, meanwhile)], timeout=300)
+    finally:
+        stop.set()
+        sampler.join()
+    assert served == ["succeeded"] * 5
+    assert set(flooded) <= {"succeeded", "expired"} and flooded[-1] == "succeeded", flooded
+    least_free = min(free for free, _ in seen)
+    most_output = max(took for _, took in seen)
+    assert most_output <= 0.8 * size, (most_output, size)
+    assert least_free > 0, seen
+    with d.client() as c:
+        assert c.show(mine).outcome == "succeeded"
+        assert c.wait(c.submit(["true"]).id).outcome == "succeeded"
+    log = d.log_text()
+    assert "cannot be written" not in log and "is full" not in log, log[-3000:]
+    assert "Traceback" not in log
 
 
 def _expired_or_outcome(c: Client, task_id: str) -> str:

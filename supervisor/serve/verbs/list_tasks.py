@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..daemontask import listed_row_json
 from ..http import Request, Response, json_response
-from ..protocol import MAX_ID_DIGITS, STATES, canonical_id, invalid, query_int
+from ..protocol import MAX_ID_DIGITS, STATES, canonical_id, invalid, query_int, shown
 
 if TYPE_CHECKING:
     from ..state import Daemon
@@ -28,7 +28,7 @@ async def handle(d: Daemon, req: Request) -> Response:
     session = req.query.get("session")
     if session is not None and not canonical_id(session):
         raise invalid("session", f"?session= must be a session id (a number without leading "
-                                 f"zeros, at most {MAX_ID_DIGITS} digits), got {session[:40]!r}")
+                                 f"zeros, at most {MAX_ID_DIGITS} digits), got {shown(session)}")
     before = query_int(req.query, "before", 2**62, 1)
     peer = req.peer
     out: list[dict[str, Any]] = []

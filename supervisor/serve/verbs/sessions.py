@@ -36,6 +36,7 @@ from ..protocol import (
     query_int,
 )
 from ..sessions import MAX_SESSIONS_PER_UID, Session, session_argv, usable_shell
+from ..state import not_found
 from .submit import accept, answer_after
 
 if TYPE_CHECKING:
@@ -162,8 +163,7 @@ async def _row(d: Daemon, req: Request, session_id: str) -> dict[str, Any]:
     is as good as none)."""
     row = await d.records.get_session(session_id)
     if row is None or not req.peer.may_see(row["uid"]):
-        raise ApiError(404, "not_found", f"no session {session_id!r} of yours; list yours with "
-                       f"GET /v1/sessions")
+        raise not_found(session_id, "session")
     return row
 
 

@@ -70,7 +70,10 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
     key = None if r.idempotency_key is None else (peer.uid, r.idempotency_key)
     if key is not None:
         d.keys[key] = ""  # reserved: a concurrent retry is told to retry in a moment
-    reserved = d.scheduler.reserve(peer.uid)
+    cost = d.disk.worst(size)
+    reserved = d.room.fits(peer.uid, cost) and d.scheduler.reserve(peer.uid)
+    if reserved:
+        d.room.take(peer.uid, cost)
     try:
         task_id = await d.records.accept(_row(d, peer, r, text, reserved, rlimits))
     except BaseException as e:
@@ -78,6 +81,7 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
             d.keys.pop(key, None)
         if reserved:
             d.scheduler.finished(peer.uid)
+            d.room.give(peer.uid, cost)
         if isinstance(e, RecordsError):
             raise ApiError(503, "records_unavailable", f"nothing was accepted: {e}") from None
         raise
@@ -86,6 +90,7 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
         spec = await d.off_loop(peer.uid, size, spec.from_call, spec, {"log_file": output})
     t = DaemonTask(task_id, peer.uid, peer.gid, peer.pid, r, spec, output, time.time(),
                    peer.groups, size=size)
+    t.holds = cost if reserved else 0
     accepted(d, t, reserved=reserved)
     return None, t
 

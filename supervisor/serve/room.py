@@ -1,0 +1,128 @@
+"""The state filesystem's room for output: a task starts only if its worst case fits.
+
+Retention (``retention.py``) keeps finished results within ``--retain-bytes`` by what the
+files hold, after the fact, at most once a second: it cannot stop a flood.  Sixteen running
+tasks of one tenant, each filling its files at once and ending in a tenth of a second, wrote
+faster than any pass could remove them, filled a 20 MiB state filesystem past its records'
+reserve and left every tenant's submissions refused.  So the daemon also keeps a ledger, here,
+of the disk's room for output (``OutputDisk.room``: 80% of what the filesystem had):
+
+- a finished task holds what its row says (``bytes``: its files, its result, its request);
+- a running task holds its worst case (:func:`worst`: both streams at the cap with their kept
+  tails, its request and result), from the moment it is counted running until its end row
+  says what it took (:meth:`Room.settle`);
+- a task starts only if what is held and its worst case fit the room (:meth:`Room.fits`); if
+  not, it waits at the head of its uid's queue and retention is asked at once, without its
+  one-second gap, to expire finished tasks, fairly between uids with each uid's running worst
+  cases counted as its own (``rows.expire``): the uid whose tasks write most loses its own.
+
+So the output on the state filesystem never exceeds the room, whatever the tasks write and
+however fast they end.  Pure bookkeeping on the trio thread.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import trio
+
+__all__ = ["BLOCK", "RESULT_ROOM", "Room", "worst"]
+
+BLOCK = 64 << 10  # a file takes whole blocks: its bytes are rounded up to this
+RESULT_ROOM = 64 << 10  # a result's JSON beyond its request's argv, env and names
+
+
+def worst(stream_cap: int, tail: int, request: int) -> int:
+    """What a task may come to hold at most: each stream's file at ``stream_cap`` and its kept
+    ``tail`` beside it, in whole blocks, and its row (the request of ``request`` bytes, and the
+    result, which repeats the request's argv and environment)."""
+    files = 2 * (_blocks(stream_cap) + _blocks(tail))
+    return files + 2 * request + RESULT_ROOM
+
+
+def _blocks(n: int) -> int:
+    return -(-n // BLOCK) * BLOCK
+
+
+class Room:
+    """The ledger (see the module docstring).  ``room``: the bytes output may take."""
+
+    def __init__(self, room: int, held: int = 0, wake: Callable[[], None] | None = None,
+                 measure: Callable[[int], int] | None = None) -> None:
+        self.room = room
+        self.held = held  # finished tasks' bytes, by their rows
+        self.reserved = 0  # running tasks' worst cases
+        self.reserved_by: collections.Counter[int] = collections.Counter()
+        self.wanted: tuple[int, int] | None = None  # (uid, bytes) of a start that waits
+        self.asked = trio.Event()  # set when a start waits for room: retention runs now
+        self._wake = wake  # (retention's)
+        self._measure = measure  # the room now, given what finished tasks hold
+        self._moved = True  # the ledger changed since retention was last asked
+
+    def fits(self, uid: int, cost: int) -> bool:
+        """Whether a task of ``uid`` holding ``cost`` at most may start now.  If not, that
+        start is remembered as waiting and retention is asked to make room (once for each
+        change of the ledger: a pass that found nothing to expire is not run again for
+        every submission).  A task always fits a ledger that holds nothing (a filesystem too
+        small for even one worst case still runs its tasks one at a time).
+
+        Before a start waits, the room is measured again, and grows if the filesystem has
+        more room than it had (a daemon started on a disk something else had filled); it never
+        shrinks: a tenant filling the filesystem with files of its own would otherwise have
+        retention expire everyone's results (what is not output's, the records' reserve and
+        the fifth of the disk left over, covers the records meanwhile)."""
+        if self._fits(cost):
+            return True
+        if self._measure is not None:
+            self.room = max(self.room, self._measure(self.held))
+            if self._fits(cost):
+                return True
+        self.wanted = (uid, cost)
+        if self._moved:
+            self._moved = False
+            self.asked.set()
+            if self._wake is not None:
+                self._wake()
+        return False
+
+    def _fits(self, cost: int) -> bool:
+        return self.held + self.reserved + cost <= self.room or (
+            self.reserved == 0 and self.held <= 0)
+
+    def take(self, uid: int, cost: int) -> None:
+        """A task of ``uid`` counted as running holds ``cost`` from now on."""
+        self.reserved += cost
+        self.reserved_by[uid] += cost
+        self._moved = True
+
+    def give(self, uid: int, cost: int) -> None:
+        """A task's worst case is given back without anything held (it did not start)."""
+        self.reserved -= cost
+        self.reserved_by[uid] -= cost
+        if self.reserved_by[uid] <= 0:
+            del self.reserved_by[uid]
+        self._moved = True
+
+    def settle(self, uid: int, cost: int, took: int) -> None:
+        """A task that held ``cost`` (0: it never ran) ended, its row saying it ``took``."""
+        if cost:
+            self.give(uid, cost)
+        self.held += took
+        self._moved = True
+
+    def expired(self, freed: int) -> None:
+        """Retention removed finished tasks whose rows said ``freed`` bytes."""
+        self.held = max(0, self.held - freed)
+        self._moved = True
+
+    def pressed(self) -> dict[int, int] | None:
+        """What each uid holds running, with the waiting start's worst case counted as its
+        uid's, if a start waits (else None): retention expires finished tasks until the
+        finished and these fit the room."""
+        if self.wanted is None:
+            return None
+        uid, cost = self.wanted
+        by_uid = dict(self.reserved_by)
+        by_uid[uid] = by_uid.get(uid, 0) + cost
+        return by_uid

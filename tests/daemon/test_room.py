@@ -1,0 +1,55 @@
+"""The disk's room for output (supervisor/serve/room.py): the ledger's rules, pure.
+
+The daemon-level proof (a real tenant's flood on a real small filesystem) is in
+test_tenants.py (``test_a_tenants_output_never_fills_the_disk_however_fast_its_tasks_end``).
+"""
+
+from __future__ import annotations
+
+from supervisor.serve.room import BLOCK, RESULT_ROOM, Room, worst
+from supervisor.serve.scheduler import QueueLimits, Scheduler
+
+
+def test_a_tasks_worst_case_counts_both_streams_their_tails_and_its_row() -> None:
+    # the hole: a cap of 366,105 bytes a stream was reserved, a task kept 830 KB
+    assert worst(366_105, 49_152, 0) == 2 * (6 * BLOCK + BLOCK) + RESULT_ROOM
+    assert worst(366_105, 49_152, 1000) == worst(366_105, 49_152, 0) + 2000
+
+
+def test_a_start_waits_until_what_is_held_and_its_worst_case_fit() -> None:
+    asked: list[int] = []
+    room = Room(1000, held=400, wake=lambda: asked.append(1))
+    assert room.fits(1, 500)
+    room.take(1, 500)
+    assert not room.fits(2, 200) and room.wanted == (2, 200) and asked == [1]
+    assert not room.fits(2, 200) and asked == [1]  # (asked once until the ledger moves)
+    assert room.pressed() == {1: 500, 2: 200}  # (the waiting start counts as its uid's)
+    room.settle(1, 500, 120)  # it ended, taking less than its worst case
+    assert room.held == 520 and room.reserved == 0 and room.fits(2, 200)
+    room.expired(600)
+    assert room.held == 0
+    assert Room(10).fits(1, 10_000)  # (an empty ledger runs one task whatever its size)
+
+
+def test_the_room_grows_when_the_disk_has_more_and_never_shrinks() -> None:
+    now = [300]
+    room = Room(300, held=300, measure=lambda held: now[0])
+    assert not room.fits(1, 100)
+    now[0] = 1000  # (what filled the disk was removed)
+    assert room.fits(1, 100) and room.room == 1000
+    now[0] = 100  # (someone fills it again: retention must not expire results for that)
+    room.take(1, 100)
+    assert room.fits(1, 500) and room.room == 1000
+
+
+def test_the_task_whose_turn_it_is_waits_for_room_and_keeps_its_turn() -> None:
+    class Task:
+        def __init__(self, uid: int, size: int) -> None:
+            self.uid, self.size = uid, size
+
+    s: Scheduler[Task] = Scheduler(QueueLimits(max_running=4, max_running_per_uid=4))
+    big, small = Task(1, 900), Task(2, 10)
+    s.enqueue(big)
+    s.enqueue(small)
+    assert s.next_ready(lambda t: t.size < 100) is None  # (the small one does not jump it)
+    assert s.next_ready(lambda t: True) is big and s.next_ready() is small
