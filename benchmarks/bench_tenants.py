@@ -49,6 +49,12 @@ Attacks (``--only``):
                    after it (the victim makes at most 20 requests per phase here, to stay
                    within an equal share of the 50: its latency figures are few).
   big_submissions  4 connections send 1 MiB submissions (argv of 65,000 strings) continuously.
+  big_answers      4 connections each show their own finished task with a 1 MiB argv (a 2.5 MB
+                   answer) as fast as the daemon answers.
+  output_readers   4 attacker processes each read their own task's 16 MB output whole on 4
+                   connections at once, again and again.
+  session_env      4 sessions each carry 840 KB of environment (seven variables of 120 KB)
+                   and run ``true`` as fast as each is answered.
 
 Each daemon gets a scratch cgroup (``--cgroup-root``) and a temporary 0755 directory in /var/lib
 for its socket and state; on every way out (an error, Ctrl-C, SIGTERM) the forked children are
@@ -622,6 +628,68 @@ def finish_tiny_tasks(sock: str, until: float) -> dict[str, Any]:
     return {"tasks": done, "first_id": first}
 
 
+def show_big_task(sock: str, until: float) -> dict[str, Any]:
+    """A finished task of ours with a 1 MiB argv, then its ``GET /v1/tasks/ID`` (a 2.5 MB
+    answer) as fast as the daemon answers it."""
+    with Client(sock, timeout=ANSWER + 5) as c:
+        task_id = c.submit(["true", *(["abcdefghijkl"] * 65000)], wait=ANSWER).id
+    return request_loop(sock, until, [f"GET /v1/tasks/{task_id} HTTP/1.1\r\nhost: x\r\n"
+                                      f"\r\n".encode()])
+
+
+def read_output_again(sock: str, until: float, size: str, readers: int) -> dict[str, Any]:
+    """A task of ours printing ``size``, then its whole output read on ``readers``
+    connections at once, again and again."""
+    import threading
+
+    with Client(sock, timeout=ANSWER + 5) as c:
+        task_id = c.submit(["head", "-c", size, "/dev/zero"], wait=ANSWER).id
+    get = (f"GET /v1/tasks/{task_id}/output HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+           f"\r\n").encode()
+    counts = collections.Counter({"reads": 0, "bytes": 0})
+
+    def loop() -> None:
+        while time.monotonic() < until:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(ANSWER)
+                try:
+                    s.connect(sock)
+                    s.sendall(get)
+                    while chunk := s.recv(1 << 20):
+                        counts["bytes"] += len(chunk)
+                except OSError as e:
+                    counts[type(e).__name__] += 1
+                    time.sleep(0.01)
+                    continue
+            counts["reads"] += 1
+
+    threads = [threading.Thread(target=loop) for _ in range(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return dict(counts)
+
+
+def session_env_loop(sock: str, until: float) -> dict[str, Any]:
+    """A session of ours carrying 840 KB of environment (seven variables of 120 KB), running
+    ``true`` in it as fast as each is answered (each carries the environment again)."""
+    counts = collections.Counter({"commands": 0})
+    with Client(sock, timeout=ANSWER + 5) as c:
+        sid = c.open_session()["id"]
+        c.exec(sid, "v=$(head -c 120000 /dev/zero | tr '\\0' a); export B1=$v B2=$v B3=$v "
+                    "B4=$v B5=$v B6=$v B7=$v", wait=ANSWER)
+        while time.monotonic() < until:
+            try:
+                c.exec(sid, "true", wait=ANSWER)
+                counts["commands"] += 1
+            except ApiError as e:
+                counts[f"refused {e.status} {e.code}"] += 1
+                time.sleep(0.05)
+        c.close_session(sid)
+    return dict(counts)
+
+
 # ---- attack definitions ---------------------------------------------------------------------
 
 @dataclass
@@ -704,6 +772,12 @@ ATTACKS = [
            victim_limit=RETENTION_REQUESTS),
     Attack("big_submissions", "4 connections: 1 MiB submissions (argv of 65,000 strings)",
            _many(4, request_loop, [big_request()])),
+    Attack("big_answers", "4 connections: each its own finished task with a 1 MiB argv shown "
+           "(a 2.5 MB answer), as fast as answered", _many(4, show_big_task)),
+    Attack("output_readers", "16 connections: 4 tasks' 16 MB outputs read whole, again and "
+           "again", _many(4, read_output_again, "16M", 4)),
+    Attack("session_env", "4 sessions carrying 840 KB of environment, each running `true` as "
+           "fast as answered", _many(4, session_env_loop)),
 ]
 NAMES = [a.name for a in ATTACKS]
 

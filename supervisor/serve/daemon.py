@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -69,6 +70,7 @@ UNRECORDED_WAIT = 10.0  # seconds a drain retries end records that failed
 # the core's own results kept in memory (the daemon records each itself: these only carry the
 # records of tasks a hand-over could not adopt to recover(); a result holds its argv)
 CORE_RESULTS = 16
+SWITCH_INTERVAL = 0.001  # seconds (sys.setswitchinterval; see serve)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain; again: kill (HUP: ignored)
 
 
@@ -84,6 +86,10 @@ async def serve(config: Config, *,
                 task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
     """Run the daemon until SIGTERM (or the caller's cancellation) and its drain or
     hand-over."""
+    # a thread that wants the GIL asks for it after this long (Python's default: 5 ms): the
+    # records thread's commit and the event loop's next request wait no longer behind a busy
+    # other thread (a tenant's large answer being encoded, a submission parsed off the loop)
+    sys.setswitchinterval(SWITCH_INTERVAL)
     notifier = Notifier()
     passed = fdstore.take(listen_fds())
     records = await _unless_abandoned(notifier, passed, Records.open(config.state_dir))

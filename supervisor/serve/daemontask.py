@@ -255,6 +255,12 @@ def row_json(row: dict[str, Any], *, output_dir: str) -> dict[str, Any]:
     return out
 
 
+def row_weight(row: dict[str, Any]) -> int:
+    """About how many bytes a row's JSON holds (``bytes``: its output files' too, so a loud
+    task's counts as heavy: its answer is encoded in pieces, which costs it little)."""
+    return int(row.get("bytes") or 0)
+
+
 def _row_fields(row: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     return {"id": row["id"], "state": row["state"], "argv": argv, "uid": row["uid"],
             "gid": row["gid"], "name": row["name"], "created_at": row["created_at"],

@@ -569,12 +569,6 @@ class Frame(NamedTuple):
     exit_status: int | None = None
 
 
-def data_frame(stream: str, offset: int, data: bytes) -> dict[str, Any]:
-    import base64  # (not at module level: `corral ps` never needs it)
-
-    return {"stream": stream, "offset": offset, "data": base64.b64encode(data).decode("ascii")}
-
-
 def gap_frame(stream: str, start: int, end: int) -> dict[str, Any]:
     return {"stream": stream, "gap": [start, end]}
 

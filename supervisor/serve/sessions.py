@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["MAX_STATE", "SCRIPT", "Session", "carried_state", "parse_state", "session_argv"]
@@ -83,12 +84,20 @@ class Session:
         self.current: str | None = None  # the foreground command running now (task id)
         self.running: set[str] = set()  # every task of the session not finished yet
 
+    def weight(self) -> int:
+        """About how many bytes its JSON holds (its environment's, which a tenant chose):
+        an answer carrying it is encoded in pieces (``http.json_response``)."""
+        return env_weight(self.env) + env_weight(self.defaults.get("env"))
+
     def to_json(self) -> dict[str, Any]:
+        """Its JSON: ``env`` is what its next command starts with (the last one carried,
+        else the one it was opened with; the defaults' ``env`` once hid the carried one)."""
         return {"id": self.id, "uid": self.uid, "gid": self.gid,
                 "state": "open" if self.closed_at is None else "closed",
                 "created_at": self.created_at, "closed_at": self.closed_at,
-                "shell": self.shell, "cwd": self.cwd, "env": self.env,
+                "shell": self.shell, "cwd": self.cwd,
                 **{k: v for k, v in self.defaults.items() if v is not None},
+                "env": self.env if self.env is not None else self.defaults.get("env"),
                 "current": self.current, "running": sorted(self.running, key=int)}
 
     def row(self) -> dict[str, Any]:
@@ -183,3 +192,8 @@ def usable_shell(path: str) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
+
+
+def env_weight(env: Mapping[str, str] | None) -> int:
+    """About how many bytes ``env`` is as JSON (a sum over its variables, not its bytes)."""
+    return sum(len(k) + len(v) + 6 for k, v in env.items()) if env else 0

@@ -19,6 +19,10 @@ share is the one shed:
   read, so a uid's many connections cannot make the daemon hold many MiB each;
 - at most :data:`TURNS` requests of one uid are answered at once (root: any number): one
   uid's many connections, each with a request ready, take turns among themselves;
+- one piece at a time of a uid's large answers and streams is made (``heavy``: a slice of a
+  large JSON answer, a chunk of output read and encoded), so that a uid reading a large
+  output on sixteen connections, or asking for a MiB-long task over and over, takes one slice
+  of the event loop in turn with everyone else, not sixteen;
 - a refused connection is answered (429 or 503) and closed; while :data:`LINGERING` are being
   answered, or after one of the same uid in the last second, it is closed at once,
   unanswered, so that a flood of connections costs the daemon little more than the accepts.
@@ -67,6 +71,7 @@ class Shares:
         self.bodies: collections.Counter[int] = collections.Counter()  # uid -> bytes
         self.shed = 0  # connections shed to make room for another uid's
         self._turns: dict[int, trio.Semaphore] = {}
+        self._heavy: dict[int, trio.Lock] = {}
         self.refusing = 0  # refused connections being answered (each lingers a moment)
         self._answered: dict[int, float] = {}  # uid -> when a refusal of its was answered
         self._rate: dict[int, tuple[float, float]] = {}  # uid -> (connections left, when)
@@ -133,6 +138,18 @@ class Shares:
         finally:
             if sem.value == TURNS and not sem.statistics().tasks_waiting:
                 self._turns.pop(uid, None)
+
+    @contextlib.asynccontextmanager
+    async def heavy(self, uid: int) -> AsyncIterator[None]:
+        """Held while one piece of ``uid``'s large answers or streams is made (root's too:
+        it is fairness between root's own connections, and costs the others nothing)."""
+        lock = self._heavy.setdefault(uid, trio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._heavy.pop(uid, None)
 
     def may_answer(self, uid: int) -> bool:
         """Whether a refused connection of ``uid`` gets an answer: one a second per uid

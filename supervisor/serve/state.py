@@ -21,7 +21,7 @@ import trio
 
 from .daemontask import DaemonTask
 from .events import EventHub
-from .http import HttpLimits
+from .http import HttpLimits, Response, encode_in_turns
 from .metrics import Metrics
 from .offload import Offload
 from .peers import Peer
@@ -45,6 +45,7 @@ __all__ = ["DEFAULT_STATE_DIR", "Config", "Daemon", "OutputDisk", "expired_error
            "refuse_while_restarting"]
 
 DEFAULT_STATE_DIR = "/var/lib/corral"
+ANSWERS_HELD = 32 << 20  # bytes of finished tasks' large answers kept encoded (Answers)
 BIG_REQUEST = 64 << 10  # a finished task with a request above this is not kept in memory
 
 
@@ -138,6 +139,37 @@ def _default_tail() -> int:
     return TaskSpec(("true",)).output_tail
 
 
+class Answers:
+    """Finished tasks' large answers as sent (the JSON of ``GET /v1/tasks/ID``, which does not
+    change once the task is finished and recorded), the most recently used first, at most
+    :data:`ANSWERS_HELD` bytes in all."""
+
+    def __init__(self, held: int = ANSWERS_HELD) -> None:
+        self.most = held
+        self.held = 0
+        self._bodies: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+
+    def get(self, task_id: str) -> bytes | None:
+        body = self._bodies.get(task_id)
+        if body is not None:
+            self._bodies.move_to_end(task_id)
+        return body
+
+    def put(self, task_id: str, body: bytes) -> None:
+        if len(body) > self.most // 4:
+            return
+        self.pop(task_id)
+        self._bodies[task_id] = body
+        self.held += len(body)
+        while self.held > self.most:
+            self.held -= len(self._bodies.popitem(last=False)[1])
+
+    def pop(self, task_id: str) -> None:
+        body = self._bodies.pop(task_id, None)
+        if body is not None:
+            self.held -= len(body)
+
+
 class Daemon:
     """The state the verbs work on; made by ``daemon.serve`` once the supervisor is open."""
 
@@ -174,6 +206,7 @@ class Daemon:
         self.retrying: set[trio.CancelScope] = set()  # those retries: given up on at exit
         self.stdin_pipes = _stdin_pipe_supported()
         self.offload = Offload()  # large requests' work, the uids taking turns
+        self.answers = Answers()  # finished tasks' large answers, encoded once
         self.metrics = Metrics(self._gauges)  # last: it reads the gauges above at once
 
     def find(self, peer: Peer, task_id: str) -> DaemonTask | None:
@@ -222,6 +255,17 @@ class Daemon:
         t.holds = self.disk.worst(t.size)
         self.room.take(t.uid, t.holds)
 
+    async def finished_answer(self, uid: int, task_id: str,
+                              make: Callable[[], dict[str, Any]]) -> Response:
+        """The 200 answer of a finished task's large JSON (``make()``), for ``uid``: encoded
+        once, at its turn, and kept (``Answers``): a tenant asking for its MiB-long task over
+        and over on many connections costs a copy each time, not an encoding."""
+        body = self.answers.get(task_id)
+        if body is None:
+            body = await encode_in_turns(make(), lambda: self.shares.heavy(uid))
+            self.answers.put(task_id, body)
+        return Response(200, body)
+
     def add(self, t: DaemonTask) -> None:
         """A task joins the table (accepted now, or found in the records at start-up)."""
         self.tasks[t.id] = t
@@ -263,6 +307,7 @@ class Daemon:
     def forget(self, task_id: str) -> None:
         """A finished task leaves memory (evicted, or expired)."""
         self._finished.pop(task_id, None)
+        self.answers.pop(task_id)
         gone = self.tasks.pop(task_id, None)
         if gone is not None and gone.request.idempotency_key is not None:
             self.keys.pop((gone.uid, gone.request.idempotency_key), None)

@@ -39,9 +39,14 @@ def test_cd_export_and_unset_carry_as_a_shells_would(start_daemon: Start, users:
                 answer = s.run(command, time_limit="1s" if "sleep" in command else None,
                                grace="0.1s")
                 out.append([answer["outcome"], answer["carried"], stdout_of(answer)])
+                # the session says the environment its next command starts with (the one it
+                # was opened with hid the carried one: A never showed)
+                env = c.show_session(s.id)["env"]
+                out[-1].append(sorted(k for k in env if k in ("A", "B", "C", "DROP", "KEEP")))
         return out
 
     results = as_user(users[0], session)
+    assert [r.pop() for r in results] == [["A", "DROP", "KEEP"]] + [["A", "KEEP"]] * 6
     assert results[0] == ["succeeded", {"cwd": "/usr", "set": ["A"], "unset": []}, ""]
     # a failing command carries (as a shell keeps its cd); an unset variable is gone
     assert results[1] == ["failed", {"cwd": "/usr/lib", "set": [], "unset": ["DROP"]}, ""]

@@ -13,20 +13,25 @@ a client that reconnects with the offset after its last frame loses nothing.  Fr
 Past the cap, the file stops growing; at the end the result's kept tail (the last bytes) is
 sent after a gap frame that says exactly which bytes are lost.  A follower is woken by the
 task's output subscription (each chunk only wakes it: the bytes come from the file, so a slow
-client never makes the daemon hold output in memory).
+client never makes the daemon hold output in memory).  Each chunk is read and encoded at the
+caller's uid's turn (``Shares.heavy``): sixteen readers of one uid take one slice of the event
+loop in turn with the others, not sixteen.
 """
 
 from __future__ import annotations
 
+import binascii
 import json
 import os
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..daemontask import served_result, stream_path
 from ..http import Request, Send, Streaming
-from ..protocol import data_frame, gap_frame, invalid, query_bool, query_int
+from ..protocol import gap_frame, invalid, query_bool, query_int
 
 if TYPE_CHECKING:
     from ..daemontask import DaemonTask
@@ -36,8 +41,19 @@ CHUNK = 64 * 1024
 POLL = 1.0  # a safety net: the subscription wakes followers
 
 
+Turn = Callable[[], AbstractAsyncContextManager[None]]
+
+
 def _line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _data_line(stream: str, offset: int, data: bytes) -> bytes:
+    """``_line({"stream": stream, "offset": offset, "data": <data in base64>})``, made
+    without the JSON encoder (base64 needs no escaping): a quarter of the cost of a 64 KiB
+    chunk."""
+    return b'{"stream":"%s","offset":%d,"data":"%s"}\n' % (
+        stream.encode(), offset, binascii.b2a_base64(data, newline=False))
 
 
 async def handle(d: Daemon, req: Request, id: str) -> Streaming:
@@ -48,15 +64,20 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
     tail = query_int(req.query, "tail", 0) if "tail" in req.query else None
     follow = query_bool(req.query, "follow")
     t = d.find(req.peer, id)
+    uid = req.peer.uid
+
+    def turn() -> AbstractAsyncContextManager[None]:
+        return d.shares.heavy(uid)
+
     if t is None:
         row = await d.find_row(req.peer, id)
         path = os.path.join(d.output_dir, row["id"])
         if tail is not None:
             offset = _tail_offset(stream_path(path, stream), tail)
-        return Streaming(200, _Recorded(row, stream, offset, path).produce)
+        return Streaming(200, _Recorded(row, stream, offset, path, turn).produce)
     if tail is not None:  # (the last ``tail`` bytes held: a reattaching terminal's screen)
         offset = _tail_offset(stream_path(t.output, stream), tail)
-    return Streaming(200, _Follower(t, stream, offset, follow).produce)
+    return Streaming(200, _Follower(t, stream, offset, follow, turn).produce)
 
 
 def _tail_offset(path: str, tail: int) -> int:
@@ -88,8 +109,10 @@ class _Wake:
 
 
 class _Follower:
-    def __init__(self, t: DaemonTask, stream: str, offset: int, follow: bool) -> None:
+    def __init__(self, t: DaemonTask, stream: str, offset: int, follow: bool,
+                 turn: Turn) -> None:
         self.t = t
+        self.turn = turn
         self.stream = stream
         self.pos = offset
         self.follow = follow
@@ -120,9 +143,11 @@ class _Follower:
         t = self.t
         while True:
             done = t.done.is_set()  # before reading: then the file is complete
-            data = self._read()
+            async with self.turn():
+                data = self._read()
+                line = _data_line(self.stream, self.pos, data) if data else b""
             if data:
-                await send(_line(data_frame(self.stream, self.pos, data)))
+                await send(line)
                 self.pos += len(data)
                 continue
             if done:
@@ -150,15 +175,19 @@ async def _after_file(send: Send, reader: _Follower | _Recorded, total: int,
     rest = tail[reader.pos - tail_start:]
     for i in range(0, len(rest), CHUNK):
         piece = rest[i:i + CHUNK]
-        await send(_line(data_frame(reader.stream, reader.pos, piece)))
+        async with reader.turn():
+            line = _data_line(reader.stream, reader.pos, piece)
+        await send(line)
         reader.pos += len(piece)
 
 
 class _Recorded:
     """A task the daemon no longer holds in memory: the file, then a gap to the total."""
 
-    def __init__(self, row: dict[str, Any], stream: str, offset: int, path: str) -> None:
+    def __init__(self, row: dict[str, Any], stream: str, offset: int, path: str,
+                 turn: Turn) -> None:
         self.row = row
+        self.turn = turn
         self.output = path
         self.path = stream_path(path, stream)
         self.stream = stream
@@ -171,10 +200,12 @@ class _Recorded:
             fd = None
         try:
             while fd is not None:
-                data = os.pread(fd, CHUNK, self.pos)
+                async with self.turn():
+                    data = os.pread(fd, CHUNK, self.pos)
+                    line = _data_line(self.stream, self.pos, data) if data else b""
                 if not data:
                     break
-                await send(_line(data_frame(self.stream, self.pos, data)))
+                await send(line)
                 self.pos += len(data)
         finally:
             if fd is not None:

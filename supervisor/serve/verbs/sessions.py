@@ -21,7 +21,6 @@ environment, as the caller): a session gives a tenant nothing a task would not.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +34,13 @@ from ..protocol import (
     pop_wait,
     query_int,
 )
-from ..sessions import MAX_SESSIONS_PER_UID, Session, session_argv, usable_shell
+from ..sessions import (
+    MAX_SESSIONS_PER_UID,
+    Session,
+    env_weight,
+    session_argv,
+    usable_shell,
+)
 from ..state import not_found
 from .submit import accept, answer_after
 
@@ -68,7 +73,7 @@ async def create(d: Daemon, req: Request) -> Response:
                 created_at=time.time())
     s.id = await d.records.open_session(s.row())
     d.sessions[s.id] = s
-    return json_response(201, s.to_json())
+    return json_response(201, s.to_json(), s.weight())
 
 
 async def list_sessions(d: Daemon, req: Request) -> Response:
@@ -79,7 +84,8 @@ async def list_sessions(d: Daemon, req: Request) -> Response:
 
 
 async def show(d: Daemon, req: Request, id: str) -> Response:
-    return json_response(200, _json(d, await _row(d, req, id)))
+    row = await _row(d, req, id)
+    return json_response(200, _json(d, row), env_weight(row.get("env")))
 
 
 async def close(d: Daemon, req: Request, id: str) -> Response:
@@ -88,7 +94,7 @@ async def close(d: Daemon, req: Request, id: str) -> Response:
     row = await _row(d, req, id)
     s = d.sessions.get(id)
     if s is None:  # closed already
-        return json_response(200, {**_json(d, row), "stopped": []})
+        return json_response(200, {**_json(d, row), "stopped": []}, env_weight(row.get("env")))
     stopped = []
     for task_id in sorted(s.running, key=int):
         t = d.tasks.get(task_id)
@@ -98,7 +104,7 @@ async def close(d: Daemon, req: Request, id: str) -> Response:
     # (a closed session keeps no environment; a uid keeps its latest closed ones only)
     await d.records.close_session(id, s.closed_at, KEEP_CLOSED)
     del d.sessions[id]
-    return json_response(200, {**s.to_json(), "stopped": stopped})
+    return json_response(200, {**s.to_json(), "stopped": stopped}, s.weight())
 
 
 async def exec_command(d: Daemon, req: Request, id: str) -> Response:
@@ -130,11 +136,12 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
         raise ApiError(409, "busy", f"session {id} is running a command (task {s.current}) "
                        f"whose exec has not been answered yet; wait for that answer, stop it, "
                        f"or run this one with \"background\": true", "command")
-    # (its size as held and recorded: the body, and the environment the session adds to it)
-    size = len(req.body) + (len(json.dumps(env)) if env else 0)
+    # (its size as held and recorded: the body, and the environment the session adds to it;
+    # summed over its variables: the encoding of a MiB of environment is no longer made here)
+    size = len(req.body) + env_weight(env)
     earlier, t = await accept(d, req.peer, r, size)
     if earlier is not None:
-        return json_response(200, earlier)
+        return json_response(200, earlier, size)
     assert t is not None
     s.running.add(t.id)
     if not e.background:

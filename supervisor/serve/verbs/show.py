@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..daemontask import row_json
-from ..http import Request, Response, json_response
+from ..daemontask import row_json, row_weight
+from ..http import HEAVY_ANSWER, Request, Response, json_response
 
 if TYPE_CHECKING:
     from ..state import Daemon
@@ -14,6 +14,12 @@ if TYPE_CHECKING:
 async def handle(d: Daemon, req: Request, id: str) -> Response:
     t = d.find(req.peer, id)
     if t is not None:
-        return json_response(200, t.to_json(full=True, position=d.scheduler.position(t)))
-    return json_response(200, row_json(await d.find_row(req.peer, id),
-                                       output_dir=d.output_dir))
+        if t.recorded and t.size > HEAVY_ANSWER:  # (finished: its answer is final)
+            return await d.finished_answer(req.peer.uid, t.id, lambda: t.to_json(full=True))
+        return json_response(200, t.to_json(full=True, position=d.scheduler.position(t)),
+                             t.size)
+    row = await d.find_row(req.peer, id)
+    if row["state"] == "finished" and row_weight(row) > HEAVY_ANSWER:
+        return await d.finished_answer(req.peer.uid, id,
+                                       lambda: row_json(row, output_dir=d.output_dir))
+    return json_response(200, row_json(row, output_dir=d.output_dir), row_weight(row))

@@ -43,7 +43,7 @@ async def handle(d: Daemon, req: Request) -> Response:
     r, wait = await d.off_loop(req.peer.uid, len(req.body), _parse, req.body)
     earlier, t = await accept(d, req.peer, r, len(req.body))
     if earlier is not None:
-        return json_response(200, earlier)
+        return json_response(200, earlier, len(req.body))
     assert t is not None
     if wait is None:
         return json_response(201, {"id": t.id, "state": t.state})
@@ -102,7 +102,7 @@ async def answer_after(d: Daemon, t: DaemonTask, wait: float) -> Response:
     with trio.move_on_after(wait):
         await t.done.wait()
     if t.done.is_set():
-        return json_response(200, t.to_json(full=True))
+        return json_response(200, t.to_json(full=True), t.size)
     t.handed_back = True  # (a session's next command may start: this one goes on beside it)
     so_far = await trio.to_thread.run_sync(output_so_far, t.output)
     return json_response(202, {**t.to_json(full=False, position=d.scheduler.position(t)),

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..daemontask import row_json
-from ..http import Request, Response, json_response
+from ..daemontask import row_json, row_weight
+from ..http import HEAVY_ANSWER, Request, Response, json_response
 from ..protocol import wait_duration
 
 if TYPE_CHECKING:
@@ -27,10 +27,15 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     t = d.find(req.peer, id)
     if t is None:
         row = await d.find_row(req.peer, id)
+        if row["state"] == "finished" and row_weight(row) > HEAVY_ANSWER:
+            return await d.finished_answer(req.peer.uid, id,
+                                           lambda: row_json(row, output_dir=d.output_dir))
         return json_response(200 if row["state"] == "finished" else 202,
-                             row_json(row, output_dir=d.output_dir))
+                             row_json(row, output_dir=d.output_dir), row_weight(row))
     with trio.move_on_after(timeout):
         await t.done.wait()
     if t.done.is_set():
-        return json_response(200, t.to_json(full=True))
+        if t.recorded and t.size > HEAVY_ANSWER:
+            return await d.finished_answer(req.peer.uid, t.id, lambda: t.to_json(full=True))
+        return json_response(200, t.to_json(full=True), t.size)
     return json_response(202, t.to_json(full=False, position=d.scheduler.position(t)))

@@ -1,0 +1,72 @@
+"""Large answers: encoded in pieces at the caller's uid's turn, and exactly what one
+json.dumps would have made (supervisor/serve/http.py:json_pieces); output frames made without
+the JSON encoder (verbs/output.py:_data_line).  What it buys, another tenant's latency while
+one asks for large answers, is measured by benchmarks/bench_tenants.py, not asserted here."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any
+
+from daemon_util import RunningDaemon, User, as_user
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.client import Client
+from supervisor.serve.http import json_pieces
+from supervisor.serve.verbs.output import _data_line
+
+Start = Callable[..., RunningDaemon]
+
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=12) | st.dictionaries(
+    st.text(max_size=6), inner, max_size=12), max_leaves=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON, st.integers(1, 5))
+def test_the_pieces_are_exactly_what_one_dumps_makes(obj: Any, piece: int) -> None:
+    pieces = list(json_pieces(obj, piece))
+    assert "".join(pieces) == json.dumps(obj, separators=(",", ":"))
+
+
+def test_no_piece_walks_more_than_its_share_of_a_long_list() -> None:
+    argv = ["x" * 10] * 10_000
+    pieces = list(json_pieces({"argv": argv, "spec": {"argv": argv}}, 1000))
+    assert max(len(p) for p in pieces) <= 1000 * 13 + 1
+    assert json.loads("".join(pieces)) == {"argv": argv, "spec": {"argv": argv}}
+
+
+@given(st.sampled_from(["stdout", "stderr"]), st.integers(0, 2**62), st.binary(max_size=300))
+def test_an_output_frame_is_the_json_of_its_fields(stream: str, offset: int,
+                                                   data: bytes) -> None:
+    line = _data_line(stream, offset, data)
+    assert line.endswith(b"\n") and line == json.dumps(
+        {"stream": stream, "offset": offset, "data": base64.b64encode(data).decode()},
+        separators=(",", ":")).encode() + b"\n"
+
+
+def test_a_tenants_large_answers_arrive_whole(start_daemon: Start, users: list[User]) -> None:
+    """A task with a MiB of argv, shown in full, waited for and listed, and a session's
+    large environment, each answered in pieces: every byte as one encoding would give."""
+    d = start_daemon()
+    argv = ["true", *(f"argument-{i:06d}" for i in range(45_000))]  # (~900 KB of JSON)
+    big = "v" * 100_000  # (a variable may not pass 128 KiB: the kernel's limit for one)
+
+    def ask() -> Any:
+        with Client(d.socket, timeout=60) as c:
+            t = c.submit(argv, wait=30)
+            shown = c.show(t.id)
+            waited = c.wait(t.id)
+            s = c.open_session(env={"SMALL": "1"})
+            done = c.exec(s["id"], "B=$(head -c 100000 /dev/zero | tr '\\0' v); export "
+                                   'B1="$B" B2="$B" B3="$B" B4="$B" B5="$B" B6="$B"', wait=30)
+            after = c.show_session(s["id"])
+            return [t.argv == argv, shown.argv == argv, waited.argv == argv,
+                    shown.result["argv"] == argv, done["result"]["outcome"],
+                    [after["env"][f"B{i}"] == big for i in range(1, 7)]]
+
+    assert as_user(users[0], ask) == [True, True, True, True, "succeeded",
+                                       [True] * 6]
