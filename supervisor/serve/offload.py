@@ -7,6 +7,13 @@ robin: a uid with a hundred jobs waiting gets every other turn against a uid wit
 large requests of every tenant together hold one thread, and the event loop (everyone's small
 requests) competes with that one thread for the GIL, never with one per tenant.
 
+The thread holds the GIL through each C call of a job (json.loads of a MiB is one call of
+several milliseconds), and the event loop waits for it meanwhile.  So after a job the next one
+starts only once the thread has rested as long as the last one ran (:data:`REST`): the large
+requests of every tenant together take at most about half of the GIL, and a tenant sending
+them back to back slows the others' small requests by about half as much (half as many of
+their steps land behind a parse).  A job alone starts at once.
+
 No task of its own: the caller whose job's turn has come runs it (in a worker thread) and,
 once it is done, gives the turn to the next job.  A caller cancelled while it waits for its
 turn gives its place up; one whose job runs waits for the end of it (a thread cannot be
@@ -26,6 +33,8 @@ __all__ = ["Offload"]
 
 T = TypeVar("T")
 
+REST = 1.0  # after a job, the thread rests this many times as long as the job ran
+
 
 class _Job:
     __slots__ = ("turn",)
@@ -42,6 +51,7 @@ class Offload:
         self._waiting: dict[int, collections.deque[_Job]] = {}  # uid -> its jobs, in order
         self._order: collections.deque[int] = collections.deque()  # uids with jobs, next first
         self._busy = False  # a job runs now
+        self._rested = 0.0  # (trio's clock) the next job starts no earlier
 
     def waiting(self, uid: int) -> int:
         """Jobs of ``uid`` waiting for their turn (not counting one that runs)."""
@@ -62,8 +72,12 @@ class Offload:
         self._busy = True
         try:
             with trio.CancelScope(shield=True):
+                await trio.sleep_until(self._rested)  # (the rest after the last job)
+                began = trio.current_time()
                 result: outcome.Outcome[T] = await trio.to_thread.run_sync(
                     outcome.capture, fn, *args)
+                ended = trio.current_time()
+                self._rested = ended + (ended - began) * REST
         finally:
             self._next()
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -85,3 +85,22 @@ async def test_a_caller_cancelled_while_its_job_runs_waits_for_its_end() -> None
             threading.Timer(0.2, gate.set).start()
     assert scope.cancelled_caught and ran == ["slow"]  # ended only after the job did
     assert await off.run(2, ran.append, "next") is None and ran == ["slow", "next"]
+
+
+async def test_the_thread_rests_as_long_as_its_last_job_ran_before_the_next() -> None:
+    # (the GIL's share: a tenant's back-to-back MiB parses leave the event loop half of it)
+    import time
+
+    off, times = Offload(), {}
+
+    def job(name: str, seconds: float) -> None:
+        times[name] = [time.monotonic()]
+        time.sleep(seconds)
+        times[name].append(time.monotonic())
+
+    async with trio.open_nursery() as n:
+        n.start_soon(off.run, 1, job, "first", 0.2)
+        await trio.testing.wait_all_tasks_blocked()
+        n.start_soon(off.run, 2, job, "next", 0)
+    ran = times["first"][1] - times["first"][0]
+    assert times["next"][0] - times["first"][1] >= ran * 0.9, times
