@@ -36,7 +36,7 @@ import trio
 from .daemontask import DaemonTask, kept_result, stream_path
 from .records import RecordsError
 from .schema import output_bytes
-from .sessions import DEMOTED, MAX_STATE, carried_state, parse_state, state_pipe
+from .sessions import DEMOTED, MAX_STATE, carried_state, env_weight, parse_state, state_pipe
 from .state import Daemon
 
 if TYPE_CHECKING:
@@ -307,13 +307,18 @@ def _carry(d: Daemon, t: DaemonTask,
         s.current = None
     background = bool((t.request.session or {}).get("background"))
     started_with = None if t.spec is None or t.spec.env is None else dict(t.spec.env)
-    env_before = s.env
+    env_before, cwd_before = s.env, s.cwd
     t.carried = {"nothing": DEMOTED} if t.demoted else carried_state(
         s, str(t.outcome), background, reported, started_with)
     # (the environment only if it changed: a session carrying a MiB of it rewrote that MiB
     # with every command's end, and every other uid's commit waited for it)
     if env_before is not None and s.env == env_before:
         return s.id, {"cwd": s.cwd}
+    refused = d.keep_session_env(s.uid, env_weight(s.env) - env_weight(env_before))
+    if refused is not None:
+        s.env, s.cwd = env_before, cwd_before
+        t.carried = {"nothing": refused}
+        return None
     return s.id, {"cwd": s.cwd, "env": s.env}
 
 

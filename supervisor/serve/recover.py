@@ -35,7 +35,7 @@ from .daemontask import DaemonTask
 from .dispatch import adopt, dispatch, take_result
 from .peers import Peer
 from .protocol import ApiError, parse_submit
-from .sessions import Session
+from .sessions import Session, env_weight
 
 if TYPE_CHECKING:
     from .. import TaskHandle
@@ -64,7 +64,10 @@ async def recover(d: Daemon, runs: dict[int, dict[str, Any]],
                   adopted: dict[str, TaskHandle]) -> Recovered:
     """Settle every unfinished row of earlier runs (see the module docstring)."""
     for row in await d.records.open_sessions():
-        d.sessions[row["id"]] = Session.from_row(row)
+        s = d.sessions[row["id"]] = Session.from_row(row)
+        # (counted whatever the bound: kept before, it stays until the session closes)
+        d.session_env[s.uid] = d.session_env.get(s.uid, 0) + env_weight(s.env)
+        d.room.held += env_weight(s.env)
     rows = await d.records.unfinished()  # (this run has accepted nothing yet)
     fates: dict[int | None, _Cleanup] = {}
     counts = {"queued": 0, "adopted": 0, "lost": 0}

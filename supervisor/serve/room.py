@@ -111,6 +111,16 @@ class Room:
         self.held += took
         self._moved = True
 
+    def keeps(self, grow: int) -> bool:
+        """Whether the records may keep ``grow`` more bytes that are not a task's (a session's
+        environment) beside what is held and what running tasks may still write; if so, they
+        are held from now on (a negative ``grow`` gives room back)."""
+        if grow > 0 and self.held + self.reserved + grow > self.room:
+            return False
+        self.held = max(0, self.held + grow)
+        self._moved = True
+        return True
+
     def expired(self, freed: int) -> None:
         """Retention removed finished tasks whose rows said ``freed`` bytes."""
         self.held = max(0, self.held - freed)

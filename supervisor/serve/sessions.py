@@ -32,6 +32,10 @@ from typing import Any
 __all__ = ["MAX_STATE", "SCRIPT", "Session", "carried_state", "parse_state", "session_argv"]
 
 MAX_STATE = 1 << 20  # bytes of a command's reported state read (its directory + environment)
+# bytes of environment a uid's open sessions keep in the records, all together (each command
+# that would carry more carries nothing, and says why): 64 sessions of a MiB each filled a
+# small state disk, and nothing counted it
+ENV_PER_UID = 4 << 20
 MAX_SESSIONS_PER_UID = 64  # open sessions a uid may hold
 MAGIC = b"corral-session-state 1\0"
 END = b"corral-session-end\0"  # (after the environment: env(1) listed it whole)

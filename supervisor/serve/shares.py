@@ -23,6 +23,8 @@ share is the one shed:
   large JSON answer, a chunk of output read and encoded), so that a uid reading a large
   output on sixteen connections, or asking for a MiB-long task over and over, takes one slice
   of the event loop in turn with everyone else, not sixteen;
+- one read of the records at a time per uid (``reading``): the reader thread serves the uids
+  in turn, not a flood of one uid's reads first;
 - a refused connection is answered (429 or 503) and closed; while :data:`LINGERING` are being
   answered, or after one of the same uid in the last second, it is closed at once,
   unanswered, so that a flood of connections costs the daemon little more than the accepts.
@@ -36,6 +38,7 @@ import collections
 import contextlib
 import itertools
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import trio
 
@@ -72,6 +75,7 @@ class Shares:
         self.shed = 0  # connections shed to make room for another uid's
         self._turns: dict[int, trio.Semaphore] = {}
         self._heavy: dict[int, trio.Lock] = {}
+        self._reading: dict[int, trio.Lock] = {}
         self.refusing = 0  # refused connections being answered (each lingers a moment)
         self._answered: dict[int, float] = {}  # uid -> when a refusal of its was answered
         self._rate: dict[int, tuple[float, float]] = {}  # uid -> (connections left, when)
@@ -139,17 +143,17 @@ class Shares:
             if sem.value == TURNS and not sem.statistics().tasks_waiting:
                 self._turns.pop(uid, None)
 
-    @contextlib.asynccontextmanager
-    async def heavy(self, uid: int) -> AsyncIterator[None]:
+    def heavy(self, uid: int) -> AbstractAsyncContextManager[None]:
         """Held while one piece of ``uid``'s large answers or streams is made (root's too:
         it is fairness between root's own connections, and costs the others nothing)."""
-        lock = self._heavy.setdefault(uid, trio.Lock())
-        try:
-            async with lock:
-                yield
-        finally:
-            if not lock.locked() and not lock.statistics().tasks_waiting:
-                self._heavy.pop(uid, None)
+        return _one_at_a_time(self._heavy, uid)
+
+    def reading(self, uid: int) -> AbstractAsyncContextManager[None]:
+        """Held while a read of the records is made for ``uid``: the records' reader thread
+        is everyone's, first come first served, so each uid has one read in it at a time
+        (250 connections of one tenant, each making it decode a MiB-long record, made
+        another's submission wait a second and a half)."""
+        return _one_at_a_time(self._reading, uid)
 
     def may_answer(self, uid: int) -> bool:
         """Whether a refused connection of ``uid`` gets an answer: one a second per uid
@@ -178,3 +182,14 @@ class Shares:
         self.bodies[uid] -= size
         if self.bodies[uid] <= 0:
             del self.bodies[uid]
+
+
+@contextlib.asynccontextmanager
+async def _one_at_a_time(locks: dict[int, trio.Lock], uid: int) -> AsyncIterator[None]:
+    lock = locks.setdefault(uid, trio.Lock())
+    try:
+        async with lock:
+            yield
+    finally:
+        if not lock.locked() and not lock.statistics().tasks_waiting:
+            locks.pop(uid, None)

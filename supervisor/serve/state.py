@@ -29,7 +29,7 @@ from .protocol import DEFAULT_SOCKET, ApiError, SubmitRequest
 from .records import Records, Retention
 from .room import BLOCK, Room, worst
 from .scheduler import QueueLimits, Scheduler
-from .sessions import Session
+from .sessions import ENV_PER_UID, Session
 from .shares import Shares
 from .specs import build_spec
 
@@ -190,6 +190,7 @@ class Daemon:
         self.output_dir = os.path.join(config.state_dir, "output")
         self.tasks: dict[str, DaemonTask] = {}
         self.sessions: dict[str, Session] = {}  # the open ones (closed: in the records only)
+        self.session_env: dict[int, int] = {}  # bytes of the open sessions' env, per uid
         self.keys: dict[tuple[int, str], str] = {}  # (uid, idempotency key) -> task id
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.scheduler: Scheduler[DaemonTask] = Scheduler(self.disk.queue_within(config.queue))
@@ -220,11 +221,13 @@ class Daemon:
     async def find_row(self, peer: Peer, task_id: str) -> dict[str, Any]:
         """A task no longer (or never) in memory, from the records; 410 if retention removed
         it (to its owner), 404 if none is ``peer``'s."""
-        row = await self.records.get(task_id)
+        async with self.shares.reading(peer.uid):
+            row = await self.records.get(task_id)
         if row is not None and peer.may_see(row["uid"]):
             return row
         if row is None:
-            gone = await self.records.expired(task_id)
+            async with self.shares.reading(peer.uid):
+                gone = await self.records.expired(task_id)
             if gone is not None and peer.may_see(gone["uid"]):
                 raise expired_error(task_id, gone, self.config.retention)
         raise not_found(task_id)
@@ -245,6 +248,22 @@ class Daemon:
         if size <= HEAVY:
             return fn(*args)
         return await self.offload.run(uid, fn, *args)
+
+    def keep_session_env(self, uid: int, grow: int) -> str | None:
+        """Count ``grow`` more bytes of ``uid``'s sessions' environments (negative: fewer)
+        as kept in the records; why not (the command then carries nothing), or None."""
+        held = self.session_env.get(uid, 0)
+        if grow > 0 and held + grow > ENV_PER_UID:
+            return (f"nothing carried over: your open sessions' environments would hold "
+                    f"{held + grow} bytes, above a uid's {ENV_PER_UID}; unset what you do not "
+                    f"need, or close sessions you are done with")
+        if not self.room.keeps(grow):
+            return ("nothing carried over: the state disk has no room for this environment "
+                    "(the records keep it); unset what you do not need, or retry later")
+        self.session_env[uid] = held + grow
+        if self.session_env[uid] <= 0:
+            del self.session_env[uid]
+        return None
 
     def fits(self, t: DaemonTask) -> bool:
         """Whether queued ``t``'s output fits the disk's room now (``room.py``)."""

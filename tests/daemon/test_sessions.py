@@ -477,3 +477,34 @@ def test_a_sessions_command_on_a_terminal_of_its_own_still_carries(
         assert on_tty["carried"] == {"cwd": "/tmp", "set": ["T"], "unset": []}
         after = c.exec(s["id"], "echo $T $PWD", wait="10s")
         assert after["result"]["output"]["stdout"]["head"] == "1 /tmp\n"
+
+
+BIG_ENV = ("v=$(head -c 120000 /dev/zero | tr '\\0' a); "
+           "export B1=$v B2=$v B3=$v B4=$v B5=$v B6=$v B7=$v")  # (840 KB)
+
+
+def test_a_uids_sessions_keep_a_bounded_environment(start_daemon: Start,
+                                                    users: list[User]) -> None:
+    """Found by an independent attack: each session's command could leave a MiB of exported
+    variables in the records, 64 sessions a uid, counted by nothing: on a 20 MiB state disk,
+    13 filled it, the records' reserve went, and every tenant's submissions were refused.
+    Now a uid's open sessions keep at most 4 MiB of environment (and only what the disk's
+    room for output allows): a command that would carry more carries nothing, and says why;
+    closing a session gives its share back."""
+    d = start_daemon()
+
+    def hoard() -> Any:
+        with Client(d.socket, timeout=60) as c:
+            sids = [c.open_session()["id"] for _ in range(6)]
+            carried = [c.exec(sid, BIG_ENV, wait=30)["carried"] for sid in sids]
+            c.close_session(sids[0])
+            again = c.exec(sids[-1], BIG_ENV + " B8=$v", wait=30)["carried"]
+            return carried, again
+
+    carried, again = as_user(users[0], hoard)
+    assert [sorted(c.get("set", ())) for c in carried[:4]] == [
+        [f"B{i}" for i in range(1, 8)]] * 4, carried
+    assert "above a uid's" in carried[4]["nothing"] and "nothing" in carried[5], carried
+    assert "B8" in again["set"], again  # (the closed session's share was given back)
+    with Client(d.socket) as c:  # the other uids go on
+        assert c.wait(c.submit(["true"]).id).outcome == "succeeded"

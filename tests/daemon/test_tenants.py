@@ -642,6 +642,30 @@ def test_a_tenants_output_never_fills_the_disk_however_fast_its_tasks_end(
     assert "Traceback" not in log
 
 
+def test_a_session_is_opened_or_closed_only_once_its_record_says_so(
+        start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """Found by an independent attack: on a full state disk, opening or closing a session was
+    a 500, and a close that failed left the session saying "closed" while it still took
+    commands.  Now each is a 503 naming the full disk, and the session stays as it was."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "3m")
+    d = start_daemon(state_dir=str(state), wrap=disk.wrap)
+    with d.client() as c:
+        sid = c.open_session()["id"]
+        fill(disk.inside / "filler")
+        for call in (lambda: c.close_session(sid), lambda: c.open_session()):
+            try:
+                call()
+                raise AssertionError("a session's record was written on a full disk")
+            except ApiError as e:
+                assert e.status == 503 and e.code == "records_unavailable", e
+                assert "full" in e.message, e
+        assert c.show_session(sid)["state"] == "open"
+        (disk.inside / "filler").unlink()
+        assert c.close_session(sid)["state"] == "closed"
+    assert "Traceback" not in d.log_text()
+
+
 def _expired_or_outcome(c: Client, task_id: str) -> str:
     try:
         return str(c.show(task_id).outcome)

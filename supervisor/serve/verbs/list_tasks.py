@@ -40,9 +40,10 @@ async def handle(d: Daemon, req: Request) -> Response:
             if len(out) == limit:
                 break
     if len(out) < limit:  # older tasks, no longer held in memory
-        rows = await d.records.list_rows(None if peer.is_root else peer.uid,
-                                         None if state is None else _RECORDED_STATE[state],
-                                         limit, session, before)
+        async with d.shares.reading(peer.uid):
+            rows = await d.records.list_rows(None if peer.is_root else peer.uid,
+                                             None if state is None else
+                                             _RECORDED_STATE[state], limit, session, before)
         out += [listed_row_json(r) for r in rows if r["id"] not in d.tasks][
             :limit - len(out)]
     return json_response(200, {"tasks": out})

@@ -34,6 +34,7 @@ from ..protocol import (
     pop_wait,
     query_int,
 )
+from ..records import RecordsError
 from ..sessions import (
     MAX_SESSIONS_PER_UID,
     Session,
@@ -71,7 +72,10 @@ async def create(d: Daemon, req: Request) -> Response:
     s = Session("", req.peer.uid, req.peer.gid, req.peer.groups, shell=shell,
                 cwd=r.cwd or _home(req.peer.uid), env=None, defaults=defaults,
                 created_at=time.time())
-    s.id = await d.records.open_session(s.row())
+    try:
+        s.id = await d.records.open_session(s.row())
+    except RecordsError as e:
+        raise _unavailable(e, "no session was opened") from None
     d.sessions[s.id] = s
     return json_response(201, s.to_json(), s.weight())
 
@@ -79,7 +83,9 @@ async def create(d: Daemon, req: Request) -> Response:
 async def list_sessions(d: Daemon, req: Request) -> Response:
     """Newest first, each without its environment (``GET /v1/sessions/ID`` has it)."""
     limit = query_int(req.query, "limit", 100, 1, 1000)
-    rows = await d.records.list_sessions(None if req.peer.is_root else req.peer.uid, limit)
+    async with d.shares.reading(req.peer.uid):
+        rows = await d.records.list_sessions(None if req.peer.is_root else req.peer.uid,
+                                             limit)
     return json_response(200, {"sessions": [{**_json(d, row), "env": None} for row in rows]})
 
 
@@ -100,10 +106,15 @@ async def close(d: Daemon, req: Request, id: str) -> Response:
         t = d.tasks.get(task_id)
         if t is not None and (stop_queued(d, t) or t.stop(False)):
             stopped.append(task_id)
-    s.closed_at = time.time()
+    closed_at = time.time()
     # (a closed session keeps no environment; a uid keeps its latest closed ones only)
-    await d.records.close_session(id, s.closed_at, KEEP_CLOSED)
+    try:
+        await d.records.close_session(id, closed_at, KEEP_CLOSED)
+    except RecordsError as e:  # (still open: what it ran was asked to stop)
+        raise _unavailable(e, f"session {id} is still open") from None
+    s.closed_at = closed_at
     del d.sessions[id]
+    d.keep_session_env(s.uid, -env_weight(s.env))
     return json_response(200, {**s.to_json(), "stopped": stopped}, s.weight())
 
 
@@ -162,16 +173,22 @@ async def _resent(d: Daemon, req: Request, r: SubmitRequest) -> bool:
         return False
     if (req.peer.uid, r.idempotency_key) in d.keys:
         return True
-    return await d.records.find_key(req.peer.uid, r.idempotency_key) is not None
+    async with d.shares.reading(req.peer.uid):
+        return await d.records.find_key(req.peer.uid, r.idempotency_key) is not None
 
 
 async def _row(d: Daemon, req: Request, session_id: str) -> dict[str, Any]:
     """The session's record, if the caller may see it (404 otherwise: another uid's session
     is as good as none)."""
-    row = await d.records.get_session(session_id)
+    async with d.shares.reading(req.peer.uid):
+        row = await d.records.get_session(session_id)
     if row is None or not req.peer.may_see(row["uid"]):
         raise not_found(session_id, "session")
     return row
+
+
+def _unavailable(e: RecordsError, what: str) -> ApiError:
+    return ApiError(503, "records_unavailable", f"{what}: {e}")
 
 
 def _json(d: Daemon, row: dict[str, Any]) -> dict[str, Any]:

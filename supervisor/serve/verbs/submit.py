@@ -123,7 +123,8 @@ async def _earlier(d: Daemon, peer: Peer, r: SubmitRequest) -> dict[str, Any] | 
         spec = t.request.to_json()
         state = t.live_state
     else:
-        row = await d.records.find_key(peer.uid, r.idempotency_key)
+        async with d.shares.reading(peer.uid):
+            row = await d.records.find_key(peer.uid, r.idempotency_key)
         if row is None:
             return None
         if row["state"] == "expired":
