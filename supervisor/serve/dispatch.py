@@ -35,6 +35,7 @@ import trio
 
 from .daemontask import DaemonTask, kept_result, stream_path
 from .records import RecordsError
+from .rows import row_bytes
 from .schema import output_bytes
 from .sessions import DEMOTED, MAX_STATE, carried_state, env_weight, parse_state, state_pipe
 from .state import Daemon
@@ -357,7 +358,7 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
     assert t.result_json is not None
     result = json.dumps(t.result_json)  # (once: the row stores this text)
     size = output_bytes(t.output) + len(result) + (t.size or len(json.dumps(
-        t.request.to_json())))
+        t.request.to_json()))) + row_bytes(t.request.idempotency_key, t.request.name)
     return {"outcome": t.outcome, "exit_status": t.exit_status, "started_at": t.started_at,
             "ended_at": t.ended_at, "pid": t.pid, "result": result, "bytes": size,
             "notified": 0 if notify else None,

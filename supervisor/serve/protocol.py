@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "API",
     "DEFAULT_SOCKET",
+    "MAX_KEY",
     "SOCKET_ENV",
     "STATES",
     "ApiError",
@@ -74,7 +75,12 @@ API = "/v1"
 DEFAULT_SOCKET = "/run/corral/corral.sock"
 SOCKET_ENV = "CORRAL_SOCKET"
 STATES = ("queued", "starting", "running", "stopping", "finished")
-MAX_TEXT = 4096  # name, idempotency key: a sane bound for a label
+MAX_TEXT = 4096  # a name: a sane bound for a label
+# An idempotency key is kept in the task's row, its index, and after the task expires in its
+# tombstone and that index too, a hundred thousand of them: 4,096 characters made each
+# tombstone 8 KB and let one tenant fill a small state disk with keys in seconds.  A key names
+# one submission: a UUID (36), or the clients' own "corral-" and 32 hex digits (39), fits.
+MAX_KEY = 128  # bytes of an idempotency key, as UTF-8
 MAX_ARGS = 65536  # argv items (the kernel's own limit is on total bytes)
 MAX_COMMAND = 1 << 20  # characters of a session's command line (a heredoc of a file is fine)
 
@@ -250,6 +256,16 @@ def _string(obj: dict[str, Any], key: str, *, limit: int = MAX_TEXT) -> str | No
     return value
 
 
+def _key(obj: dict[str, Any]) -> str | None:
+    """The request's ``idempotency_key``: a string of at most :data:`MAX_KEY` bytes."""
+    value = _string(obj, "idempotency_key")
+    if value is not None and len(value.encode("utf-8", "surrogatepass")) > MAX_KEY:
+        raise invalid("idempotency_key", f"idempotency_key must be at most {MAX_KEY} bytes "
+                      f"(UTF-8), got {len(value.encode('utf-8', 'surrogatepass'))}: a key names "
+                      f"one submission; use a UUID, or a hash of what makes it unique")
+    return value
+
+
 def _duration(obj: dict[str, Any], key: str) -> str | float | None:
     value = obj.get(key)
     if value is None:
@@ -394,7 +410,7 @@ def parse_submit(obj: Any, *, recorded: bool = False) -> SubmitRequest:
         time_limit=_duration(obj, "time_limit"), grace=_duration(obj, "grace"),
         stop_signal=signal, properties=_string_map(obj, "properties", numbers=True),
         name=_string(obj, "name"), stdin=stdin, stdin_data=stdin_data,
-        idempotency_key=_string(obj, "idempotency_key"), session=session, tty=parse_tty(obj))
+        idempotency_key=_key(obj), session=session, tty=parse_tty(obj))
 
 
 MAX_WAIT = 3600.0  # seconds a request may wait for its task (a long poll: wait again)
@@ -481,7 +497,7 @@ def parse_exec(obj: Any) -> ExecRequest:
     stdin, stdin_data = _stdin(obj)
     return ExecRequest(command, background, _duration(obj, "time_limit"),
                        _duration(obj, "grace"), _string(obj, "name"), stdin, stdin_data,
-                       _string(obj, "idempotency_key"), parse_tty(obj))
+                       _key(obj), parse_tty(obj))
 
 
 def parse_resize(obj: Any) -> tuple[int, int]:

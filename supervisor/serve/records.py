@@ -60,6 +60,16 @@ _NO_ROOM = 64 << 10  # free bytes below which a filesystem counts as full
 WAL_LIMIT = 4 << 20  # bytes the write-ahead log is truncated to at a checkpoint
 
 
+def wal_limit(state_dir: str) -> int:
+    """The bytes the write-ahead log is checkpointed at and truncated to: :data:`WAL_LIMIT`, or
+    a 32nd of a smaller filesystem (at least 256 KiB)."""
+    try:
+        st = os.statvfs(state_dir)
+    except OSError:
+        return WAL_LIMIT
+    return max(256 << 10, min(WAL_LIMIT, st.f_blocks * st.f_frsize // 32))
+
+
 def out_of_space(directory: str) -> bool:
     """Whether the filesystem of ``directory`` is (as good as) full: SQLite says "disk I/O
     error" for some writes that fail for lack of room (the -shm file's growth)."""
@@ -110,6 +120,28 @@ class Reserve:
             return False
         os.close(fd)
         return True
+
+    def kept(self) -> bool:
+        """Whether the filesystem is not full and the reserve's room is there (the file, or as
+        much free): if not, the records write only what already happened (ends, a run's start
+        and end, retention), and a new task or session is refused, until there is room again.
+        (A flood of submissions took the room the reserve had given back, and the ends of
+        tasks already running could not be written.)"""
+        try:
+            st = os.statvfs(self.state_dir)
+        except OSError:
+            return True
+        free = st.f_bavail * st.f_frsize
+        if free < _NO_ROOM:
+            return False  # (the new task's output would have no room either)
+        return self.make() or free >= self.size + _NO_ROOM
+
+    def refusal(self, path: str) -> str:
+        return (f"writing the task records at {path}: the filesystem of {self.state_dir} is "
+                f"full (less than {self.size} bytes free, kept for the records of what already "
+                f"happened: the ends of running tasks, retention); free space there (df "
+                f"{self.state_dir}) or lower --retain-bytes; nothing new is accepted until "
+                f"there is room")
 
     def release(self) -> bool:
         """Give the room back to the filesystem (the records need it); whether there was
@@ -392,15 +424,16 @@ class Records:
     async def expire(self, policy: Retention, now: float, bytes_cap: int | None = None,
                      running: Mapping[int, int] | None = None,
                      room: tuple[int, Mapping[int, int]] | None = None,
-                     ) -> list[dict[str, Any]]:
+                     tombs: int | None = None) -> rows.Expired:
         """Remove finished rows past ``policy`` (shared fairly between uids: ``rows.expire``;
         ``bytes_cap`` instead of ``policy.max_bytes``; ``running``: each uid's running tasks'
         bytes; ``room``: the disk's room and each uid's running worst cases), leaving a
-        tombstone each; returns them (id, uid, idempotency_key, bytes, why) so that their
-        files and memory can go.  Committed before any file is removed."""
-        gone: list[dict[str, Any]] = await self._write(rows.expire, policy, now, bytes_cap,
-                                                       running, room)
-        return gone
+        tombstone each (at most ``tombs`` bytes of them); returns them (id, uid,
+        idempotency_key, bytes, why) so that their files and memory can go, and the bytes
+        given back.  Committed before any file is removed."""
+        done: rows.Expired = await self._write(rows.expire, policy, now, bytes_cap, running,
+                                               room, tombs, precious=True)
+        return done
 
     async def held_bytes(self) -> int:
         """What finished tasks hold on disk (rows and output files), by their records."""
@@ -486,6 +519,10 @@ class _Write:
         self.error: BaseException | None = None
 
 
+# writes of something that has not happened yet: refused when the reserve's room is gone
+_NEW = (rows.insert, rows.insert_session)
+
+
 def _apply(db: sqlite3.Connection, writes: Iterable[_Write]) -> None:
     for w in writes:
         if w.fn is not None:
@@ -497,7 +534,13 @@ def _commit(db: sqlite3.Connection, batch: list[_Write], path: str,
     """Every write of ``batch`` in one transaction (worker thread); for lack of room, again
     once the reserve is released, if the batch holds a precious write (an end).  If it still
     fails, each write is retried alone, so that one bad write fails only its caller.  A
-    reserve given up is made again once there is room."""
+    reserve given up is made again once there is room; until then a new task or session is
+    refused (:meth:`Reserve.kept`)."""
+    if any(w.fn in _NEW for w in batch) and not reserve.kept():
+        for w in batch:
+            if w.fn in _NEW:
+                w.error = RecordsError(reserve.refusal(path))
+        batch = [w for w in batch if w.error is None]
     for _ in range(2):
         try:
             _transaction(db, batch)
@@ -589,7 +632,12 @@ def _connect(path: str, state_dir: str, synchronous: str) -> sqlite3.Connection:
         db.execute(f"PRAGMA synchronous={synchronous}")
         # a checkpoint truncates the WAL back to this (it grew to 7 MB beside an 8 MB
         # database of large requests, on a disk the output budget had measured without it)
-        db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
+        wal = wal_limit(state_dir)
+        db.execute(f"PRAGMA journal_size_limit={wal}")
+        # (and checkpointed as often: by default at 1,000 pages, 4 MiB, whatever the disk; a
+        # burst of pipelined submissions grew it to 6.7 MB on a 20 MiB disk)
+        page = int(db.execute("PRAGMA page_size").fetchone()[0]) or 4096
+        db.execute(f"PRAGMA wal_autocheckpoint={max(16, wal // page)}")
         check = db.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             raise sqlite3.DatabaseError(f"database disk image is malformed ({check})")

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 PERIOD = 60.0  # seconds between passes when nothing finishes (age moves on)
 MIN_GAP = 1.0  # seconds between passes
 RETRY = 5.0  # seconds before a failed pass is tried again while a start waits for room
+TOMB_SHARE = 8  # tombstones may take at most this part of the disk's room (rows.tomb_bytes)
 
 
 async def retention_loop(d: Daemon) -> None:
@@ -63,15 +64,16 @@ async def expire_now(d: Daemon) -> int | None:
     pressed = d.room.pressed()
     room = None if pressed is None else (d.room.room, pressed)
     try:
-        gone = await d.records.expire(d.config.retention, time.time(), d.disk.budget, running,
-                                      room)
+        gone, freed = await d.records.expire(d.config.retention, time.time(), d.disk.budget,
+                                             running, room, d.room.room // TOMB_SHARE)
     except RecordsError as e:
         log.error("retention: %s; retrying in %gs", e, RETRY if d.room.wanted else PERIOD)
         return None
     for g in gone:
         d.forget(g["id"])
+    if freed:
+        d.room.expired(freed)
     if gone:
-        d.room.expired(sum(g["bytes"] or 0 for g in gone))
         await trio.to_thread.run_sync(_remove_files, d.output_dir, [g["id"] for g in gone])
         log.info("retention: %d finished task(s) expired (ids %s...)", len(gone),
                  ", ".join(g["id"] for g in gone[:5]))

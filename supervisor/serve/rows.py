@@ -13,16 +13,48 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["COLUMNS", "MAX_TOMBSTONES", "Retention", "close_session", "ended_in_session",
-           "execute", "expire", "fair_level", "find_key", "get", "get_session", "held_bytes",
-           "insert", "insert_run", "insert_session", "list_rows", "list_sessions",
-           "open_sessions", "row_of", "runs", "select", "trim_tombstones", "update",
-           "update_session"]
+__all__ = ["COLUMNS", "MAX_TOMBSTONES", "Expired", "Retention", "close_session",
+           "ended_in_session", "execute", "expire", "fair_level", "find_key", "get",
+           "get_session", "held_bytes", "insert", "insert_run", "insert_session", "key_bytes",
+           "list_rows", "list_sessions", "open_sessions", "row_bytes", "row_of", "runs", "select",
+           "tomb_bytes", "trim_tombstones", "update", "update_session"]
 
-MAX_TOMBSTONES = 100_000  # expired ids remembered (~50 bytes each); the oldest go first
+MAX_TOMBSTONES = 100_000  # expired ids remembered at most; each uid's oldest go first
+# What a row takes on disk beside its request, result and output files (``end_values``): its
+# columns and its entries in the tasks' indexes, and its idempotency key twice more (the
+# column and the unique index); a tombstone: its columns, its key twice (the column and its
+# index).  Measured with dbstat (tests/daemon/test_records_room.py): a row of short values
+# takes ~180 bytes, a tombstone ~40, each plus its key twice.
+ROW_BYTES = 256
+TOMB_BYTES = 64
+
+
+def key_bytes(key: str | None) -> int:
+    return 0 if key is None else len(key.encode("utf-8", "surrogatepass"))
+
+
+def row_bytes(key: str | None, name: str | None) -> int:
+    """What a task's row takes beside its request and result (counted in ``bytes``)."""
+    return ROW_BYTES + 2 * key_bytes(key) + key_bytes(name)
+
+
+def tomb_bytes(key: str | None) -> int:
+    """What a tombstone takes (counted as held by the disk's room until it is trimmed)."""
+    return TOMB_BYTES + 2 * key_bytes(key)
+
+
+_TOMB_SQL = f"{TOMB_BYTES} + 2 * coalesce(length(CAST(idempotency_key AS BLOB)), 0)"
 COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key", "spec",
            "state", "created_at", "started_at", "ended_at", "pid", "leaf", "run", "outcome",
            "exit_status", "bytes", "notified", "rlimits", "carried", "session", "result")
+
+
+class Expired(NamedTuple):
+    """A retention pass: the rows it expired (id, uid, idempotency_key, ended_at, bytes, why)
+    and the bytes it gave back (theirs, less their tombstones', plus the tombstones trimmed)."""
+
+    gone: list[dict[str, Any]]
+    freed: int
 
 
 class Retention(NamedTuple):
@@ -156,8 +188,10 @@ def fair_level(usage: dict[int, int], cap: int) -> float:
 
 def expire(db: sqlite3.Connection, policy: Retention, now: float,
            bytes_cap: int | None = None, running: Mapping[int, int] | None = None,
-           room: tuple[int, Mapping[int, int]] | None = None) -> list[dict[str, Any]]:
-    """Expire finished rows past ``policy`` (tombstones left in ``expired``); returns them.
+           room: tuple[int, Mapping[int, int]] | None = None,
+           tombs: int | None = None) -> Expired:
+    """Expire finished rows past ``policy`` (tombstones left in ``expired``, at most
+    :data:`MAX_TOMBSTONES` and ``tombs`` bytes of them: :func:`trim_tombstones`).
 
     Age is per task.  Count and bytes (``bytes_cap``, else ``policy.max_bytes``) are shared
     fairly between uids: when the total is over, the uids above their max-min fair share
@@ -190,25 +224,39 @@ def expire(db: sqlite3.Connection, policy: Retention, now: float,
         gone += _share_bytes(db, per_uid, cap, running or {}, now)
     if room is not None:
         gone += _share_bytes(db, per_uid, *room, now)
-    if gone:
-        trim_tombstones(db)
-    return gone
+    freed = sum((g["bytes"] or 0) - tomb_bytes(g["idempotency_key"]) for g in gone)
+    if gone or tombs is not None:
+        freed += trim_tombstones(db, MAX_TOMBSTONES, tombs)
+    return Expired(gone, freed)
 
 
-def trim_tombstones(db: sqlite3.Connection, cap: int = MAX_TOMBSTONES) -> None:
-    """Keep at most ``cap`` tombstones, shared fairly between uids (max-min, as the results
-    are): a uid that expires a hundred thousand tasks of its own forgets its own oldest, never
-    another uid's, whose expired ids must still answer 410 and whose expired idempotency keys
-    must never start a task again."""
-    counts = dict(db.execute("SELECT uid, count(*) FROM expired GROUP BY uid").fetchall())
-    if sum(counts.values()) <= cap:
-        return
-    level = fair_level(counts, cap)
-    for uid, n in counts.items():
-        over = n - int(level)
-        if over > 0:
-            db.execute("DELETE FROM expired WHERE seq IN (SELECT seq FROM expired WHERE uid = ? "
-                       "ORDER BY seq LIMIT ?)", (uid, over))
+def trim_tombstones(db: sqlite3.Connection, cap: int = MAX_TOMBSTONES,
+                    cap_bytes: int | None = None) -> int:
+    """Keep at most ``cap`` tombstones and ``cap_bytes`` of them (:func:`tomb_bytes`), each
+    shared fairly between uids (max-min, as the results are): a uid that expires a hundred
+    thousand tasks of its own forgets its own oldest, never another uid's, whose expired ids
+    must still answer 410 and whose expired idempotency keys must never start a task again.
+    The bytes it gave back."""
+    usage = {uid: (n, b) for uid, n, b in db.execute(
+        f"SELECT uid, count(*), sum({_TOMB_SQL}) FROM expired GROUP BY uid").fetchall()}
+    count_level = fair_level({u: n for u, (n, _) in usage.items()}, cap)
+    bytes_level = float("inf") if cap_bytes is None else fair_level(
+        {u: b for u, (_, b) in usage.items()}, cap_bytes)
+    freed = 0
+    for uid, (n, b) in usage.items():
+        if n <= count_level and b <= bytes_level:
+            continue
+        cur = db.execute(f"SELECT seq, {_TOMB_SQL} FROM expired WHERE uid = ? ORDER BY seq",
+                         (uid,))
+        last = None
+        for seq, cost in iter(cur.fetchone, None):
+            if n <= count_level and b <= bytes_level:
+                break
+            last, n, b, freed = seq, n - 1, b - cost, freed + cost
+        cur.close()
+        if last is not None:
+            db.execute("DELETE FROM expired WHERE uid = ? AND seq <= ?", (uid, last))
+    return freed
 
 
 def _share_bytes(db: sqlite3.Connection, per_uid: dict[int, dict[str, Any]], cap: int,
@@ -257,9 +305,11 @@ def _tombstone(db: sqlite3.Connection, rows: list[dict[str, Any]], why: str,
 
 
 def held_bytes(db: sqlite3.Connection) -> int:
-    """What finished tasks hold on disk, by their records."""
-    return int(db.execute("SELECT coalesce(sum(bytes), 0) FROM tasks WHERE "
-                          "state = 'finished'").fetchone()[0])
+    """What finished tasks hold on disk, by their records, and the tombstones of expired ones."""
+    rows = db.execute("SELECT coalesce(sum(bytes), 0) FROM tasks WHERE "
+                      "state = 'finished'").fetchone()[0]
+    tombs = db.execute(f"SELECT coalesce(sum({_TOMB_SQL}), 0) FROM expired").fetchone()[0]
+    return int(rows) + int(tombs)
 
 
 # ---- sessions ---------------------------------------------------------------------------------

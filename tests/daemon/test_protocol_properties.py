@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from supervisor.serve.http import HttpLimits, Request, json_response, serve_connection
 from supervisor.serve.peers import Peer
 from supervisor.serve.protocol import (
+    MAX_KEY,
     MAX_TTY,
     SUBMIT_FIELDS,
     ApiError,
@@ -305,3 +306,17 @@ def test_every_field_a_tenant_could_set_has_a_rule_and_unknown_ones_are_refused(
     st.integers(0, 3000).map(lambda n: {f"K{i}": [i, None] for i in range(n)})), max_size=4))
 def test_a_request_encoded_in_slices_is_what_json_dumps_makes(obj: dict[str, Any]) -> None:
     assert dumps_in_slices(obj) == json.dumps(obj)
+
+
+@given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=200))
+def test_an_idempotency_key_is_taken_up_to_128_bytes_and_refused_past_them(key: str) -> None:
+    # (a key is kept in its row, its tombstone and both their indexes: 4,000-character keys
+    # filled a state disk; the bound is on bytes, since that is what the disk keeps)
+    fits = len(key.encode()) <= MAX_KEY
+    for parse, body in ((parse_submit, {"argv": ["true"], "idempotency_key": key}),
+                        (parse_exec, {"command": "true", "idempotency_key": key})):
+        try:
+            assert parse(body).idempotency_key == key and fits
+        except ApiError as e:
+            assert not fits and e.status == 400 and e.field == "idempotency_key", e
+            assert f"got {len(key.encode())}" in e.message

@@ -642,6 +642,125 @@ def test_a_tenants_output_never_fills_the_disk_however_fast_its_tasks_end(
     assert "Traceback" not in log
 
 
+def test_a_tenants_idempotency_keys_never_fill_the_records_disk(
+        start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
+        tmp_path: Path) -> None:
+    """Found by an independent attack: 1,252 pipelined submissions of `true`, each with an
+    idempotency key of 4,000 characters, filled a 20 MiB state filesystem with records in
+    7 s (a tombstone kept its key twice, ~8 KB, counted by nothing; the write-ahead log grew
+    to 6.7 MB before a checkpoint), and every tenant was refused until an admin freed space.
+    Now a key is at most 128 bytes, tombstones are counted in the disk's room and trimmed to
+    an eighth of it (each uid's own oldest first), and the log is checkpointed at a 32nd of
+    the filesystem: a flood of keyed submissions leaves the disk with room to spare."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "4m")
+    d = start_daemon("--retain-count", "20", state_dir=str(state), wrap=disk.wrap)
+    attacker, victim = users[0], users[1]
+    size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
+
+    def mine() -> Any:
+        with Client(d.socket) as c:
+            return c.wait(c.submit(["echo", "mine"], idempotency_key="v" * 128).id).id
+
+    kept = as_user(victim, mine)
+
+    def too_long() -> Any:
+        with Client(d.socket) as c:
+            try:
+                c.submit(["true"], idempotency_key="k" * 4000)
+            except ApiError as e:
+                return [e.status, e.field, e.message]
+            return None
+
+    status, field, message = as_user(attacker, too_long)
+    assert (status, field) == (400, "idempotency_key") and "128 bytes" in message, message
+    seen: list[tuple[int, int]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=_disk_use, args=(disk.inside, disk.inside / "output",
+                                                       seen, stop))
+    sampler.start()
+
+    def flood(part: int) -> Callable[[], Any]:
+        def run() -> Any:
+            codes: dict[str, int] = {}
+            with Client(d.socket, timeout=120) as c:
+                for n in range(500):
+                    key = f"{part}-{n}-".ljust(128, "k")
+                    try:
+                        c.submit(["true"], idempotency_key=key, name="n" * 200)
+                        codes["201"] = codes.get("201", 0) + 1
+                    except ApiError as e:
+                        codes[e.code] = codes.get(e.code, 0) + 1
+            return codes
+        return run
+
+    try:
+        flooded = as_users([(attacker, flood(p)) for p in range(4)], timeout=300)
+    finally:
+        stop.set()
+        sampler.join()
+    assert sum(c.get("201", 0) for c in flooded) == 2000, flooded
+    least_free = min(free for free, _ in seen)
+    assert least_free > size // 8, (least_free, size)
+
+    def after() -> Any:
+        with Client(d.socket) as c:
+            return [c.show(kept).outcome, c.wait(c.submit(["true"]).id).outcome]
+
+    assert as_user(victim, after) == ["succeeded", "succeeded"]
+    log = d.log_text()
+    assert "cannot be written" not in log and "is full" not in log, log[-3000:]
+    assert "Traceback" not in log
+
+
+def test_the_reserve_given_up_for_an_end_is_never_taken_by_new_tasks(
+        start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
+        tmp_path: Path) -> None:
+    """Found by an independent attack: once a full state disk made the daemon give up its
+    records' reserve for one task's end, a tenant's submissions went on taking the room it
+    gave back, and the next running task's end could not be written (logged at exit, then
+    recorded lost by the next start though it had succeeded).  Now, while the reserve's room
+    is not there, the records write only what already happened (ends, retention) and a new
+    task is refused, 503 naming the full disk; every end is written, and the restart finds
+    each task as it ended."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "6m")
+    d = start_daemon(state_dir=str(state), wrap=disk.wrap)
+    tenant = users[0]
+
+    def run() -> Any:
+        with Client(d.socket, timeout=60) as c:
+            first = c.submit(["sh", "-c", "sleep 1; echo first"]).id
+            second = c.submit(["sh", "-c", "sleep 3; echo second"]).id
+            c.wait(first)  # (the disk is full from 0.3 s on: its end takes the reserve)
+            codes: dict[str, int] = {}
+            message = ""
+            while c.show(second).state != "finished":
+                try:
+                    c.submit(["true"], name="n" * 200, env={"PAD": "p" * 60000})
+                    codes["201"] = codes.get("201", 0) + 1
+                except ApiError as e:
+                    codes[e.code] = codes.get(e.code, 0) + 1
+                    message = e.message
+            return [first, second, codes, message]
+
+    def filler() -> Any:
+        time.sleep(0.3)
+        fill(disk.inside / "filler")
+
+    (first, second, codes, message), _ = as_users([(tenant, run), (None, filler)], timeout=120)
+    assert codes.get("records_unavailable", 0) > 0 and "full" in message, (codes, message)
+    assert "201" not in codes, codes
+    d.stop()
+    log = d.log_text()
+    assert "could not be written before the daemon exited" not in log, log[-3000:]
+    (disk.inside / "filler").unlink()
+    again = start_daemon(like=d, wrap=disk.wrap)
+    with again.client() as c:
+        assert [c.show(first).outcome, c.show(second).outcome] == ["succeeded"] * 2
+    assert "Traceback" not in log + again.log_text()
+
+
 def test_a_session_is_opened_or_closed_only_once_its_record_says_so(
         start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
     """Found by an independent attack: on a full state disk, opening or closing a session was
@@ -771,7 +890,7 @@ def test_retention_by_bytes_takes_from_the_uid_above_its_fair_share() -> None:
 
     # uid 1: one small result; uid 2: ten large ones; uid 3: two medium
     db = _records_with([(1, 100)] + [(2, 1000)] * 10 + [(3, 400)] * 2)
-    gone = rows.expire(db, rows.Retention(None, None, None), now=100.0, bytes_cap=3000)
+    gone = rows.expire(db, rows.Retention(None, None, None), now=100.0, bytes_cap=3000).gone
     assert {g["uid"] for g in gone} == {2}  # uid 1 and 3 are within an equal share (1000)
     left = {uid: total for uid, total in db.execute(
         "SELECT uid, sum(bytes) FROM tasks GROUP BY uid")}
@@ -779,7 +898,7 @@ def test_retention_by_bytes_takes_from_the_uid_above_its_fair_share() -> None:
     assert [g["id"] for g in gone] == [str(i) for i in range(2, 10)]  # its oldest first
     # by count: the same rule
     db = _records_with([(1, 1)] * 2 + [(2, 1)] * 20)
-    gone = rows.expire(db, rows.Retention(None, 6, None), now=100.0)
+    gone = rows.expire(db, rows.Retention(None, 6, None), now=100.0).gone
     assert {g["uid"] for g in gone} == {2} and len(gone) == 16
 
 
@@ -1003,3 +1122,36 @@ def test_a_tenants_own_expiries_never_push_out_anothers_tombstones(tmp_path: Pat
     assert kept == {2: 10, 1: 990}
     oldest_flood = db.execute("SELECT min(seq) FROM expired WHERE uid = 1").fetchone()[0]
     assert oldest_flood == 11 + 1500 - 990  # (the flooder's own oldest went)
+
+
+def test_tombstones_are_kept_within_their_bytes_each_uid_losing_its_own_oldest(
+        tmp_path: Path) -> None:
+    """Tombstones were capped by count alone (100,000, "~50 bytes each"), with keys of up to
+    4,096 characters kept twice each: a tenant's keyed flood filled the state disk with them.
+    Now they are counted in the disk's room by their bytes (``rows.tomb_bytes``) and trimmed
+    to a cap of bytes too, max-min fair between uids, and a pass says what it gave back; what
+    a tombstone takes is measured here, with the database's own page count."""
+    import sqlite3
+
+    from supervisor.serve import rows
+    from supervisor.serve.schema import migrate
+
+    db = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    migrate(db, str(tmp_path / "state.db"), str(tmp_path))
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    victim = [(seq, 2, f"key-{seq}", 1.0, 2.0, "count") for seq in range(1, 11)]
+    flood = [(seq, 1, f"{seq}-".ljust(128, "k"), 1.0, 2.0, "count")
+             for seq in range(11, 11 + 3000)]
+    db.executemany("INSERT INTO expired (seq, uid, idempotency_key, ended_at, expired_at, why) "
+                   "VALUES (?, ?, ?, ?, ?, ?)", victim + flood)
+    grown = (db.execute("PRAGMA page_count").fetchone()[0] - pages) * 4096
+    counted = rows.held_bytes(db)
+    assert sum(rows.tomb_bytes(k) for _, _, k, *_ in victim + flood) == counted
+    assert grown <= counted * 1.2, (grown, counted)  # (what is counted is what it takes)
+    cap = 100_000
+    freed = rows.trim_tombstones(db, cap=rows.MAX_TOMBSTONES, cap_bytes=cap)
+    kept = dict(db.execute("SELECT uid, count(*) FROM expired GROUP BY uid").fetchall())
+    assert kept[2] == 10  # (the victim's ten are within an equal share)
+    assert rows.held_bytes(db) <= cap and counted - rows.held_bytes(db) == freed
+    newest = db.execute("SELECT max(seq) FROM expired WHERE uid = 1").fetchone()[0]
+    assert newest == 10 + 3000  # (the flooder's own oldest went)
