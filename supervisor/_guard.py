@@ -39,7 +39,7 @@ from cgroupfs import Cgroup, CgroupError
 
 from ._spawn import shares_our_memory
 
-__all__ = ["GIVE_UP", "STALL", "SpawnGuard", "Spawning"]
+__all__ = ["GIVE_UP", "LOG_GAP", "STALL", "SpawnGuard", "Spawning"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,10 @@ STALL = 0.01  # a spawn slower than this gets its cgroups checked for a freeze o
 GIVE_UP = 2.0  # a spawn still frozen this long after it began: its child is killed
 DEADLINE = 10.0  # a spawn not done this long after it began, for any reason: killed too
 _PERIOD = 0.01  # while a spawn is in flight; otherwise the thread sleeps until one begins
+# A tenant's own kill(-1, SIGSTOP) loop stops ~23 spawns a second: each task's record says so,
+# and the log says it once per this many seconds (with how many more there were), not 23 lines
+# a second into the admin's journal.
+LOG_GAP = 60.0
 
 
 class Spawning:
@@ -76,6 +80,7 @@ class SpawnGuard:
         self._lock = threading.Lock()  # _spawning and each one's notes
         self._closing = threading.Event()
         self._begun = threading.Event()  # a spawn began: wake the thread
+        self._said: dict[str, tuple[float, int]] = {}  # kind: (last logged, not logged since)
         self._thread = threading.Thread(target=self._watch, name="corral-spawn-guard",
                                         daemon=True)
 
@@ -184,7 +189,21 @@ class SpawnGuard:
                 return  # not killed: the next turn tries again
             s.notes.append(note)
             s.killed = why
-        log.warning("%s", note)
+        self._warn(why, note)
+
+    def _warn(self, kind: str, note: str) -> None:
+        """Log ``note`` unless one of its ``kind`` was logged within :data:`LOG_GAP` (then it
+        is counted, and the next one logged says how many were not); each is in its task's
+        record either way.  (Only the guard's thread calls this.)"""
+        now = time.monotonic()
+        last, quiet = self._said.get(kind, (-LOG_GAP, 0))
+        if now - last < LOG_GAP:
+            self._said[kind] = (last, quiet + 1)
+            return
+        self._said[kind] = (now, 0)
+        more = (f" ({quiet} more like it in the last {now - last:.0f}s, each in its task's "
+                f"record)" if quiet else "")
+        log.warning("%s%s", note, more)
 
     def _thaw(self, s: Spawning, path: str) -> None:
         note = (f"{path} was frozen (someone wrote 1 to its cgroup.freeze: a task with write "
@@ -203,7 +222,7 @@ class SpawnGuard:
                 if note in s.notes:
                     s.notes.remove(note)
             return
-        log.warning("%s", note)
+        self._warn("thawed", note)
 
 
 def runs_as_another_user(options: dict[str, object]) -> bool:

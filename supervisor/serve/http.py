@@ -252,7 +252,7 @@ class Connection:
         for name, value in request.headers:
             if name == b"content-length":
                 if int(value) > cap:
-                    raise _too_large(int(value), cap)
+                    raise _too_large(int(value), cap, self.limits.max_body)
                 self._take_body(int(value))  # (the whole body, before a byte of it is read)
             elif name == b"transfer-encoding":
                 # a chunked body is read one h11 event per chunk: a byte a chunk costs the
@@ -274,7 +274,7 @@ class Connection:
             if isinstance(event, h11.Data):
                 size += len(event.data)
                 if size > cap:
-                    raise _too_large(size, cap)
+                    raise _too_large(size, cap, self.limits.max_body)
                 if size > self.body_taken:  # (chunked: counted as it comes)
                     self._take_body(size - self.body_taken)
                 parts.append(bytes(event.data))
@@ -358,7 +358,12 @@ class Connection:
                 return
 
 
-def _too_large(size: int, cap: int) -> ApiError:
+def _too_large(size: int, cap: int, max_body: int) -> ApiError:
+    if cap < max_body:  # (a verb whose body is small: routes.body_limit)
+        return ApiError(413, "body_too_large", f"the request body is {size} bytes, above "
+                        f"{cap} bytes, the most this request takes (only a task's submission, "
+                        f"its stdin and a session's command may be up to --max-body); send "
+                        f"less")
     return ApiError(413, "body_too_large", f"the request body is {size} bytes, above the "
                     f"daemon's limit of {cap} bytes (--max-body); send less (write large stdin "
                     f"in several POST /v1/tasks/ID/stdin requests)")

@@ -245,6 +245,11 @@ def test_a_tenant_stopping_its_own_processes_never_holds_the_daemon(
     assert ("spawn_failed", "stopped") in outcomes, outcomes  # (the attack did land)
     failed = next(e for e in ended if e.outcome == "spawn_failed")
     assert "stopped by a signal before it could run" in failed.result["error"]["message"]
+    # each is in its task's record; the log says it once a minute, not once a spawn (the
+    # attacker's loop wrote 23 lines a second into the admin's journal)
+    stopped = sum(e.outcome == "spawn_failed" for e in ended)
+    said = d.log_text().count("stopped by a signal before it could run")
+    assert said == 1 or (said <= 2 and stopped > 2), (said, stopped)
 
 
 def _rss(pid: int) -> int:
