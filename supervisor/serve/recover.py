@@ -67,7 +67,7 @@ async def recover(d: Daemon, runs: dict[int, dict[str, Any]],
         s = d.sessions[row["id"]] = Session.from_row(row)
         # (counted whatever the bound: kept before, it stays until the session closes)
         d.session_env[s.uid] = d.session_env.get(s.uid, 0) + env_weight(s.env)
-        d.room.held += env_weight(s.env)
+        d.room.hold(env_weight(s.env))
     rows = await d.records.unfinished()  # (this run has accepted nothing yet)
     fates: dict[int | None, _Cleanup] = {}
     counts = {"queued": 0, "adopted": 0, "lost": 0}

@@ -7,7 +7,10 @@ faster than any pass could remove them, filled a 20 MiB state filesystem past it
 reserve and left every tenant's submissions refused.  So the daemon also keeps a ledger, here,
 of the disk's room for output (``OutputDisk.room``: 80% of what the filesystem had):
 
-- a finished task holds what its row says (``bytes``: its files, its result, its request);
+- a finished task holds what its row says (``bytes``: its files, its result, its request,
+  its name and key, ``rows.row_bytes``); an expired one's tombstone, its key twice and a few
+  columns (``rows.tomb_bytes``) until it is trimmed (to an eighth of the room, per uid fairly);
+  a session, the environment it keeps;
 - a running task holds its worst case (:func:`worst`: both streams at the cap with their kept
   tails, its request and result), from the moment it is counted running until its end row
   says what it took (:meth:`Room.settle`);
@@ -87,8 +90,10 @@ class Room:
         return False
 
     def _fits(self, cost: int) -> bool:
-        return self.held + self.reserved + cost <= self.room or (
-            self.reserved == 0 and self.held <= 0)
+        return self._room_for(cost) or (self.reserved == 0 and self.held <= 0)
+
+    def _room_for(self, cost: int) -> bool:
+        return self.held + self.reserved + cost <= self.room
 
     def take(self, uid: int, cost: int) -> None:
         """A task of ``uid`` counted as running holds ``cost`` from now on."""
@@ -108,23 +113,27 @@ class Room:
         """A task that held ``cost`` (0: it never ran) ended, its row saying it ``took``."""
         if cost:
             self.give(uid, cost)
-        self.held += took
-        self._moved = True
+        self.hold(took)
 
     def keeps(self, grow: int) -> bool:
         """Whether the records may keep ``grow`` more bytes that are not a task's (a session's
         environment) beside what is held and what running tasks may still write; if so, they
         are held from now on (a negative ``grow`` gives room back)."""
-        if grow > 0 and self.held + self.reserved + grow > self.room:
+        if grow > 0 and not self._room_for(grow):
             return False
-        self.held = max(0, self.held + grow)
-        self._moved = True
+        self.hold(grow)
         return True
 
-    def expired(self, freed: int) -> None:
-        """Retention removed finished tasks whose rows said ``freed`` bytes."""
-        self.held = max(0, self.held - freed)
+    def hold(self, grow: int) -> None:
+        """The records keep ``grow`` more bytes (negative: fewer), whatever the room (what
+        an earlier run kept stays until it goes)."""
+        self.held = max(0, self.held + grow)
         self._moved = True
+
+    def expired(self, freed: int) -> None:
+        """Retention removed finished tasks whose rows said ``freed`` bytes (less their
+        tombstones', and plus the tombstones it trimmed: ``rows.Expired``)."""
+        self.hold(-freed)
 
     def pressed(self) -> dict[int, int] | None:
         """What each uid holds running, with the waiting start's worst case counted as its
