@@ -385,6 +385,10 @@ class Records:
     async def get(self, task_id: str) -> dict[str, Any] | None:
         return await self._call(rows.get, task_id)
 
+    async def owner(self, task_id: str) -> dict[str, Any] | None:
+        """The task's id, uid and state only (``rows.owner``)."""
+        return await self._call(rows.owner, task_id)
+
     async def list_rows(self, uid: int | None, state: str | None, limit: int,
                         session: str | None = None, before: int | None = None
                         ) -> list[dict[str, Any]]:

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 __all__ = ["COLUMNS", "MAX_TOMBSTONES", "Expired", "Retention", "close_session",
            "ended_in_session", "execute", "expire", "fair_level", "find_key", "get",
            "get_session", "held_bytes", "insert", "insert_run", "insert_session", "key_bytes",
-           "list_rows", "list_sessions", "open_sessions", "row_bytes", "row_of", "runs", "select",
-           "tomb_bytes", "trim_tombstones", "update", "update_session"]
+           "list_rows", "list_sessions", "open_sessions", "owner", "row_bytes", "row_of", "runs",
+           "select", "tomb_bytes", "trim_tombstones", "update", "update_session"]
 
 MAX_TOMBSTONES = 100_000  # expired ids remembered at most; each uid's oldest go first
 # What a row takes on disk beside its request, result and output files (``end_values``): its
@@ -118,6 +118,16 @@ def get(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
         return None
     rows = select(db, "SELECT * FROM task_rows WHERE seq = ?", (int(task_id),))
     return rows[0] if rows else None
+
+
+def owner(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
+    """A task's id, uid and state alone (a stop, a signal or stdin for a task no longer in
+    memory needs no more: :func:`get` decodes its request and result, MiBs of them)."""
+    if not (task_id.isascii() and task_id.isdigit()):
+        return None
+    found = db.execute("SELECT seq, uid, state FROM tasks WHERE seq = ?",
+                       (int(task_id),)).fetchone()
+    return None if found is None else {"id": str(found[0]), "uid": found[1], "state": found[2]}
 
 
 LISTED_ARGS = 64  # arguments a listing shows at most (daemontask.listed_argv)

@@ -218,11 +218,13 @@ class Daemon:
             raise not_found(task_id)
         return t
 
-    async def find_row(self, peer: Peer, task_id: str) -> dict[str, Any]:
+    async def find_row(self, peer: Peer, task_id: str, *, light: bool = False
+                       ) -> dict[str, Any]:
         """A task no longer (or never) in memory, from the records; 410 if retention removed
-        it (to its owner), 404 if none is ``peer``'s."""
+        it (to its owner), 404 if none is ``peer``'s.  ``light``: its id, uid and state only
+        (what a stop, a signal or stdin needs)."""
         async with self.shares.reading(peer.uid):
-            row = await self.records.get(task_id)
+            row = await (self.records.owner(task_id) if light else self.records.get(task_id))
         if row is not None and peer.may_see(row["uid"]):
             return row
         if row is None:

@@ -159,3 +159,39 @@ def test_a_users_isolation_properties_are_kept_as_it_runs_as_that_user(
     net = out.split(" face |", 1)[1].splitlines()[1:-1]  # /proc/net/dev's rows
     assert [row.split(":")[0].strip() for row in net] == ["lo"], out
     assert out.strip().splitlines()[-1] == "77"
+
+
+def test_a_task_no_longer_in_memory_is_still_its_owners_alone(start_daemon: Start,
+                                                               users: list[User]) -> None:
+    """After a restart nothing is in memory: a stop, a signal, a resize or stdin for a task
+    is answered from its record (by its uid and state alone: the record's request and result,
+    MiBs of them, are not read for these), to its owner; another uid gets 404 for each."""
+    d = start_daemon()
+    alice, bob = users[0], users[1]
+
+    def submit() -> Any:
+        with Client(d.socket) as c:
+            return c.wait(c.submit(["echo", "x" * 1000], env={"PAD": "p" * 100_000}).id).id
+
+    a_task = as_user(alice, submit)
+    d.stop()
+    again = start_daemon(like=d)
+
+    def verbs() -> Any:
+        out = {}
+        with Client(again.socket) as c:
+            for verb, call in (("stop", lambda: c.stop(a_task, force=True)),
+                               ("signal", lambda: c.signal(a_task, "INT")),
+                               ("resize", lambda: c.resize(a_task, 40, 100)),
+                               ("stdin", lambda: c.write_stdin(a_task, b"hi"))):
+                try:
+                    out[verb] = ["allowed", call()]
+                except ApiError as e:
+                    out[verb] = [e.status, e.code]
+        return out
+
+    theirs = as_user(bob, verbs)
+    assert all(v == [404, "not_found"] for v in theirs.values()), theirs
+    mine = as_user(alice, verbs)
+    assert mine["stop"] == ["allowed", False], mine
+    assert all(v[0] == 409 for k, v in mine.items() if k != "stop"), mine

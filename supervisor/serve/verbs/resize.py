@@ -19,7 +19,7 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     refuse_while_restarting(d)
     t = d.find(req.peer, id)
     if t is None:
-        await d.find_row(req.peer, id)  # (404 / 410 if it is none of the caller's)
+        await d.find_row(req.peer, id, light=True)  # (404 / 410 if it is none of the caller's)
     if t is not None and t.request.tty is None:
         raise ApiError(409, "no_tty", f"task {id} has no terminal: submit it with \"tty\"")
     handle = None if t is None else t.handle

@@ -24,7 +24,7 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     refuse_while_restarting(d)
     t = d.find(req.peer, id)
     if t is None:
-        await d.find_row(req.peer, id)  # (404 / 410 if it is none of the caller's)
+        await d.find_row(req.peer, id, light=True)  # (404 / 410 if it is none of the caller's)
     handle = None if t is None else t.handle
     if t is None or handle is None or not handle.signal(name, by=f"uid {req.peer.uid}"):
         state = "finished" if t is None else t.live_state

@@ -22,7 +22,7 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     refuse_while_restarting(d)
     t = d.find(req.peer, id)
     if t is None:
-        await d.find_row(req.peer, id)  # 404 if not theirs
+        await d.find_row(req.peer, id, light=True)  # 404 if not theirs
         raise _finished(id)
     if t.request.stdin != "pipe" and not (t.request.tty is not None
                                           and t.request.stdin_data is None):

@@ -23,7 +23,7 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     refuse_while_restarting(d)
     t = d.find(req.peer, id)
     if t is None:
-        row = await d.find_row(req.peer, id)
+        row = await d.find_row(req.peer, id, light=True)
         return json_response(200, {"id": id, "state": row["state"], "changed": False})
     changed = stop_queued(d, t) or t.stop(force)
     return json_response(200, {"id": t.id, "state": t.live_state, "changed": changed})
