@@ -628,6 +628,21 @@ def finish_tiny_tasks(sock: str, until: float) -> dict[str, Any]:
     return {"tasks": done, "first_id": first}
 
 
+def keyed_submissions(sock: str, until: float) -> dict[str, Any]:
+    """``true`` with an idempotency key of the most bytes a key may have (128) and a name of
+    200, a new key each, as fast as answered: rows and tombstones that each keep the key."""
+    done, refused = 0, collections.Counter[str]()
+    with Client(sock, timeout=ANSWER + 5) as c:
+        while time.monotonic() < until:
+            key = f"{os.getpid()}-{done}-".ljust(128, "k")
+            try:
+                c.submit(["true"], idempotency_key=key, name="n" * 200)
+                done += 1
+            except ApiError as e:
+                refused[e.code] += 1
+    return {"tasks": done, **refused}
+
+
 def show_big_task(sock: str, until: float) -> dict[str, Any]:
     """A finished task of ours with a 1 MiB argv, then its ``GET /v1/tasks/ID`` (a 2.5 MB
     answer) as fast as the daemon answers it."""
@@ -770,6 +785,10 @@ ATTACKS = [
     Attack("retention", f"4 connections finishing `true` tasks, --retain-count {RETAIN}",
            _many(4, finish_tiny_tasks), daemon_args=("--retain-count", str(RETAIN)),
            victim_limit=RETENTION_REQUESTS),
+    Attack("keyed_flood", f"4 connections: `true` with 128-byte idempotency keys and "
+           f"200-character names, --retain-count {RETAIN}, state on a {DISK} tmpfs",
+           _many(4, keyed_submissions), daemon_args=("--retain-count", str(RETAIN)),
+           disk=DISK),
     Attack("big_submissions", "4 connections: 1 MiB submissions (argv of 65,000 strings)",
            _many(4, request_loop, [big_request()])),
     Attack("big_answers", "4 connections: each its own finished task with a 1 MiB argv shown "

@@ -235,7 +235,7 @@ def expire(db: sqlite3.Connection, policy: Retention, now: float,
     if room is not None:
         gone += _share_bytes(db, per_uid, *room, now)
     freed = sum((g["bytes"] or 0) - tomb_bytes(g["idempotency_key"]) for g in gone)
-    if gone or tombs is not None:
+    if gone:  # (tombstones grow only then)
         freed += trim_tombstones(db, MAX_TOMBSTONES, tombs)
     return Expired(gone, freed)
 

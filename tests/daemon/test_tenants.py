@@ -718,6 +718,62 @@ def test_a_tenants_idempotency_keys_never_fill_the_records_disk(
     assert "Traceback" not in log
 
 
+def test_retention_deleting_a_tenants_large_rows_never_fills_the_disk_with_log(
+        start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
+        tmp_path: Path) -> None:
+    """Found by an independent attack: on a 20 MiB state filesystem (--retain-count 20), a
+    tenant's fifteen tasks with 840 KB of random arguments each, sixty tiny ones, then two of
+    one 900 KB argument: the write-ahead log grew to 9.6 MB (SQLite built with secure_delete
+    writes every deleted page again, as zeros), the disk filled, and retention, which needs the
+    log to delete anything, could never make room again: every tenant 503, a restart the same.
+    Now deleted pages are not rewritten (secure_delete=FAST) and the log stays small."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "20m")
+    d = start_daemon("--retain-count", "20", state_dir=str(state), wrap=disk.wrap)
+    attacker, victim = users[0], users[1]
+    size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
+    seen: list[tuple[int, int]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=_disk_use, args=(disk.inside, disk.inside / "output",
+                                                       seen, stop))
+    sampler.start()
+
+    def attack() -> Any:
+        import base64
+
+        def noise(n: int) -> str:
+            return base64.b64encode(os.urandom(n)).decode()
+
+        outcomes = []
+        with Client(d.socket, timeout=30) as c:
+            for _ in range(15):
+                argv = ["true", *(noise(90_000) for _ in range(7))]
+                outcomes.append(c.wait(c.submit(argv).id, timeout=20).outcome)
+            for _ in range(60):
+                c.submit(["true"])
+            for _ in range(4):
+                outcomes.append(c.wait(c.submit(["sleep", "1", noise(675_000)]).id,
+                                       timeout=20).outcome)
+        return outcomes
+
+    try:
+        outcomes = as_user(attacker, attack, timeout=150)
+    finally:
+        stop.set()
+        sampler.join()
+    assert outcomes == ["succeeded"] * 15 + ["spawn_failed"] * 4, outcomes  # (E2BIG)
+    least_free = min(free for free, _ in seen)
+    assert least_free > size // 8, (least_free, size)
+
+    def after() -> Any:
+        with Client(d.socket) as c:
+            return c.wait(c.submit(["true"]).id).outcome
+
+    assert as_user(victim, after) == "succeeded"
+    log = d.log_text()
+    assert "is full" not in log and "Traceback" not in log, log[-3000:]
+
+
 def test_the_reserve_given_up_for_an_end_is_never_taken_by_new_tasks(
         start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
         tmp_path: Path) -> None:
