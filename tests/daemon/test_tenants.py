@@ -642,9 +642,7 @@ def test_a_tenants_output_never_fills_the_disk_however_fast_its_tasks_end(
     with d.client() as c:
         assert c.show(mine).outcome == "succeeded"
         assert c.wait(c.submit(["true"]).id).outcome == "succeeded"
-    log = d.log_text()
-    assert "cannot be written" not in log and "is full" not in log, log[-3000:]
-    assert "Traceback" not in log
+    _log_says_no_full_disk(d)
 
 
 def test_a_tenants_idempotency_keys_never_fill_the_records_disk(
@@ -713,9 +711,7 @@ def test_a_tenants_idempotency_keys_never_fill_the_records_disk(
             return [c.show(kept).outcome, c.wait(c.submit(["true"]).id).outcome]
 
     assert as_user(victim, after) == ["succeeded", "succeeded"]
-    log = d.log_text()
-    assert "cannot be written" not in log and "is full" not in log, log[-3000:]
-    assert "Traceback" not in log
+    _log_says_no_full_disk(d)
 
 
 def test_retention_deleting_a_tenants_large_rows_never_fills_the_disk_with_log(
@@ -844,6 +840,12 @@ def test_a_session_is_opened_or_closed_only_once_its_record_says_so(
         (disk.inside / "filler").unlink()
         assert c.close_session(sid)["state"] == "closed"
     assert "Traceback" not in d.log_text()
+
+
+def _log_says_no_full_disk(d: RunningDaemon) -> None:
+    log = d.log_text()
+    assert "cannot be written" not in log and "is full" not in log, log[-3000:]
+    assert "Traceback" not in log
 
 
 def _expired_or_outcome(c: Client, task_id: str) -> str:
