@@ -237,17 +237,17 @@ class Records:
             self._rdb = rdb
         return fn(self._rdb, *args)
 
-    async def _write(self, fn: Callable[..., Any] | None, *args: Any,
-                     precious: bool = False, size: int = 0) -> Any:
+    async def _write(self, fn: Callable[..., Any] | None, *args: Any, size: int = 0) -> Any:
         """Queue a write and return once it is committed (``fn`` None: just flush the lazy
         updates).  The first writer to find no flush running flushes (every write queued at
         that moment, its own among them), then hands the turn to the oldest write queued
         meanwhile (:meth:`_hand_over`); the others wait for theirs.  Shielded:
         once asked for, a write is finished or failed, never abandoned half way.
-        ``precious``: a write of what already happened (a task's end), which may use the
-        reserve (:class:`Reserve`) when the disk is full; a new task is refused instead.
+        Every write but a new task's or session's records what already happened (a task's
+        start or end, a run's, retention) and may use the reserve (:class:`Reserve`) when
+        the disk is full; a new task or session is refused instead.
         ``size``: the bytes it writes, if many (a large request: see :meth:`_flush_batch`)."""
-        w = _Write(fn, args, precious, size)
+        w = _Write(fn, args, size)
         self._batch.append(w)
         with trio.CancelScope(shield=True):
             if self._flushing:
@@ -273,7 +273,7 @@ class Records:
             (later if large and any(b.size > LARGE_WRITE for b in batch) else batch).append(w)
         self._batch = later
         lazy, self._lazy = list(self._lazy.items()), {}
-        writes = [_Write(rows.update, (seq, values), False) for seq, values in lazy] + batch
+        writes = [_Write(rows.update, (seq, values)) for seq, values in lazy] + batch
         try:
             await self._worker.run(_commit, self._db, writes, self.path, self.reserve)
         except Exception as e:  # (a bug of ours: every waiter still gets an answer)
@@ -298,8 +298,7 @@ class Records:
     # ---- runs -------------------------------------------------------------------------------
 
     async def begin_run(self, pid: int, now: float) -> int:
-        # (precious: a daemon starts on a disk its tasks filled, to record and answer them)
-        run: int = await self._write(rows.insert_run, pid, now, precious=True)
+        run: int = await self._write(rows.insert_run, pid, now)
         return run
 
     async def set_run_root(self, run: int, root: str) -> None:
@@ -307,7 +306,7 @@ class Records:
 
     async def end_run(self, run: int, now: float, how: str) -> None:
         await self._write(rows.execute, "UPDATE runs SET ended_at = ?, ended = ? WHERE id = ?",
-                          (now, how, run), precious=True)
+                          (now, how, run))
 
     async def runs(self) -> dict[int, dict[str, Any]]:
         return await self._call(rows.runs)
@@ -350,9 +349,9 @@ class Records:
         seq = int(task_id)
         values = {**self._lazy.pop(seq, {}), **values, "state": "finished"}
         if session is None:
-            await self._write(rows.update, seq, values, precious=True)
+            await self._write(rows.update, seq, values)
         else:
-            await self._write(rows.ended_in_session, seq, values, *session, precious=True)
+            await self._write(rows.ended_in_session, seq, values, *session)
 
     # ---- sessions ---------------------------------------------------------------------------
 
@@ -436,7 +435,7 @@ class Records:
         idempotency_key, bytes, why) so that their files and memory can go, and the bytes
         given back.  Committed before any file is removed."""
         done: rows.Expired = await self._write(rows.expire, policy, now, bytes_cap, running,
-                                               room, tombs, precious=True)
+                                               room, tombs)
         return done
 
     async def held_bytes(self) -> int:
@@ -509,13 +508,12 @@ class _Worker:
 
 
 class _Write:
-    __slots__ = ("args", "done", "error", "fn", "precious", "result", "size", "wake")
+    __slots__ = ("args", "done", "error", "fn", "result", "size", "wake")
 
     def __init__(self, fn: Callable[..., Any] | None, args: tuple[Any, ...],
-                 precious: bool, size: int = 0) -> None:
+                 size: int = 0) -> None:
         self.fn = fn
         self.args = args
-        self.precious = precious
         self.size = size
         self.done = False  # committed (or failed)
         self.wake = trio.Event()  # done, or its writer's turn to flush
@@ -535,30 +533,40 @@ def _apply(db: sqlite3.Connection, writes: Iterable[_Write]) -> None:
 
 def _commit(db: sqlite3.Connection, batch: list[_Write], path: str,
             reserve: Reserve) -> None:
-    """Every write of ``batch`` in one transaction (worker thread); for lack of room, again
-    once the reserve is released, if the batch holds a precious write (an end).  If it still
-    fails, each write is retried alone, so that one bad write fails only its caller.  A
-    reserve given up is made again once there is room; until then a new task or session is
-    refused (:meth:`Reserve.kept`)."""
+    """Every write of ``batch`` in one transaction (worker thread).  A new task or session
+    (``_NEW``) is refused while the reserve's room is gone (:meth:`Reserve.kept`), and when
+    the batch fails for lack of room; the rest of the batch records what already happened
+    (the ends of tasks, their starts, a run's start and end, retention) and is tried again
+    once the reserve is released.  (Only the ends were, and a daemon starting on a full disk
+    wrote its run's start from the reserve and then failed, and exited, on the next line of
+    the same run's row.)  If it still fails, each write is retried alone, so that one bad
+    write fails only its caller.  A reserve given up is made again once there is room."""
     if any(w.fn in _NEW for w in batch) and not reserve.kept():
-        for w in batch:
-            if w.fn in _NEW:
-                w.error = RecordsError(reserve.refusal(path))
-        batch = [w for w in batch if w.error is None]
+        batch = _refuse_new(batch, reserve, path)
     for _ in range(2):
         try:
             _transaction(db, batch)
             reserve.make()
             return
         except Exception as e:  # (sqlite3.Error, or a value SQLite cannot take)
-            if not (any(w.precious for w in batch) and
-                    _for_lack_of_room(e, reserve.state_dir) and reserve.release()):
+            if not _for_lack_of_room(e, reserve.state_dir):
+                break
+            batch = _refuse_new(batch, reserve, path)
+            if not (batch and reserve.release()):
                 break
     for w in batch:
         try:
             _transaction(db, [w])
         except Exception as e:
             w.error = explain(e, path, "writing")
+
+
+def _refuse_new(batch: list[_Write], reserve: Reserve, path: str) -> list[_Write]:
+    """``batch`` without its new tasks and sessions, each failed with the reason."""
+    for w in batch:
+        if w.fn in _NEW:
+            w.error = RecordsError(reserve.refusal(path))
+    return [w for w in batch if w.error is None]
 
 
 def _transaction(db: sqlite3.Connection, writes: list[_Write]) -> None:

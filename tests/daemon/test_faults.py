@@ -12,10 +12,12 @@ test reaches it through ``/proc/PID/root``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -193,3 +195,78 @@ def test_a_start_on_a_full_disk_takes_the_reserve_or_says_the_disk_is_full(
     line = _fails_at_start(start_daemon, like=d, wrap=disk.wrap)
     assert "filesystem is full" in line or "disk is full" in line, line
     assert "free space on the filesystem" in line, line
+
+
+_WRITES_ON_A_FULL_DISK = r"""
+import json, os, sys, time
+import trio
+from supervisor.serve.records import Records, RecordsError
+
+state = sys.argv[1]
+row = {"uid": 0, "gid": 0, "peer_pid": 1, "spec": {"argv": ["true"]}, "state": "queued",
+       "created_at": time.time()}
+session_row = {SESSION}
+
+def fill(path):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    for size in (1 << 20, 4096, 1):
+        try:
+            while True:
+                os.write(fd, b"\0" * size)
+        except OSError:
+            pass
+    os.close(fd)
+
+async def main():
+    r = await Records.open(state)
+    done = []
+    run = await r.begin_run(os.getpid(), time.time())
+    task = await r.accept(dict(row))
+    session = await r.open_session(session_row)
+    fill(os.path.join(state, "filler"))
+    for new in (lambda: r.accept(dict(row)), lambda: r.open_session(dict(session_row))):
+        try:
+            await new()
+        except RecordsError as e:
+            done.append(["refused", str(e)])
+    await r.set_run_root(run, "/sys/fs/cgroup/x")
+    await r.starting(task, run)
+    r.started(task, time.time(), 4242, "/sys/fs/cgroup/x/1")
+    await r.flush_lazy()
+    await r.ended(task, {"outcome": "succeeded", "exit_status": 0, "ended_at": time.time(),
+                         "bytes": 0, "result": "{}"})
+    await r.notified(task)
+    await r.close_session(session, time.time(), 100)
+    await r.end_run(run, time.time(), "stopped")
+    done.append(["reserve", os.path.exists(os.path.join(state, "reserve"))])
+    done.append(["row", (await r.get(task))["state"]])
+    await r.close()
+    print(json.dumps(done))
+
+trio.run(main)
+"""
+
+
+SESSION_ROW = {"uid": 0, "gid": 0, "groups": [], "created_at": 1.0, "closed_at": None,
+               "shell": "/bin/sh", "cwd": "/", "env": None, "defaults": {}}
+
+
+def test_on_a_full_disk_everything_that_happened_is_written_and_nothing_new(
+        tmp_path: Path) -> None:
+    """Found by CI: a daemon started on a disk filled meanwhile wrote its run's start from
+    the reserve, then failed to write the next line of that run (its cgroup root) and exited,
+    whenever the start fell where the log file had to grow.  Only the ends of tasks could use
+    the reserve; now every write that records what already happened can (a run's start, root
+    and end, a task's start, its end, its notification, a session's close), and only a new
+    task or session is refused."""
+    state = tmp_path / "small-state"
+    script = _WRITES_ON_A_FULL_DISK.replace("{SESSION}", repr(SESSION_ROW))
+    r = subprocess.run([*on_tmpfs(state, "3m"), sys.executable, "-c", script,
+                        str(state)], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    *refused, reserve, row = json.loads(r.stdout.splitlines()[-1])
+    assert len(refused) == 2, refused  # (the task and the session)
+    for what, message in refused:
+        assert what == "refused" and "full" in message and "free space there" in message
+    assert reserve == ["reserve", False]  # (given up for the writes)
+    assert row == ["row", "finished"]
