@@ -98,6 +98,7 @@ WARM_UP = 0.5  # seconds the attack runs before the victim's phase starts
 TICK = 0.25  # seconds between two RSS samples
 GOAL = 3.0  # p99 under attack / p99 alone
 RETAIN = 50  # --retain-count for the retention attack
+SUBSCRIBERS = 240  # the subscribers attack's unread event streams (asked for; 16 are taken)
 RETENTION_REQUESTS = 20  # victim requests per phase there: fewer than RETAIN / 2
 DISK = "64m"  # the output flood's state filesystem
 RSS_CAP = 2 << 20  # KiB: an attack that takes the daemon past this is cut short (the box's
@@ -628,6 +629,36 @@ def finish_tiny_tasks(sock: str, until: float) -> dict[str, Any]:
     return {"tasks": done, "first_id": first}
 
 
+def unread_event_streams(sock: str, until: float, n: int) -> dict[str, Any]:
+    """``n`` ``GET /v1/events`` streams opened and never read until ``until``; how many the
+    daemon took (answered 200) and refused."""
+    counts = collections.Counter({"opened": 0})
+    held = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        try:
+            s.connect(sock)
+            s.sendall(b"GET /v1/events HTTP/1.1\r\nhost: x\r\n\r\n")
+            status = s.recv(12)[9:12].decode() or "closed"
+        except OSError as e:
+            status = type(e).__name__
+        counts["opened" if status == "200" else f"refused {status}"] += 1
+        held.append(s)
+    time.sleep(max(0.0, until - time.monotonic()))
+    for s in held:
+        s.close()
+    return dict(counts)
+
+
+def _start_subscribers(crew: Crew, env: Env, until: float) -> Started:
+    a = env.attacker
+    return Started([crew.fork_as(a, "subscriber", unread_event_streams, env.sock, until,
+                                 SUBSCRIBERS)]
+                   + [crew.fork_as(a, f"finisher {i}", finish_tiny_tasks, env.sock, until)
+                      for i in range(4)])
+
+
 def keyed_submissions(sock: str, until: float) -> dict[str, Any]:
     """``true`` with an idempotency key of the most bytes a key may have (128) and a name of
     200, a new key each, as fast as answered: rows and tombstones that each keep the key."""
@@ -789,6 +820,9 @@ ATTACKS = [
            f"200-character names, --retain-count {RETAIN}, state on a {DISK} tmpfs",
            _many(4, keyed_submissions), daemon_args=("--retain-count", str(RETAIN)),
            disk=DISK),
+    Attack("subscribers", f"{SUBSCRIBERS} event streams opened and never read, and 4 "
+           f"connections finishing `true` tasks (each event of theirs for every stream)",
+           _start_subscribers),
     Attack("big_submissions", "4 connections: 1 MiB submissions (argv of 65,000 strings)",
            _many(4, request_loop, [big_request()])),
     Attack("big_answers", "4 connections: each its own finished task with a 1 MiB argv shown "

@@ -76,6 +76,7 @@ class Streaming(NamedTuple):
     status: int
     produce: Callable[[Send], Awaitable[None]]
     content_type: str = "application/x-ndjson"
+    release: Callable[[], None] | None = None  # called once the stream ends, however
 
 
 Handler = Callable[[Request], Awaitable[Response | Streaming]]
@@ -328,14 +329,18 @@ class Connection:
                               + self.h11.send(h11.EndOfMessage()))
 
     async def send_streaming(self, resp: Streaming) -> None:
-        await self.send_bytes(self.h11.send(h11.Response(
-            status_code=resp.status, headers=[("content-type", resp.content_type)])))
+        try:
+            await self.send_bytes(self.h11.send(h11.Response(
+                status_code=resp.status, headers=[("content-type", resp.content_type)])))
 
-        async def send(chunk: bytes) -> None:
-            await self.send_bytes(self.h11.send(h11.Data(data=chunk)))
+            async def send(chunk: bytes) -> None:
+                await self.send_bytes(self.h11.send(h11.Data(data=chunk)))
 
-        await resp.produce(send)
-        await self.send_bytes(self.h11.send(h11.EndOfMessage()))
+            await resp.produce(send)
+            await self.send_bytes(self.h11.send(h11.EndOfMessage()))
+        finally:
+            if resp.release is not None:
+                resp.release()
 
     async def watch_eof(self, scope: trio.CancelScope) -> None:
         """Cancel ``scope`` when the client closes its end (while a long answer is made).

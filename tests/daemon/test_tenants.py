@@ -822,12 +822,14 @@ def test_a_session_is_opened_or_closed_only_once_its_record_says_so(
         start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
     """Found by an independent attack: on a full state disk, opening or closing a session was
     a 500, and a close that failed left the session saying "closed" while it still took
-    commands.  Now each is a 503 naming the full disk, and the session stays as it was."""
+    commands.  Now each is a 503 naming the full disk, and the session stays as it was.
+    (With the records' reserve there, a close is written from it: see test_faults.)"""
     state = tmp_path / "small-state"
     disk = small_disk(state, "3m")
     d = start_daemon(state_dir=str(state), wrap=disk.wrap)
     with d.client() as c:
         sid = c.open_session()["id"]
+        (disk.inside / "reserve").unlink()
         fill(disk.inside / "filler")
         for call in (lambda: c.close_session(sid), lambda: c.open_session()):
             try:
@@ -1218,3 +1220,68 @@ def test_tombstones_are_kept_within_their_bytes_each_uid_losing_its_own_oldest(
     assert rows.held_bytes(db) <= cap and counted - rows.held_bytes(db) == freed
     newest = db.execute("SELECT max(seq) FROM expired WHERE uid = 1").fetchone()[0]
     assert newest == 10 + 3000  # (the flooder's own oldest went)
+
+
+def _open_stream(sock: str) -> tuple[socket.socket, str]:
+    """A ``GET /v1/events`` connection, and its status once the daemon answered (for 200:
+    once it is subscribed); the socket is left unread after that."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(sock)
+    s.sendall(b"GET /v1/events HTTP/1.1\r\nhost: x\r\n\r\n")
+    got = b""
+    while b"subscribed" not in got and b"}}" not in got:
+        more = s.recv(4096)
+        if not more:
+            break
+        got += more
+    return s, got[9:12].decode() + (" too_many_streams" if b"too_many_streams" in got else "")
+
+
+def test_a_tenants_unread_event_streams_are_bounded_and_cost_others_nothing(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: 250 event streams of one tenant, never read, and its
+    own tasks ending as fast as they could: each event was encoded once per stream, and
+    another tenant's requests took seven times as long (25 -> 177 ms).  Now a uid holds at
+    most 16 streams (the 17th is refused before its stream starts, naming the rule), an
+    event is encoded once, and it reaches only its uid's streams and root's."""
+    d = start_daemon()
+    attacker, victim = users[0], users[1]
+
+    def hold_streams() -> Any:
+        held = [_open_stream(d.socket) for _ in range(17)]
+        statuses = [status for _, status in held]
+        with Client(d.socket) as c:
+            quotas = c.limits()["quotas"]
+            task = c.wait(c.submit(["true"]).id).id
+        held.pop(0)[0].close()
+        wait_for(lambda: Client(d.socket).limits()["quotas"]["event_streams"] == 15,
+                 "the closed stream to be let go")
+        again = _open_stream(d.socket)
+        for s, _ in [*held, again]:
+            s.close()
+        return [statuses, quotas["event_streams"], quotas["max_event_streams"], again[1], task]
+
+    def own_stream() -> Any:
+        with Client(d.socket) as watcher, Client(d.socket) as c:
+            events = watcher.events()
+            assert next(events) == {"subscribed": True}
+            mine = c.submit(["true"]).id
+            seen = []
+            for e in events:
+                seen.append(e["id"])
+                if e.get("state") == "finished":
+                    return [seen, mine]
+        return None
+
+    statuses, streams, cap, again, task = as_user(attacker, hold_streams)
+    assert statuses == ["200"] * 16 + ["429 too_many_streams"], statuses
+    assert (streams, cap, again) == (16, 16, "200")
+    seen, mine = as_user(victim, own_stream)
+    assert set(seen) == {mine}, seen  # (none of the attacker's events)
+    assert task != mine
+    rooted = [_open_stream(d.socket) for _ in range(20)]  # root: any number
+    assert [status for _, status in rooted] == ["200"] * 20
+    for s, _ in rooted:
+        s.close()
+    assert "Traceback" not in d.log_text()

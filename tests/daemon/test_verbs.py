@@ -173,7 +173,8 @@ def test_limits_and_metrics(start_daemon: Start) -> None:
             time.sleep(0.01)
         assert lim["quotas"] == {"max_running": 3, "max_queued": 7, "running": 0, "queued": 0,
                                  "max_queued_bytes": 16 << 20, "max_connections": 256,
-                                 "max_body_bytes_in_flight": 8 << 20, "connections": 1}
+                                 "max_body_bytes_in_flight": 8 << 20, "connections": 1,
+                                 "max_event_streams": 16, "event_streams": 0}
         assert lim["max_time_limit"] == 3600 and "MemoryMax" in lim["properties"]
         assert isinstance(lim["controllers"], list)
         c.wait(c.submit(["true"]).id)

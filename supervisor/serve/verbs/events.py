@@ -2,12 +2,12 @@
 
 ``{"id", "state", "uid", "at"[, "outcome"]}``; ``{"dropped": N}`` when the client fell more
 than a buffer behind (the oldest events went).  The first line is ``{"subscribed": true}``, so
-a client knows that nothing after it is missed.
+a client knows that nothing after it is missed.  A uid holds at most ``events.PER_UID`` of
+them at once (429 ``too_many_streams``).
 """
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from ..http import Request, Send, Streaming
@@ -17,12 +17,11 @@ if TYPE_CHECKING:
 
 
 async def handle(d: Daemon, req: Request) -> Streaming:
-    async def produce(send: Send) -> None:
-        with d.hub.subscribe(req.peer) as sub:
-            await send(b'{"subscribed":true}\n')
-            while True:
-                batch = await sub.next_batch()
-                await send(b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n"
-                                    for e in batch))
+    sub = d.hub.open(req.peer)  # (429 here, before the stream's status is sent)
 
-    return Streaming(200, produce)
+    async def produce(send: Send) -> None:
+        await send(b'{"subscribed":true}\n')
+        while True:
+            await send(await sub.next_batch())
+
+    return Streaming(200, produce, release=lambda: d.hub.close(sub))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..events import PER_UID
 from ..http import Request, Response, json_response
 
 if TYPE_CHECKING:
@@ -31,8 +32,10 @@ async def handle(d: Daemon, req: Request) -> Response:
                    "max_queued_bytes": q.max_queued_bytes_per_uid,
                    "max_connections": d.config.max_connections_per_uid,
                    "max_body_bytes_in_flight": d.shares.body_bytes,
+                   "max_event_streams": PER_UID,
                    "running": running, "queued": queued,
-                   "connections": d.shares.connections_of(req.peer.uid)},
+                   "connections": d.shares.connections_of(req.peer.uid),
+                   "event_streams": d.hub.held_by(req.peer.uid)},
         "daemon": {"max_running": q.max_running, "max_queued": q.max_queued,
                    "max_queued_bytes": q.max_queued_bytes,
                    "max_connections": d.config.max_connections,
