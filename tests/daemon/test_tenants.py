@@ -8,6 +8,7 @@ already have and takes nothing from the other tenants.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -573,18 +574,31 @@ def test_a_tenants_output_flood_fills_the_disk_and_stops_nothing_nor_falsifies_a
     assert "Traceback" not in d.log_text() + again.log_text()
 
 
-def _disk_use(where: Path, output: Path, seen: list[tuple[int, int]],
-              stop: threading.Event) -> None:
-    """Sample (the filesystem's free bytes, what the output directory's files take) of
-    ``where`` until ``stop``."""
-    while not stop.is_set():
-        try:
-            st = os.statvfs(where)
-            took = sum(e.stat().st_blocks * 512 for e in os.scandir(output) if e.is_file())
-        except OSError:  # (a file removed between the listing and its stat)
-            continue
-        seen.append((st.f_bavail * st.f_frsize, took))
-        time.sleep(0.005)
+@contextlib.contextmanager
+def _disk_sampled(disk: SmallDisk) -> Iterator[list[tuple[int, int]]]:
+    """For the block: (the filesystem's free bytes, what the output directory's files take)
+    of ``disk``, sampled every 5 ms in a thread."""
+    seen: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                st = os.statvfs(disk.inside)
+                took = sum(e.stat().st_blocks * 512 for e in os.scandir(disk.inside / "output")
+                           if e.is_file())
+            except OSError:  # (a file removed between the listing and its stat)
+                continue
+            seen.append((st.f_bavail * st.f_frsize, took))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        sampler.join()
 
 
 def test_a_tenants_output_never_fills_the_disk_however_fast_its_tasks_end(
@@ -610,11 +624,6 @@ def test_a_tenants_output_never_fills_the_disk_however_fast_its_tasks_end(
 
     mine = as_user(victim, keep_one)
     size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
-    seen: list[tuple[int, int]] = []
-    stop = threading.Event()
-    sampler = threading.Thread(target=_disk_use, args=(disk.inside, disk.inside / "output",
-                                                       seen, stop))
-    sampler.start()
     loud = ["sh", "-c", "head -c 3M /dev/zero; head -c 3M /dev/zero >&2"]
 
     def flood() -> Any:
@@ -628,11 +637,8 @@ def test_a_tenants_output_never_fills_the_disk_however_fast_its_tasks_end(
         with Client(d.socket, timeout=300) as c:
             return [c.wait(c.submit(["echo", str(n)]).id).outcome for n in range(5)]
 
-    try:
+    with _disk_sampled(disk) as seen:
         flooded, served = as_users([(attacker, flood), (victim, meanwhile)], timeout=300)
-    finally:
-        stop.set()
-        sampler.join()
     assert served == ["succeeded"] * 5
     assert set(flooded) <= {"succeeded", "expired"} and flooded[-1] == "succeeded", flooded
     least_free = min(free for free, _ in seen)
@@ -677,11 +683,6 @@ def test_a_tenants_idempotency_keys_never_fill_the_records_disk(
 
     status, field, message = as_user(attacker, too_long)
     assert (status, field) == (400, "idempotency_key") and "128 bytes" in message, message
-    seen: list[tuple[int, int]] = []
-    stop = threading.Event()
-    sampler = threading.Thread(target=_disk_use, args=(disk.inside, disk.inside / "output",
-                                                       seen, stop))
-    sampler.start()
 
     def flood(part: int) -> Callable[[], Any]:
         def run() -> Any:
@@ -697,11 +698,8 @@ def test_a_tenants_idempotency_keys_never_fill_the_records_disk(
             return codes
         return run
 
-    try:
+    with _disk_sampled(disk) as seen:
         flooded = as_users([(attacker, flood(p)) for p in range(4)], timeout=300)
-    finally:
-        stop.set()
-        sampler.join()
     assert sum(c.get("201", 0) for c in flooded) == 2000, flooded
     least_free = min(free for free, _ in seen)
     assert least_free > size // 8, (least_free, size)
@@ -728,11 +726,6 @@ def test_retention_deleting_a_tenants_large_rows_never_fills_the_disk_with_log(
     d = start_daemon("--retain-count", "20", state_dir=str(state), wrap=disk.wrap)
     attacker, victim = users[0], users[1]
     size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
-    seen: list[tuple[int, int]] = []
-    stop = threading.Event()
-    sampler = threading.Thread(target=_disk_use, args=(disk.inside, disk.inside / "output",
-                                                       seen, stop))
-    sampler.start()
 
     def attack() -> Any:
         import base64
@@ -752,11 +745,8 @@ def test_retention_deleting_a_tenants_large_rows_never_fills_the_disk_with_log(
                                        timeout=20).outcome)
         return outcomes
 
-    try:
+    with _disk_sampled(disk) as seen:
         outcomes = as_user(attacker, attack, timeout=150)
-    finally:
-        stop.set()
-        sampler.join()
     assert outcomes == ["succeeded"] * 15 + ["spawn_failed"] * 4, outcomes  # (E2BIG)
     least_free = min(free for free, _ in seen)
     assert least_free > size // 8, (least_free, size)
