@@ -206,22 +206,25 @@ class SpawnGuard:
         log.warning("%s%s", note, more)
 
     def _thaw(self, s: Spawning, path: str) -> None:
+        """Thaw ``path`` if it is frozen and ``s`` is still in flight: under the lock, so that
+        a freeze of corral's own after the spawn returned (a stop's snapshot of a task that
+        had just started) is never taken for a task's, thawed, and logged as one.  (An
+        independent attack saw it: a stop 33 us after the start, the guard a turn late.)"""
         note = (f"{path} was frozen (someone wrote 1 to its cgroup.freeze: a task with write "
                 f"access to corral's cgroups?) while this task was being started; corral "
                 f"thawed it")
-        try:
-            with Cgroup.open(path) as cg:
-                if cg.read_file("cgroup.freeze").strip() != "1":
-                    return
-                with self._lock:
-                    s.notes.append(note)  # first: the thaw ends the spawn, whose end() reads it
-                cg.write_file("cgroup.freeze", "0")
-        except CgroupError as e:  # removed meanwhile: nothing to thaw
-            log.debug("spawn guard: %s", e)
-            with self._lock:
-                if note in s.notes:
-                    s.notes.remove(note)
-            return
+        with self._lock:
+            if id(s) not in self._spawning:
+                return  # the spawn is over: a freeze now is not in its way
+            try:
+                with Cgroup.open(path) as cg:
+                    if cg.read_file("cgroup.freeze").strip() != "1":
+                        return
+                    cg.write_file("cgroup.freeze", "0")
+            except CgroupError as e:  # removed meanwhile: nothing to thaw
+                log.debug("spawn guard: %s", e)
+                return
+            s.notes.append(note)  # (end(), which the thaw lets come, waits for the lock)
         self._warn("thawed", note)
 
 

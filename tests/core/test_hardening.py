@@ -339,6 +339,35 @@ def test_a_task_freezing_the_root_blocks_no_other_task(test_cgroup: cgroupfs.Cgr
     assert test_cgroup.children() == [] and not test_cgroup.is_populated()
 
 
+def test_a_freeze_of_corrals_own_after_the_spawn_returned_is_left_alone(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    """Found by an independent attack: a stop 33 us after a task started froze its leaf for
+    the kill's snapshot while the guard, a turn late, was looking after the spawn that had
+    just returned: it thawed the leaf and logged "someone wrote 1 to its cgroup.freeze: a
+    task with write access to corral's cgroups?" into root's log.  A spawn over is the
+    guard's no longer; one in flight is thawed, and its record says so."""
+    from supervisor._guard import SpawnGuard
+
+    root = test_cgroup.make_child("guarded")
+    leaf = root.make_child("leaf")
+    guard = SpawnGuard(root)  # (its thread not started: its turns are taken here)
+    try:
+        over = guard.begin(leaf)
+        assert guard.end(over) == (None, [])
+        leaf.freeze()  # (the stop's snapshot)
+        guard._look_after(over, 1.0)  # the turn that had found it stalled
+        assert leaf.read_file("cgroup.freeze").strip() == "1" and over.notes == []
+        flying = guard.begin(leaf)
+        guard._look_after(flying, 1.0)
+        killed, notes = guard.end(flying)
+        assert leaf.read_file("cgroup.freeze").strip() == "0"
+        assert killed is None and len(notes) == 1 and "thawed it" in notes[0], notes
+    finally:
+        guard.close()
+        leaf.remove()
+        root.remove()
+
+
 ABOVE = """
 import json, sys, time, trio, supervisor
 

@@ -1275,3 +1275,31 @@ def test_a_tenants_unread_event_streams_are_bounded_and_cost_others_nothing(
     for s, _ in rooted:
         s.close()
     assert "Traceback" not in d.log_text()
+
+
+def test_stdin_written_after_it_closed_is_a_clear_409_never_a_500(start_daemon: Start,
+                                                                 users: list[User]) -> None:
+    """Found by an independent attack: stdin written to a task whose stdin had been closed
+    (an earlier eof=true, the task's own close, its end racing the request) was a 500 with
+    a traceback in root's log, once per request.  Now each is a 409 saying what was taken."""
+    d = start_daemon()
+
+    def race() -> Any:
+        out = []
+        with Client(d.socket) as c:
+            t = c.submit(["sh", "-c", "cat >/dev/null; sleep 30"], stdin="pipe")
+            c.write_stdin(t.id, b"all of it\n", eof=True)
+            for body, eof in ((b"more\n", False), (b"", True), (b"more\n", True)):
+                try:
+                    c.write_stdin(t.id, body, eof=eof)
+                    out.append("written")
+                except ApiError as e:
+                    out.append(f"{e.status} {e.code} {'nothing' in e.message}")
+            c.stop(t.id, force=True)
+            c.wait(t.id)
+        return out
+
+    got = as_user(users[0], race)
+    # (eof again alone is no error: closing a closed pipe is idempotent)
+    assert got == ["409 stdin_closed True", "written", "409 stdin_closed True"], got
+    assert "Traceback" not in d.log_text()

@@ -32,10 +32,23 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     handle = t.handle
     if handle is None or t.outcome is not None or handle.state != "running":
         raise _finished(id)
-    if req.body:
-        await handle.write_stdin(req.body)
-    if eof:
-        handle.close_stdin()
+    queued = False
+    try:
+        if req.body:
+            await handle.write_stdin(req.body)
+            queued = True
+        if eof:
+            handle.close_stdin()
+    except BrokenPipeError:
+        # the task ended, or closed its stdin, while this request waited (an independent
+        # attack raced stdin against the end: each was a 500 and a traceback in root's log)
+        ended = t.outcome is not None or handle.state != "running"
+        what = (f"these {len(req.body)} bytes were queued, but may not have been read"
+                if queued else "nothing of this request was written")
+        raise (ApiError(409, "finished", f"task {id} ended meanwhile; its stdin is closed: "
+                        f"{what}") if ended else
+               ApiError(409, "stdin_closed", f"task {id}'s stdin is closed (the task closed "
+                        f"it, or an earlier request sent eof=true): {what}", "stdin")) from None
     return json_response(200, {"id": id, "written": len(req.body), "eof": eof})
 
 
