@@ -7,6 +7,7 @@ the records say at each step is in ``records.py``; what a restart does with each
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 
 STREAMS = ("stdout", "stderr")
 
-__all__ = ["DaemonTask", "kept_result", "listed_row_json", "row_json", "served_result"]
+__all__ = ["DaemonTask", "kept_result", "listed_json", "listed_row_json", "row_json",
+           "served_result"]
 
 
 class DaemonTask:
@@ -117,7 +119,7 @@ class DaemonTask:
 
 
 LISTED_ARGS = rows.LISTED_ARGS
-LISTED_ARGV = 4096  # characters of a command a listing shows (``show`` has all of it)
+LISTED_ARGV = rows.LISTED_ARGV
 
 
 def listed_argv(argv: Sequence[str], count: int | None = None) -> list[str]:
@@ -137,6 +139,11 @@ def listed_argv(argv: Sequence[str], count: int | None = None) -> list[str]:
         room -= len(a)
     return [*out, f"... ({count - len(out)} more arguments: GET /v1/tasks/ID shows "
                   f"them all)"]
+
+
+def listed_json(argv: Sequence[str]) -> str:
+    """:func:`listed_argv` as the records keep it (ASCII JSON: its length is its bytes)."""
+    return json.dumps(listed_argv(argv), separators=(",", ":"))
 
 
 def stream_path(output: str, stream: str) -> str:
@@ -233,7 +240,8 @@ def _tail_bytes(f: Any, path: str, part: dict[str, Any], n: int) -> bytes:
 def listed_row_json(row: dict[str, Any]) -> dict[str, Any]:
     """A listing's entry for a task the daemon no longer holds in memory, from its listed row
     (``rows.list_rows``)."""
-    out = _row_fields(row, listed_argv(row["argv"], row["argc"]))
+    out = _row_fields(row, row["listed"] if row["listed"] is not None else
+                      listed_argv(row["argv"], row["argc"]))
     if row["session"] is not None:
         out["session"] = row["session"]
         out["carried"] = row["carried"]

@@ -46,7 +46,8 @@ def tomb_bytes(key: str | None) -> int:
 _TOMB_SQL = f"{TOMB_BYTES} + 2 * coalesce(length(CAST(idempotency_key AS BLOB)), 0)"
 COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key", "spec",
            "state", "created_at", "started_at", "ended_at", "pid", "leaf", "run", "outcome",
-           "exit_status", "bytes", "notified", "rlimits", "carried", "session", "result")
+           "exit_status", "bytes", "notified", "rlimits", "carried", "session", "result",
+           "listed")
 
 
 class Expired(NamedTuple):
@@ -131,21 +132,27 @@ def owner(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
 
 
 LISTED_ARGS = 64  # arguments a listing shows at most (daemontask.listed_argv)
+LISTED_ARGV = 4096  # characters of a command a listing shows (``show`` has all of it)
 
-# A listing's row: the few columns it shows, and of the request only the command's first
-# arguments and their count, taken out by SQLite (which lets the GIL go meanwhile): a listing
-# of a thousand tasks of a MiB of arguments each decodes no MiB in Python.
+# A listing's row: the few columns it shows and the command as made at acceptance
+# (``listed``).  A row from before schema 6 has none: its command's first arguments are taken
+# out of the request by SQLite (which lets the GIL go meanwhile), each cut to a listing's
+# length and no more of them than a listing shows: never the request whole.
 _LISTED = ("t.seq, uid, gid, name, state, created_at, started_at, ended_at, pid, outcome, "
-           "exit_status, carried, session, json_array_length(r.spec, '$.argv') AS argc, "
-           "(SELECT json_group_array(value) FROM json_each(r.spec, '$.argv') "
-           f"WHERE key < {LISTED_ARGS + 1}) AS argv")
+           "exit_status, carried, session, listed, CASE WHEN listed IS NULL THEN "
+           "json_array_length(r.spec, '$.argv') END AS argc, CASE WHEN listed IS NULL THEN "
+           "(SELECT json_group_array(v) FROM (SELECT substr(value, 1, "
+           f"{LISTED_ARGV + 1}) AS v, sum(length(value)) OVER (ORDER BY key) - length(value) "
+           f"AS before FROM json_each(r.spec, '$.argv') WHERE key < {LISTED_ARGS + 1} "
+           f"ORDER BY key) WHERE before <= {LISTED_ARGV}) END AS argv")
 
 
 def list_rows(db: sqlite3.Connection, uid: int | None, state: str | None,
               limit: int, session: str | None = None, before: int | None = None
               ) -> list[dict[str, Any]]:
-    """Listed rows, newest first: ``argv`` is the command's first arguments (``argc`` says
-    how many there are), ``session`` its session's id or None."""
+    """Listed rows, newest first: ``listed`` is the command as a listing shows it, or (a row
+    from before schema 6) None and ``argv`` the command's first arguments, cut short, and
+    ``argc`` how many there are; ``session`` its session's id or None."""
     where: list[str] = []
     args: list[Any] = []
     if before is not None:
@@ -164,7 +171,9 @@ def list_rows(db: sqlite3.Connection, uid: int | None, state: str | None,
     found = select(db, f"SELECT {_LISTED} FROM tasks t JOIN requests r ON r.seq = t.seq "
                        f"{clause} ORDER BY t.seq DESC LIMIT ?", (*args, limit))
     for row in found:
-        row["argv"] = json.loads(row["argv"])
+        for column in ("listed", "argv"):
+            if row[column] is not None:
+                row[column] = json.loads(row[column])
         if row["session"] is not None:
             row["session"] = str(row["session"])
     return found
@@ -352,10 +361,10 @@ def ended_in_session(db: sqlite3.Connection, seq: int, values: dict[str, Any],
 
 
 def close_session(db: sqlite3.Connection, session_id: str, now: float, keep: int) -> None:
-    """Closed now: its environment dropped, and of its uid's closed sessions only the latest
-    ``keep`` kept."""
-    db.execute("UPDATE sessions SET closed_at = ?, env = NULL WHERE seq = ?",
-               (now, int(session_id)))
+    """Closed now: its environment dropped (the one it carried and the one it was opened
+    with), and of its uid's closed sessions only the latest ``keep`` kept."""
+    db.execute("UPDATE sessions SET closed_at = ?, env = NULL, defaults = json_remove("
+               "defaults, '$.env') WHERE seq = ?", (now, int(session_id)))
     db.execute("DELETE FROM sessions WHERE closed_at IS NOT NULL AND uid = (SELECT uid FROM "
                "sessions WHERE seq = ?) AND seq NOT IN (SELECT seq FROM sessions WHERE uid = "
                "(SELECT uid FROM sessions WHERE seq = ?) AND closed_at IS NOT NULL ORDER BY "

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 __all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _V1 = """
 CREATE TABLE tasks (
@@ -127,6 +127,15 @@ CREATE VIEW task_rows AS SELECT t.*, r.spec AS spec FROM tasks t JOIN requests r
 """
 
 
+# the command as a listing shows it, made at acceptance (JSON: daemontask.listed_argv), so
+# that a listing reads no request: a listing of a thousand tasks of a MiB of arguments each
+# made SQLite hand over every argument whole, 0.8 GB of the daemon's memory for one request
+# (an independent attack).  Older rows have none: theirs is cut out of the request in SQL.
+_V6 = """
+ALTER TABLE tasks ADD COLUMN listed TEXT;
+"""
+
+
 class SchemaError(Exception):
     """The database's schema cannot be used by this corral (the message has the fix)."""
 
@@ -159,6 +168,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
     3: lambda db, _: _script(db, _V3),
     4: lambda db, _: _script(db, _V4),
     5: lambda db, _: _script(db, _V5),
+    6: lambda db, _: _script(db, _V6),
 }
 
 

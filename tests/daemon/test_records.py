@@ -88,6 +88,37 @@ def test_version_5_moves_each_request_out_of_its_row_and_keeps_its_session(
     db.close()
 
 
+def test_a_row_from_before_version_6_is_listed_from_its_request_cut_short(
+        tmp_path: Path) -> None:
+    """Schema 6 keeps each task's command as a listing shows it (``listed``); an older row has
+    none, and its listing is cut out of the request by SQLite: the same entry, whatever the
+    command's length, without its arguments taken whole."""
+    from supervisor.serve import rows
+    from supervisor.serve.daemontask import listed_argv, listed_json
+    from supervisor.serve.schema import MIGRATIONS, migrate
+
+    db = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    for version in range(1, 6):
+        MIGRATIONS[version](db, str(tmp_path))
+    db.execute("PRAGMA user_version=5")
+    commands = [["true"], ["a" * 5000], ["x"] * 70, ["ab" * 1000, "c" * 3000, "d"],
+                ["\u00e9" * 3000, "\u00fc" * 2000], [str(i) * (i * 7 % 300) for i in range(100)],
+                ["a" * 4096], ["a" * 4095, "b", "c"], []]
+    for argv in commands:
+        seq = db.execute("INSERT INTO tasks (uid, gid, state, created_at) VALUES (0, 0, "
+                         "'finished', 1)").lastrowid
+        db.execute("INSERT INTO requests (seq, spec) VALUES (?, ?)",
+                   (seq, json.dumps({"argv": argv})))
+    assert migrate(db, "state.db", str(tmp_path)) == 5
+    db.row_factory = sqlite3.Row
+    listed = {int(r["id"]): r for r in rows.list_rows(db, None, None, 100)}
+    for seq, argv in enumerate(commands, 1):
+        row = listed[seq]
+        assert row["listed"] is None and sum(map(len, row["argv"])) <= 2 * 4097  # (cut)
+        assert listed_argv(row["argv"], row["argc"]) == json.loads(listed_json(argv)), argv
+    db.close()
+
+
 def _serve_fails(tmp_path: Path, state: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CORRAL, "serve", "--socket", str(tmp_path / "never.sock"),
                            "--state-dir", str(state), *extra], capture_output=True, text=True,

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from daemon_util import RunningDaemon, User, as_user, raw, wait_for
+from daemon_util import RunningDaemon, User, as_user, raw, read_rows, wait_for
 
 from supervisor.client import ApiError, Client
 
@@ -508,3 +508,20 @@ def test_a_uids_sessions_keep_a_bounded_environment(start_daemon: Start,
     assert "B8" in again["set"], again  # (the closed session's share was given back)
     with Client(d.socket) as c:  # the other uids go on
         assert c.wait(c.submit(["true"]).id).outcome == "succeeded"
+
+
+def test_a_closed_session_keeps_no_environment_not_even_the_one_it_was_opened_with(
+        start_daemon: Start) -> None:
+    """Found by an independent attack (by reading): closing a session dropped the environment
+    it carried but kept the one it was opened with (up to 16 KiB each, for every one of a
+    uid's 100 closed sessions), though the docs said a closed session keeps none."""
+    d = start_daemon()
+    with d.client() as c:
+        sid = c.open_session(env={"OPENED_WITH": "s3cret"}, time_limit="1h")["id"]
+        assert c.show_session(sid)["env"] == {"OPENED_WITH": "s3cret"}
+        closed = c.close_session(sid)
+        assert closed["state"] == "closed"
+        assert c.show_session(sid)["env"] is None
+    row = next(r for r in read_rows(d.state, "sessions") if str(r["seq"]) == sid)
+    assert row["env"] is None and "s3cret" not in str(row["defaults"]), row
+    assert json.loads(row["defaults"])["time_limit"] == "1h", row  # (the rest is kept)

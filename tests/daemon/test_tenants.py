@@ -1303,3 +1303,39 @@ def test_stdin_written_after_it_closed_is_a_clear_409_never_a_500(start_daemon: 
     # (eof again alone is no error: closing a closed pipe is idempotent)
     assert got == ["409 stdin_closed True", "written", "409 stdin_closed True"], got
     assert "Traceback" not in d.log_text()
+
+
+def test_a_listing_of_tasks_with_huge_commands_reads_none_of_them_whole(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: 700 tasks of a tenant's, each with seven arguments of
+    140 KiB, then one `GET /v1/tasks?limit=1000`: the number of arguments was cut in SQL but
+    not their length, so every one came out of SQLite whole (the daemon's RSS 118 MB ->
+    816 MB, and other tenants' reads of the records waited 2.5 s behind it).  Now the command
+    as a listing shows it is made at acceptance and the listing reads no request."""
+    d = start_daemon()
+    attacker = users[0]
+    argv = ["true", *(chr(ord("a") + i) * (140 << 10) for i in range(7))]
+
+    def submit_many() -> Any:
+        with Client(d.socket, timeout=60) as c:
+            ids = [c.submit(argv).id for _ in range(24)]
+            for task_id in ids:
+                c.wait(task_id)
+        return ids
+
+    ids = as_user(attacker, submit_many)
+    with d.client() as c:  # (the tasks are no longer held whole in memory)
+        wait_for(lambda: all(c.show(i).state == "finished" for i in ids), "the tasks to end")
+    before = _rss(d.proc.pid)
+
+    def listing() -> Any:
+        with Client(d.socket, timeout=60) as c:
+            return [c._do(Call("GET", "/v1/tasks?limit=1000"))["tasks"] for _ in range(3)]
+
+    listed = as_user(attacker, listing)[-1]
+    grew = _rss(d.proc.pid) - before
+    assert [t["id"] for t in listed] == list(reversed(ids)), listed
+    for t in listed:
+        assert t["argv"][0] == "true" and t["argv"][-1].startswith("... (7 more arguments")
+        assert len(json.dumps(t["argv"])) < 300
+    assert grew < 8 << 20, grew  # (24 MiB of arguments, never taken whole)

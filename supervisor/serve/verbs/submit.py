@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..daemontask import STREAMS, DaemonTask, stream_path
+from ..daemontask import STREAMS, DaemonTask, listed_json, stream_path
 from ..dispatch import accepted
 from ..http import Request, Response, json_response
 from ..peers import Peer, PeerGone, rlimits_of
@@ -190,6 +190,7 @@ def _row(d: Daemon, peer: Peer, r: SubmitRequest, spec: str, starting: bool,
          rlimits: dict[str, tuple[int, int]] | None) -> dict[str, Any]:
     return {"uid": peer.uid, "gid": peer.gid, "peer_pid": peer.pid, "groups": list(peer.groups),
             "name": r.name, "idempotency_key": r.idempotency_key, "spec": spec,
+            "listed": listed_json(r.argv),
             "session": None if r.session is None else int(r.session["id"]),
             "state": "starting" if starting else "queued",
             "run": d.run if starting else None, "created_at": time.time(),
