@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 import trio
 
@@ -36,6 +37,7 @@ PERIOD = 60.0  # seconds between passes when nothing finishes (age moves on)
 MIN_GAP = 1.0  # seconds between passes
 RETRY = 5.0  # seconds before a failed pass is tried again while a start waits for room
 TOMB_SHARE = 8  # tombstones may take at most this part of the disk's room (rows.tomb_bytes)
+LOG_GAP = 60.0  # seconds between two log lines of what expired
 
 
 async def retention_loop(d: Daemon) -> None:
@@ -75,8 +77,7 @@ async def expire_now(d: Daemon) -> int | None:
         d.room.expired(freed)
     if gone:
         await trio.to_thread.run_sync(_remove_files, d.output_dir, [g["id"] for g in gone])
-        log.info("retention: %d finished task(s) expired (ids %s...)", len(gone),
-                 ", ".join(g["id"] for g in gone[:5]))
+        _say_expired(d, gone)
         if d.room.wanted is not None:
             dispatch(d)
     return len(gone)
@@ -88,6 +89,21 @@ def _running_bytes(tasks: list[tuple[int, str]]) -> dict[int, int]:
     for uid, output in tasks:
         held[uid] = held.get(uid, 0) + output_bytes(output)
     return held
+
+
+def _say_expired(d: Daemon, gone: list[dict[str, Any]]) -> None:
+    """Log what expired, at most once per :data:`LOG_GAP` (a pass per task, when tasks wait
+    for the disk's room: a tenant's flood of tasks was a line of root's log each)."""
+    now = time.monotonic()
+    last, count, first = d.expired_unsaid
+    count, first = count + len(gone), first or gone[0]["id"]
+    if now - last < LOG_GAP:
+        d.expired_unsaid = (last, count, first)
+        return
+    d.expired_unsaid = (now, 0, "")
+    log.info("retention: %d finished task(s) expired%s (the first id %s, the last %s)",
+             count, f" in the last {now - last:.0f}s" if last > 0 else "", first,
+             gone[-1]["id"])
 
 
 def _remove_files(output_dir: str, ids: list[str]) -> None:

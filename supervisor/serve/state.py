@@ -203,6 +203,7 @@ class Daemon:
         self.live = 0  # task lives not yet ended
         self.all_ended = trio.Event()
         self.retention_due = trio.Event()  # a task finished: retention may have work
+        self.expired_unsaid: tuple[float, int, str] = (-1e9, 0, "")  # retention's log line
         self.unrecorded: set[str] = set()  # finished, end row still being retried
         self.retrying: set[trio.CancelScope] = set()  # those retries: given up on at exit
         self.stdin_pipes = _stdin_pipe_supported()

@@ -1339,3 +1339,22 @@ def test_a_listing_of_tasks_with_huge_commands_reads_none_of_them_whole(
         assert t["argv"][0] == "true" and t["argv"][-1].startswith("... (7 more arguments")
         assert len(json.dumps(t["argv"])) < 300
     assert grew < 8 << 20, grew  # (24 MiB of arguments, never taken whole)
+
+
+def test_a_tenants_expiring_tasks_are_not_a_line_of_roots_log_each(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: retention logged a line for each pass, and a pass
+    runs for each task when tasks wait for the disk's room: a tenant's flood of tasks was a
+    line of root's log each.  Now what expired is said at most once a minute, counted."""
+    d = start_daemon("--retain-count", "2")
+
+    def flood() -> Any:
+        with Client(d.socket) as c:
+            for _ in range(30):
+                c.wait(c.submit(["true"]).id)
+                time.sleep(0.12)
+        return None
+
+    as_user(users[0], flood)
+    said = [line for line in d.log_text().splitlines() if "retention:" in line]
+    assert len(said) == 1 and "expired" in said[0], said
