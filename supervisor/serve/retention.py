@@ -64,10 +64,14 @@ async def expire_now(d: Daemon) -> int | None:
         _running_bytes, [(t.uid, t.output) for t in d.tasks.values() if t.state != "finished"
                          and t.state != "queued"])
     pressed = d.room.pressed()
-    room = None if pressed is None else (d.room.room, pressed)
+    # (what the ledger holds that no pass may expire counts too: running worst cases, the
+    # waiting start's, sessions' environments; rows.expire adds each uid's tombstones)
+    room = None if pressed is None else (d.room.room, {
+        u: pressed.get(u, 0) + d.session_env.get(u, 0) for u in {*pressed, *d.session_env}})
     try:
-        gone, freed = await d.records.expire(d.config.retention, time.time(), d.disk.budget,
-                                             running, room, d.room.room // TOMB_SHARE)
+        gone, freed, held = await d.records.expire(d.config.retention, time.time(),
+                                                   d.disk.budget, running, room,
+                                                   d.room.room // TOMB_SHARE)
     except RecordsError as e:
         log.error("retention: %s; retrying in %gs", e, RETRY if d.room.wanted else PERIOD)
         return None
@@ -75,6 +79,8 @@ async def expire_now(d: Daemon) -> int | None:
         d.forget(g["id"])
     if freed:
         d.room.expired(freed)
+    if held is not None:
+        d.room.held_by = held
     if gone:
         await trio.to_thread.run_sync(_remove_files, d.output_dir, [g["id"] for g in gone])
         _say_expired(d, gone)

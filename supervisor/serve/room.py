@@ -16,8 +16,11 @@ of the disk's room for output (``OutputDisk.room``: 80% of what the filesystem h
   says what it took (:meth:`Room.settle`);
 - a task starts only if what is held and its worst case fit the room (:meth:`Room.fits`); if
   not, it waits at the head of its uid's queue and retention is asked at once, without its
-  one-second gap, to expire finished tasks, fairly between uids with each uid's running worst
-  cases counted as its own (``rows.expire``): the uid whose tasks write most loses its own.
+  one-second gap, to expire finished tasks, fairly between uids with everything else the
+  ledger holds of a uid (running worst cases, tombstones, sessions' environments) counted as
+  its own (``rows.expire``): the uid whose tasks write most loses its own.  A start whose own
+  uid would hold more than its fair share of the room with it waits for its own, and the
+  other uids' starts go first (:meth:`Room.over_share`); everyone else's wait for it.
 
 So the output on the state filesystem never exceeds the room, whatever the tasks write and
 however fast they end.  Pure bookkeeping on the trio thread.
@@ -26,9 +29,11 @@ however fast they end.  Pure bookkeeping on the trio thread.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import trio
+
+from .rows import fair_level
 
 __all__ = ["BLOCK", "RESULT_ROOM", "Room", "worst"]
 
@@ -55,6 +60,7 @@ class Room:
                  measure: Callable[[int], int] | None = None) -> None:
         self.room = room
         self.held = held  # finished tasks' bytes, by their rows
+        self.held_by: dict[int, int] = {}  # each uid's rows and tombstones, at the last pass
         self.reserved = 0  # running tasks' worst cases
         self.reserved_by: collections.Counter[int] = collections.Counter()
         self.wanted: tuple[int, int] | None = None  # (uid, bytes) of a start that waits
@@ -134,6 +140,18 @@ class Room:
         """Retention removed finished tasks whose rows said ``freed`` bytes (less their
         tombstones', and plus the tombstones it trimmed: ``rows.Expired``)."""
         self.hold(-freed)
+
+    def over_share(self, uid: int, cost: int, kept: Mapping[int, int]) -> bool:
+        """Whether ``uid``, holding ``cost`` more, would hold more than its max-min fair
+        share of the room: its rows and tombstones (at the last retention pass), its running
+        worst cases, what ``kept`` says it keeps (sessions' environments).  Such a start
+        waits for its own uid's room, and the other uids' starts go before it (one uid's
+        start that did not fit held every uid's queue: an independent attack)."""
+        use = collections.Counter(self.held_by)
+        use.update(self.reserved_by)
+        use.update(kept)
+        use[uid] += cost
+        return use[uid] > fair_level(use, self.room)
 
     def pressed(self) -> dict[int, int] | None:
         """What each uid holds running, with the waiting start's worst case counted as its

@@ -8,6 +8,7 @@ JSON columns (``spec``, ``result``, ``groups``, ``rlimits``, ``carried``; a sess
 
 from __future__ import annotations
 
+import collections
 import json
 import sqlite3
 from collections.abc import Mapping
@@ -51,11 +52,13 @@ COLUMNS = ("seq", "uid", "gid", "peer_pid", "groups", "name", "idempotency_key",
 
 
 class Expired(NamedTuple):
-    """A retention pass: the rows it expired (id, uid, idempotency_key, ended_at, bytes, why)
-    and the bytes it gave back (theirs, less their tombstones', plus the tombstones trimmed)."""
+    """A retention pass: the rows it expired (id, uid, idempotency_key, ended_at, bytes, why),
+    the bytes it gave back (theirs, less their tombstones', plus the tombstones trimmed), and
+    what each uid's finished rows and tombstones hold after it (with a ``room``)."""
 
     gone: list[dict[str, Any]]
     freed: int
+    held: dict[int, int] | None = None
 
 
 class Retention(NamedTuple):
@@ -219,7 +222,10 @@ def expire(db: sqlite3.Connection, policy: Retention, now: float,
     as that uid's in the bytes share (a uid's idle running tasks cost nobody anything; one
     whose running tasks write much loses its own finished ones first).  ``room``: the disk's
     room for output and what each uid's running tasks may take of it at most (``room.py``),
-    shared the same way, when a start waits for it."""
+    shared the same way, when a start waits for it: each uid's tombstones count as its own
+    there too, as the ledger counts them (retention that counted only the finished rows
+    found that everything fit while the ledger said a start did not, expired nothing, and
+    every uid's queue waited behind that start for good: an independent attack)."""
     gone: list[dict[str, Any]] = []
     if policy.max_age is not None:
         gone += _tombstone(db, select(
@@ -241,12 +247,23 @@ def expire(db: sqlite3.Connection, policy: Retention, now: float,
     cap = policy.max_bytes if bytes_cap is None else bytes_cap
     if cap is not None:
         gone += _share_bytes(db, per_uid, cap, running or {}, now)
+    held: dict[int, int] | None = None
     if room is not None:
-        gone += _share_bytes(db, per_uid, *room, now)
+        fixed = collections.Counter(room[1])
+        fixed.update(_tombs_by_uid(db))
+        gone += _share_bytes(db, per_uid, room[0], fixed, now)
     freed = sum((g["bytes"] or 0) - tomb_bytes(g["idempotency_key"]) for g in gone)
     if gone:  # (tombstones grow only then)
         freed += trim_tombstones(db, MAX_TOMBSTONES, tombs)
-    return Expired(gone, freed)
+    if room is not None:
+        held = collections.Counter({u: r["b"] for u, r in per_uid.items()})
+        held.update(_tombs_by_uid(db))
+    return Expired(gone, freed, held)
+
+
+def _tombs_by_uid(db: sqlite3.Connection) -> dict[int, int]:
+    return {uid: int(b) for uid, b in db.execute(
+        f"SELECT uid, sum({_TOMB_SQL}) FROM expired GROUP BY uid").fetchall()}
 
 
 def trim_tombstones(db: sqlite3.Connection, cap: int = MAX_TOMBSTONES,

@@ -119,11 +119,12 @@ class Scheduler(Generic[T]):
         del self._waiting[uid]
         self._turns.remove(uid)
 
-    def next_ready(self, fits: Callable[[T], bool] | None = None) -> T | None:
+    def next_ready(self, fits: Callable[[T], bool | None] | None = None) -> T | None:
         """The next task to start (counted as running from now), or None.  ``fits``: whether
-        a task may start now by what else it needs (the disk's room for its output); the
-        task whose turn it is waits for it at the head of its queue, and so do all others
-        (they would take the room it waits for)."""
+        a task may start now by what else it needs (the disk's room for its output); if not
+        (False), the task whose turn it is waits for it at the head of its queue, and so do
+        all others (they would take the room it waits for); None: it waits, and the others
+        may go before it (its uid holds more than its share of what it waits for)."""
         lim = self.limits
         if self.total_running >= lim.max_running:
             return None
@@ -133,7 +134,11 @@ class Scheduler(Generic[T]):
                 self._turns.rotate(-1)  # skipped: its next turn comes after the others
                 continue
             waiting = self._waiting[uid]
-            if fits is not None and not fits(waiting[0]):
+            ok = True if fits is None else fits(waiting[0])
+            if ok is None:
+                self._turns.rotate(-1)  # (its own uid holds what it waits for)
+                continue
+            if not ok:
                 return None  # (its turn stays: it starts first once there is room)
             self._turns.rotate(-1)  # served: its next turn comes after the others
             task = waiting.popleft()

@@ -268,9 +268,14 @@ class Daemon:
             del self.session_env[uid]
         return None
 
-    def fits(self, t: DaemonTask) -> bool:
-        """Whether queued ``t``'s output fits the disk's room now (``room.py``)."""
-        return self.room.fits(t.uid, self.disk.worst(t.size))
+    def fits(self, t: DaemonTask) -> bool | None:
+        """Whether queued ``t``'s output fits the disk's room now (``room.py``); None if it
+        does not and its uid holds more than its fair share of the room with it (then the
+        other uids' starts may go first: ``Scheduler.next_ready``)."""
+        cost = self.disk.worst(t.size)
+        if self.room.fits(t.uid, cost):
+            return True
+        return None if self.room.over_share(t.uid, cost, self.session_env) else False
 
     def hold_room(self, t: DaemonTask) -> None:
         """``t`` counts as running: its worst case holds room from now on."""

@@ -53,3 +53,41 @@ def test_the_task_whose_turn_it_is_waits_for_room_and_keeps_its_turn() -> None:
     s.enqueue(small)
     assert s.next_ready(lambda t: t.size < 100) is None  # (the small one does not jump it)
     assert s.next_ready(lambda t: True) is big and s.next_ready() is small
+
+
+def test_a_start_whose_own_uid_holds_the_room_lets_the_others_go_first() -> None:
+    """Found by an independent attack: one uid's start that did not fit held every uid's
+    queue.  A uid that, with that start, would hold more than its max-min fair share of the
+    room waits for its own; a uid within its share is waited for by all."""
+    class Task:
+        def __init__(self, uid: int, size: int) -> None:
+            self.uid, self.size = uid, size
+
+    room = Room(1000)
+    room.held_by = {1: 700}  # (uid 1's results and tombstones at the last pass)
+    room.hold(700)
+    room.take(1, 200)
+    assert room.over_share(1, 300, {}) and not room.over_share(2, 300, {})
+    assert room.over_share(2, 300, {2: 800})  # (what its sessions keep counts as its own)
+
+    def fits(t: Task) -> bool | None:
+        if room.fits(t.uid, t.size):
+            return True
+        return None if room.over_share(t.uid, t.size, {}) else False
+
+    s: Scheduler[Task] = Scheduler(QueueLimits(max_running=4, max_running_per_uid=4))
+    mine, theirs = Task(1, 300), Task(2, 100)
+    s.enqueue(mine)
+    s.enqueue(theirs)
+    assert s.next_ready(fits) is theirs  # (uid 1 holds the room: uid 2 goes first)
+    room.take(2, 100)
+    assert s.next_ready(fits) is None and room.wanted == (1, 300)  # (uid 1 waits on)
+    room = Room(1000)
+    room.held_by = {3: 800}  # (now uid 3 holds the room)
+    room.hold(800)
+    s2: Scheduler[Task] = Scheduler(QueueLimits(max_running=4, max_running_per_uid=4))
+    first, second = Task(1, 300), Task(3, 50)
+    s2.enqueue(first)
+    s2.enqueue(second)
+    assert s2.next_ready(fits) is None and room.wanted == (1, 300)  # (within its share:
+    assert room.pressed() == {1: 300}  # everyone waits, and retention makes room for it)

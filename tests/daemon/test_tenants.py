@@ -957,6 +957,28 @@ def test_retention_by_bytes_takes_from_the_uid_above_its_fair_share() -> None:
     assert {g["uid"] for g in gone} == {2} and len(gone) == 16
 
 
+def test_retention_for_a_waiting_start_counts_what_the_ledger_counts() -> None:
+    """Found by an independent attack: with a start waiting for the disk's room, retention
+    counted the finished rows alone, not the tombstones (nor the sessions' environments) the
+    ledger counts with them: everything fit, nothing expired, and the start waited for good.
+    Now each uid's tombstones and what it keeps besides count as its own."""
+    from supervisor.serve import rows
+
+    db = _records_with([(1, 1000)] * 6 + [(2, 100)])
+    for seq in range(100, 140):  # uid 1's tombstones: 40 x 64 bytes
+        db.execute("INSERT INTO expired (seq, uid, ended_at, expired_at, why) VALUES "
+                   "(?, 1, 0, 0, 'count')", (seq,))
+    # the rows (6,100) and the waiting start of uid 2 (500) fit 7,000; with the tombstones
+    # (2,560) they do not
+    nothing = rows.Retention(None, None, None)
+    done = rows.expire(db, nothing, now=100.0, room=(7000, {2: 500}))
+    assert {g["uid"] for g in done.gone} == {1} and len(done.gone) == 3, done.gone
+    assert done.held == {1: 3000 + 43 * 64, 2: 100}  # (three more tombstones)
+    # a uid's session environments count as its own too (kept: nothing of it expires)
+    done = rows.expire(db, nothing, now=100.0, room=(7000, {1: 2000, 2: 500}))
+    assert {g["uid"] for g in done.gone} == {1}
+
+
 @pytest.mark.parametrize(("usage", "cap", "level"), [
     ({1: 10, 2: 10}, 30, float("inf")), ({1: 10, 2: 100}, 60, 50.0),
     ({1: 5, 2: 5, 3: 90}, 30, 20.0), ({1: 40, 2: 40}, 40, 20.0)])
@@ -1358,3 +1380,49 @@ def test_a_tenants_expiring_tasks_are_not_a_line_of_roots_log_each(
     as_user(users[0], flood)
     said = [line for line in d.log_text().splitlines() if "retention:" in line]
     assert len(said) == 1 and "expired" in said[0], said
+
+
+def _until_one_fails(c: Client, argv: list[str], n: int) -> list[str]:
+    """Up to ``n`` outcomes of ``argv`` submitted with a 20 s wait, until one is not
+    "succeeded" (a task still queued then: None)."""
+    out: list[str] = []
+    while len(out) < n and (not out or out[-1] == "succeeded"):
+        out.append(str(c.submit(argv, wait=20).outcome))
+    return out
+
+
+def test_a_tenants_session_and_results_never_wedge_every_uids_queue(
+        start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
+        tmp_path: Path) -> None:
+    """Found by an independent attack: on a 20 MiB state filesystem, a session carrying
+    840 KB of environment and a flood of tasks printing 800 KB each: after 46 of them no
+    task of any uid started again, and after a restart neither.  The ledger counted the
+    session's environment and the tombstones, retention did not: it found that everything
+    fit, expired nothing, and every uid's queue waited behind the start that did not fit.
+    Now retention counts what the ledger counts, and a start whose own uid holds more than
+    its share of the room lets the other uids' starts go first."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "20m")
+    d = start_daemon(state_dir=str(state), wrap=disk.wrap)
+    attacker, victim = users[0], users[1]
+    loud = ["sh", "-c", "head -c 300000 /dev/urandom | base64; "
+                        "head -c 300000 /dev/urandom | base64 >&2"]
+
+    def wedge() -> Any:
+        with Client(d.socket, timeout=120) as c:
+            sid = c.open_session()["id"]
+            carried = c.exec(sid, 'for i in 1 2 3 4 5 6 7; do export BIG$i=$(head -c 120000 '
+                                  '/dev/zero | tr "\\0" x); done', wait=30)
+            return [carried["outcome"], _until_one_fails(c, loud, 80)]
+
+    def served() -> Any:
+        with Client(d.socket, timeout=120) as c:
+            return _until_one_fails(c, ["echo", "mine"], 3)
+
+    carried, flooded = as_user(attacker, wedge, timeout=900)
+    assert carried == "succeeded" and set(flooded) <= {"succeeded"}, flooded
+    assert as_user(victim, served) == ["succeeded"] * 3
+    assert d.stop() == 0
+    again = start_daemon(like=d, wrap=disk.wrap)
+    assert as_user(victim, served) == ["succeeded"] * 3
+    assert "Traceback" not in d.log_text() + again.log_text()
