@@ -20,7 +20,9 @@ of the disk's room for output (``OutputDisk.room``: 80% of what the filesystem h
   ledger holds of a uid (running worst cases, tombstones, sessions' environments) counted as
   its own (``rows.expire``): the uid whose tasks write most loses its own.  A start whose own
   uid would hold more than its fair share of the room with it waits for its own, and the
-  other uids' starts go first (:meth:`Room.over_share`); everyone else's wait for it.
+  other uids' starts go first (:meth:`Room.over_share`); everyone else's wait for it.  One
+  uid's running tasks reserve at most half the room (:meth:`Room.capped`): retention can
+  expire results, never a running task's reservation.
 
 So the output on the state filesystem never exceeds the room, whatever the tasks write and
 however fast they end.  Pure bookkeeping on the trio thread.
@@ -35,10 +37,11 @@ import trio
 
 from .rows import fair_level
 
-__all__ = ["BLOCK", "RESULT_ROOM", "Room", "worst"]
+__all__ = ["BLOCK", "RESULT_ROOM", "UID_SHARE", "Room", "worst"]
 
 BLOCK = 64 << 10  # a file takes whole blocks: its bytes are rounded up to this
 RESULT_ROOM = 64 << 10  # a result's JSON beyond its request's argv, env and names
+UID_SHARE = 0.5  # of the room, what one uid's running tasks may reserve (Room.capped)
 
 
 def worst(stream_cap: int, tail: int, request: int) -> int:
@@ -69,6 +72,16 @@ class Room:
         self._measure = measure  # the room now, given what finished tasks hold
         self._moved = True  # the ledger changed since retention was last asked
 
+    def capped(self, uid: int, cost: int) -> bool:
+        """Whether ``uid``'s running tasks, with this start's ``cost``, would reserve more
+        than :data:`UID_SHARE` of the room (its first running task never is: one task runs
+        whatever its size).  Such a start waits for its uid's own tasks to end; nothing
+        else could make room for it.  (Five sleeping tasks of one tenant with MiB-long
+        requests reserved a 20 MiB disk's room, and no other uid's task started until they
+        ended: retention expires finished results, never a running task's reservation.)"""
+        mine = self.reserved_by.get(uid, 0)
+        return mine > 0 and mine + cost > self.room * UID_SHARE
+
     def fits(self, uid: int, cost: int) -> bool:
         """Whether a task of ``uid`` holding ``cost`` at most may start now.  If not, that
         start is remembered as waiting and retention is asked to make room (once for each
@@ -80,7 +93,10 @@ class Room:
         more room than it had (a daemon started on a disk something else had filled); it never
         shrinks: a tenant filling the filesystem with files of its own would otherwise have
         retention expire everyone's results (what is not output's, the records' reserve and
-        the fifth of the disk left over, covers the records meanwhile)."""
+        the fifth of the disk left over, covers the records meanwhile).  A start
+        :meth:`capped` for its uid does not fit, and asks retention for nothing."""
+        if self.capped(uid, cost):
+            return False
         if self._fits(cost):
             return True
         if self._measure is not None:

@@ -275,7 +275,8 @@ class Daemon:
         cost = self.disk.worst(t.size)
         if self.room.fits(t.uid, cost):
             return True
-        return None if self.room.over_share(t.uid, cost, self.session_env) else False
+        return None if self.room.capped(t.uid, cost) or self.room.over_share(
+            t.uid, cost, self.session_env) else False
 
     def hold_room(self, t: DaemonTask) -> None:
         """``t`` counts as running: its worst case holds room from now on."""

@@ -39,7 +39,7 @@ def test_the_room_grows_when_the_disk_has_more_and_never_shrinks() -> None:
     assert room.fits(1, 100) and room.room == 1000
     now[0] = 100  # (someone fills it again: retention must not expire results for that)
     room.take(1, 100)
-    assert room.fits(1, 500) and room.room == 1000
+    assert room.fits(2, 500) and room.room == 1000
 
 
 def test_the_task_whose_turn_it_is_waits_for_room_and_keeps_its_turn() -> None:
@@ -91,3 +91,18 @@ def test_a_start_whose_own_uid_holds_the_room_lets_the_others_go_first() -> None
     s2.enqueue(second)
     assert s2.next_ready(fits) is None and room.wanted == (1, 300)  # (within its share:
     assert room.pressed() == {1: 300}  # everyone waits, and retention makes room for it)
+
+
+def test_one_uids_running_tasks_reserve_at_most_half_the_room() -> None:
+    """Retention expires results, never a running task's reservation: one uid's sleeping
+    tasks with MiB-long requests could reserve the whole room, and no other uid's task
+    started until they ended.  A uid's running tasks reserve at most half of it (its first
+    task runs whatever its size); a start past that waits for its own uid's tasks alone."""
+    room = Room(1000)
+    assert room.fits(1, 700)  # (the first: whatever its size)
+    room.take(1, 700)
+    assert room.capped(1, 10) and not room.fits(1, 10) and room.wanted is None
+    assert not room.capped(2, 200) and room.fits(2, 200)
+    room.give(1, 700)
+    room.take(1, 300)
+    assert room.fits(1, 200) and not room.fits(1, 201)
