@@ -124,21 +124,31 @@ LISTED_ARGV = rows.LISTED_ARGV
 
 def listed_argv(argv: Sequence[str], count: int | None = None) -> list[str]:
     """A command as a listing shows it: whole if short, else its first arguments up to
-    :data:`LISTED_ARGV` characters and a last item saying how many more there are (a
-    listing of a thousand tasks of a MiB of arguments each must not be a GiB).  ``argv`` may
-    be the command's first arguments only (65 or more), ``count`` the number of them all."""
+    :data:`LISTED_ARGV` bytes of JSON and a last item saying how many more there are (a
+    listing of a thousand tasks is at most a few MiB however long their commands, and
+    whatever their characters: a non-ASCII or control character is six bytes of JSON).
+    ``argv`` may be the command's first arguments only (65 or more), ``count`` the number
+    of them all."""
     count = len(argv) if count is None else count
-    if count <= LISTED_ARGS and sum(len(a) for a in argv) <= LISTED_ARGV:
-        return list(argv)
     out: list[str] = []
     room = LISTED_ARGV
     for a in argv:
-        if len(a) > room or len(out) == LISTED_ARGS:
+        cost = _json_bytes(a)
+        if cost > room or len(out) == LISTED_ARGS:
             break
         out.append(a)
-        room -= len(a)
+        room -= cost
+    if len(out) == count:
+        return out
     return [*out, f"... ({count - len(out)} more arguments: GET /v1/tasks/ID shows "
                   f"them all)"]
+
+
+def _json_bytes(text: str) -> int:
+    """What ``text`` takes in JSON, without its quotes."""
+    if text.isascii() and text.isprintable():
+        return len(text) + text.count('"') + text.count("\\")
+    return len(json.dumps(text)) - 2
 
 
 def listed_json(argv: Sequence[str]) -> str:
