@@ -659,6 +659,39 @@ def _start_subscribers(crew: Crew, env: Env, until: float) -> Started:
                       for i in range(4)])
 
 
+LISTED = 1000  # the listings attack's tasks, each listed as long as a listing allows
+
+
+def _fill_listing(sock: str) -> None:
+    """:data:`LISTED` finished tasks of ours whose commands a listing shows at its longest
+    (64 arguments of 15 characters: its 1 KiB of JSON), unless they are there already."""
+    with Client(sock, timeout=ANSWER + 5) as c:
+        if len(c.list(limit=LISTED)) >= LISTED:
+            return
+        argv = ["true", *(f"{n:015d}" for n in range(63))]
+        ids = [c.submit(argv).id for _ in range(LISTED)]
+        for task_id in ids:
+            c.wait(task_id, timeout=ANSWER)
+
+
+def list_again(sock: str, until: float) -> dict[str, Any]:
+    """The longest listing (``limit=1000`` of those tasks), as fast as answered."""
+    _fill_listing(sock)
+    return request_loop(sock, until, [f"GET /v1/tasks?limit={LISTED} HTTP/1.1\r\nhost: x"
+                                      f"\r\n\r\n".encode()])
+
+
+def _start_listings(crew: Crew, env: Env, until: float) -> Started:
+    """The tasks made first (the first round's; nobody measures meanwhile), then the
+    listers, until as long after that as the phase was to last."""
+    a = env.attacker
+    t0 = time.monotonic()
+    crew.collect(crew.fork_as(a, "filler", _fill_listing, env.sock), ANSWER * 4)
+    until += time.monotonic() - t0
+    return Started([crew.fork_as(a, f"lister {i}", list_again, env.sock, until)
+                    for i in range(8)])
+
+
 def keyed_submissions(sock: str, until: float) -> dict[str, Any]:
     """``true`` with an idempotency key of the most bytes a key may have (128) and a name of
     200, a new key each, as fast as answered: rows and tombstones that each keep the key."""
@@ -823,6 +856,8 @@ ATTACKS = [
     Attack("subscribers", f"{SUBSCRIBERS} event streams opened and never read, and 4 "
            f"connections finishing `true` tasks (each event of theirs for every stream)",
            _start_subscribers),
+    Attack("listings", f"8 connections: a listing of {LISTED} of the attacker's tasks, each "
+           f"command listed at its longest, as fast as answered", _start_listings),
     Attack("big_submissions", "4 connections: 1 MiB submissions (argv of 65,000 strings)",
            _many(4, request_loop, [big_request()])),
     Attack("big_answers", "4 connections: each its own finished task with a 1 MiB argv shown "
