@@ -77,6 +77,8 @@ async def expire_now(d: Daemon) -> int | None:
         return None
     for g in gone:
         d.forget(g["id"])
+    if gone:
+        await d.records.give_back()
     if freed:
         d.room.expired(freed)
     if held is not None:

@@ -69,7 +69,10 @@ class Scheduler(Generic[T]):
             raise ApiError(429, "queue_full", f"uid {uid} already has {queued} queued tasks, "
                            f"the per-uid limit (max_queued_per_uid={lim.max_queued_per_uid}); "
                            f"wait for some to start, or stop queued ones")
-        if self.total_queued >= lim.max_queued:
+        # (the daemon's own bounds shed a uid that has something queued already: one with
+        # nothing queued always gets one task in, so that another uid's full queue never
+        # refuses it; the bounds are exceeded by one request per uid at most)
+        if queued and self.total_queued >= lim.max_queued:
             raise ApiError(429, "queue_full", f"the daemon's queue holds {self.total_queued} "
                            f"tasks, its limit (max_queued={lim.max_queued}); retry later")
         if queued and self._bytes[uid] + size > lim.max_queued_bytes_per_uid:
@@ -78,7 +81,7 @@ class Scheduler(Generic[T]):
                            f"above the per-uid limit (--max-queued-bytes-per-uid="
                            f"{lim.max_queued_bytes_per_uid}); wait for some to start, or "
                            f"send smaller requests")
-        if self.total_queued and self.total_bytes + size > lim.max_queued_bytes:
+        if queued and self.total_bytes + size > lim.max_queued_bytes:
             raise ApiError(429, "queue_full", f"the daemon's queued tasks hold "
                            f"{self.total_bytes} bytes of requests, its limit "
                            f"(--max-queued-bytes={lim.max_queued_bytes}); retry later")

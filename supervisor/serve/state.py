@@ -124,12 +124,15 @@ class OutputDisk(NamedTuple):
         return worst(self.stream_cap, _default_tail(), request)
 
     def queue_within(self, limits: QueueLimits) -> QueueLimits:
-        """``limits`` with the queued requests' bytes at most a quarter of the budget: each
-        is in the records until it starts, and a full state filesystem refuses everyone."""
+        """``limits`` with the queued requests' bytes at most a quarter of the budget (each
+        is in the records until it starts, and a full state filesystem refuses everyone), and
+        one uid's at most half of that (on a small disk both were the same, and one tenant's
+        queue took all of it: every other uid's submission was 429: an independent attack)."""
         most = max(1 << 20, self.budget // 4)
+        total = min(limits.max_queued_bytes, most)
         return limits._replace(
-            max_queued_bytes=min(limits.max_queued_bytes, most),
-            max_queued_bytes_per_uid=min(limits.max_queued_bytes_per_uid, most))
+            max_queued_bytes=total,
+            max_queued_bytes_per_uid=min(limits.max_queued_bytes_per_uid, total // 2))
 
 
 @functools.cache

@@ -63,6 +63,8 @@ def test_a_version_1_database_is_migrated_and_its_queued_task_runs(start_daemon:
     try:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert db.execute("SELECT bytes FROM tasks WHERE seq = 1").fetchone()[0] > 0
+        # rewritten once to give deleted rows' pages back to the filesystem (incremental)
+        assert db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
     finally:
         db.close()
 

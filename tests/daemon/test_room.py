@@ -106,3 +106,34 @@ def test_one_uids_running_tasks_reserve_at_most_half_the_room() -> None:
     room.give(1, 700)
     room.take(1, 300)
     assert room.fits(1, 200) and not room.fits(1, 201)
+
+
+def test_another_uids_full_queue_never_refuses_your_first_task() -> None:
+    """Found by an independent attack: on a small state disk one uid's queued bytes and the
+    daemon's were the same bound, and one tenant's queue refused every other uid's
+    submission (429), even one that could have started.  A uid's share is at most half the
+    daemon's, and the daemon's bounds refuse only a uid with something queued already."""
+    import pytest
+
+    from supervisor.serve.protocol import ApiError
+
+    s: Scheduler[object] = Scheduler(QueueLimits(max_queued=2, max_queued_bytes=1000,
+                                                 max_queued_bytes_per_uid=1000))
+
+    class Task:
+        def __init__(self, uid: int, size: int) -> None:
+            self.uid, self.size = uid, size
+
+    for _ in range(2):
+        s.admit(1, 500)
+        s.enqueue(Task(1, 500))
+    with pytest.raises(ApiError):
+        s.admit(1, 10)  # (uid 1 is over the daemon's bounds: shed)
+    s.admit(2, 500)  # (uid 2 has nothing queued: its first always gets in)
+    s.enqueue(Task(2, 500))
+    with pytest.raises(ApiError):
+        s.admit(2, 10)
+    from supervisor.serve.state import OutputDisk
+
+    small = OutputDisk(8 << 20, 65536).queue_within(QueueLimits())
+    assert (small.max_queued_bytes, small.max_queued_bytes_per_uid) == (2 << 20, 1 << 20)

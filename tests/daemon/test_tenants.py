@@ -14,6 +14,7 @@ import os
 import resource
 import shutil
 import socket
+import sqlite3
 import stat
 import subprocess
 import tempfile
@@ -1426,3 +1427,43 @@ def test_a_tenants_session_and_results_never_wedge_every_uids_queue(
     again = start_daemon(like=d, wrap=disk.wrap)
     assert as_user(victim, served) == ["succeeded"] * 3
     assert "Traceback" not in d.log_text() + again.log_text()
+
+
+def test_rows_retention_deletes_give_their_room_back_to_the_filesystem(
+        start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
+        tmp_path: Path) -> None:
+    """Found by an independent attack: six tasks of a tenant's with 1 MB requests, then 300
+    printing 128 KiB: retention expired the large rows, and the disk's ledger counted their
+    bytes as room for output; but the database file never shrank (8.8 MB of free pages), the
+    output filled a 20 MiB disk in 1.7 s, and every tenant was refused (503) until a restart.
+    Now the database gives deleted rows' pages back to the filesystem."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "20m")
+    d = start_daemon(state_dir=str(state), wrap=disk.wrap)
+    attacker, victim = users[0], users[1]
+    size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
+    loud = ["sh", "-c", "head -c 65536 /dev/zero; head -c 65536 /dev/zero >&2"]
+
+    def fill() -> Any:
+        with Client(d.socket, timeout=120) as c:
+            big = [str(c.submit(["true", "x" * 120_000, *(["y" * 120_000] * 7)],
+                                wait=30).outcome) for _ in range(6)]
+            return big + [str(c.submit(loud, wait=30).outcome) for _ in range(200)]
+
+    with _disk_sampled(disk) as seen:
+        outcomes = as_user(attacker, fill, timeout=600)
+    assert set(outcomes) == {"succeeded"}, outcomes
+    with Client(d.socket) as c:
+        wait_for(lambda: c.limits()["daemon"]["running"] == 0, "the flood to end")
+    served = as_user(victim, lambda: _until_one_fails(Client(d.socket), ["echo", "mine"], 5))
+    assert served == ["succeeded"] * 5, served
+    least_free = min(free for free, _ in seen)
+    assert least_free > size // 8, (least_free, size)
+    copy = tmp_path / "copy.db"  # (SQLite resolves /proc/PID/root to "/")
+    shutil.copy(disk.inside / "state.db", copy)
+    db = sqlite3.connect(copy)
+    try:
+        assert db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # (incremental)
+    finally:
+        db.close()
+    assert "is full" not in d.log_text(), d.log_text()[-2000:]

@@ -97,6 +97,20 @@ def test_a_listing_cuts_a_long_command_short_alike_from_memory_and_from_the_reco
         assert [c.show(i).argv for i in ids] == [many, wide]
 
 
+def test_a_listing_shows_the_newest_tasks_first_even_those_no_longer_in_memory(
+        start_daemon: Start) -> None:
+    """Found by an independent attack: a finished task of a large request is dropped from
+    memory at once, and a listing filled its page from memory first: the newest tasks were
+    missing from its top."""
+    d = start_daemon()
+    big = ["true", *(["x" * 1000] * 70)]  # (a request above 64 KiB)
+    with d.client() as c:
+        ids = [c.wait(c.submit(argv).id).id for argv in (["true"],) * 3 + (big,) * 2]
+        c.wait(ids[-1])
+        assert [t.id for t in c.list(limit=3)] == ids[:-4:-1]
+        assert [t.id for t in c.list(limit=3, before=ids[-1])] == ids[-2::-1][:3]
+
+
 def test_output_frames_have_offsets_and_end_with_the_result(start_daemon: Start) -> None:
     d = start_daemon()
     with d.client() as c:

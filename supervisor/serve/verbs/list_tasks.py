@@ -39,11 +39,12 @@ async def handle(d: Daemon, req: Request) -> Response:
             out.append(t.to_json(full=False, position=d.scheduler.position(t)))
             if len(out) == limit:
                 break
-    if len(out) < limit:  # older tasks, no longer held in memory
-        async with d.shares.reading(peer.uid):
-            rows = await d.records.list_rows(None if peer.is_root else peer.uid,
-                                             None if state is None else
-                                             _RECORDED_STATE[state], limit, session, before)
-        out += [listed_row_json(r) for r in rows if r["id"] not in d.tasks][
-            :limit - len(out)]
-    return json_response(200, {"tasks": out})
+    # and the tasks no longer held in memory: older ones, and finished ones of large requests
+    # (dropped at once: newer than some held, they were missing from the top of the page)
+    async with d.shares.reading(peer.uid):
+        rows = await d.records.list_rows(None if peer.is_root else peer.uid,
+                                         None if state is None else _RECORDED_STATE[state],
+                                         limit, session, before)
+    out += [listed_row_json(r) for r in rows if r["id"] not in d.tasks]
+    out.sort(key=lambda e: int(e["id"]), reverse=True)
+    return json_response(200, {"tasks": out[:limit]})
