@@ -416,6 +416,8 @@ async def _answer(conn: Connection, req: Request, router: Router) -> bool:
         conn.on_answer("unknown", refusal.status)
         await conn.send_response(refusal)
         return True
+    if conn.shares is not None and (wait := conn.shares.pace(req.peer.uid)):
+        await trio.sleep(wait)
     if long:
         return await _answer_long(conn, req, handler, verb)
     if conn.shares is None:

@@ -137,3 +137,24 @@ def test_another_uids_full_queue_never_refuses_your_first_task() -> None:
 
     small = OutputDisk(8 << 20, 65536).queue_within(QueueLimits())
     assert (small.max_queued_bytes, small.max_queued_bytes_per_uid) == (2 << 20, 1 << 20)
+
+
+def test_one_uids_requests_are_answered_at_a_bounded_rate_after_a_burst() -> None:
+    """Found by an independent attack: requests on connections already open were not
+    bounded (the connections a second were): one tenant's 3,500 cheap requests a second took
+    another's median from 4 to 64 ms.  Past a burst, a uid's requests wait their turn at
+    ``REQUESTS`` a second; root's and the other uids' do not."""
+    import trio
+
+    from supervisor.serve.shares import BURST, REQUESTS, Shares
+
+    async def main() -> tuple[list[float], float, float]:
+        s = Shares(100, 10, 1 << 20)
+        waits = [s.pace(1000) for _ in range(BURST + 10)]
+        return waits, s.pace(1001), s.pace(0)
+
+    waits, other, root = trio.run(main)
+    assert waits[:BURST - 1] == [0.0] * (BURST - 1)
+    assert waits[-1] > 5 / REQUESTS  # (the tenth past the burst: some turns later)
+    assert waits == sorted(waits)
+    assert other == 0.0 and root == 0.0
