@@ -440,8 +440,11 @@ class Records:
 
     async def give_back(self) -> None:
         """Return the pages of deleted rows to the filesystem (after retention deleted
-        some): in the writer's thread, between two of its transactions."""
-        await self._worker.run(_give_back, self._db)
+        some): in the writer's thread, between its transactions, half a log at a time
+        (others' writes go between two)."""
+        pages = max(16, wal_limit(os.path.dirname(self.path)) // 4096 // 2)
+        while await self._worker.run(_give_back, self._db, pages):
+            pass
 
     async def held_bytes(self) -> int:
         """What finished tasks hold on disk (rows and output files), by their records."""
@@ -688,20 +691,34 @@ def _vacuum_incrementally(db: sqlite3.Connection, path: str) -> None:
     db.execute("PRAGMA auto_vacuum=INCREMENTAL")
     if not db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
         return  # (new: the mode holds from the first table on)
+    size = os.path.getsize(path)
     try:
+        st = os.statvfs(os.path.dirname(path))
+        if st.f_bavail * st.f_frsize < 3 * size + RESERVE:
+            raise sqlite3.OperationalError("the filesystem has no room for a copy")
         db.execute("VACUUM")
-    except sqlite3.OperationalError as e:
+    except (sqlite3.OperationalError, OSError) as e:
         log.warning("%s: not rewritten to give deleted rows' pages back (%s); retrying at "
                     "the next start", path, e)
 
 
-def _give_back(db: sqlite3.Connection) -> None:
-    """(the writer's thread, between transactions) Free pages back to the filesystem.
-    ``executescript``: a plain ``execute`` steps the pragma once, which frees one page."""
+def _give_back(db: sqlite3.Connection, pages: int) -> bool:
+    """(the writer's thread, between transactions) At most ``pages`` free pages back to the
+    filesystem, and the log checkpointed: a page moved to fill a hole is written to the log
+    first, and the whole freelist at once grew the log by as much as retention had deleted
+    (a full 20 MiB disk).  Whether free pages are left.  ``executescript``: a plain
+    ``execute`` steps the pragma once, which frees one page."""
     try:
-        db.executescript("PRAGMA incremental_vacuum;")
+        before = int(db.execute("PRAGMA freelist_count").fetchone()[0])
+        if not before:
+            return False
+        db.executescript(f"PRAGMA incremental_vacuum({pages});")
+        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        left = int(db.execute("PRAGMA freelist_count").fetchone()[0])
     except sqlite3.Error as e:  # (a full disk: the pages stay free in the file, reused)
         log.debug("incremental vacuum: %s", e)
+        return False
+    return 0 < left < before
 
 
 def _close(db: sqlite3.Connection | None) -> None:
