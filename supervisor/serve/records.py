@@ -443,8 +443,9 @@ class Records:
         some): in the writer's thread, between its transactions, half a log at a time
         (others' writes go between two)."""
         pages = max(16, wal_limit(os.path.dirname(self.path)) // 4096 // 2)
-        while await self._worker.run(_give_back, self._db, pages):
-            pass
+        least = 2 * pages  # (a log's worth: what the disk's room for output may be off by)
+        while await self._worker.run(_give_back, self._db, pages, least):
+            least = 1
 
     async def held_bytes(self) -> int:
         """What finished tasks hold on disk (rows and output files), by their records."""
@@ -702,15 +703,16 @@ def _vacuum_incrementally(db: sqlite3.Connection, path: str) -> None:
                     "the next start", path, e)
 
 
-def _give_back(db: sqlite3.Connection, pages: int) -> bool:
+def _give_back(db: sqlite3.Connection, pages: int, least: int) -> bool:
     """(the writer's thread, between transactions) At most ``pages`` free pages back to the
-    filesystem, and the log checkpointed: a page moved to fill a hole is written to the log
-    first, and the whole freelist at once grew the log by as much as retention had deleted
-    (a full 20 MiB disk).  Whether free pages are left.  ``executescript``: a plain
-    ``execute`` steps the pragma once, which frees one page."""
+    filesystem, if there are ``least`` or more, and the log checkpointed: a page moved to
+    fill a hole is written to the log first, and the whole freelist at once grew the log by
+    as much as retention had deleted (a full 20 MiB disk); a few pages each pass, in a flood
+    of tiny tasks, moved pages for nothing.  Whether free pages are left.
+    ``executescript``: a plain ``execute`` steps the pragma once, which frees one page."""
     try:
         before = int(db.execute("PRAGMA freelist_count").fetchone()[0])
-        if not before:
+        if before < least:
             return False
         db.executescript(f"PRAGMA incremental_vacuum({pages});")
         db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
