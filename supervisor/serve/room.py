@@ -169,6 +169,14 @@ class Room:
         use[uid] += cost
         return use[uid] > fair_level(use, self.room)
 
+    def may_start(self, uid: int, cost: int, kept: Mapping[int, int]) -> bool | None:
+        """:meth:`fits`; if not, None when the start waits for its own uid's room
+        (:meth:`capped`, :meth:`over_share`: the other uids' starts may go first), False
+        when everyone's wait for it (``Scheduler.next_ready``)."""
+        if self.fits(uid, cost):
+            return True
+        return None if self.capped(uid, cost) or self.over_share(uid, cost, kept) else False
+
     def pressed(self) -> dict[int, int] | None:
         """What each uid holds running, with the waiting start's worst case counted as its
         uid's, if a start waits (else None): retention expires finished tasks until the

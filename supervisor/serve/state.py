@@ -275,11 +275,7 @@ class Daemon:
         """Whether queued ``t``'s output fits the disk's room now (``room.py``); None if it
         does not and its uid holds more than its fair share of the room with it (then the
         other uids' starts may go first: ``Scheduler.next_ready``)."""
-        cost = self.disk.worst(t.size)
-        if self.room.fits(t.uid, cost):
-            return True
-        return None if self.room.capped(t.uid, cost) or self.room.over_share(
-            t.uid, cost, self.session_env) else False
+        return self.room.may_start(t.uid, self.disk.worst(t.size), self.session_env)
 
     def hold_room(self, t: DaemonTask) -> None:
         """``t`` counts as running: its worst case holds room from now on."""

@@ -352,6 +352,11 @@ class SmallDisk(NamedTuple):
     wrap: list[str]
     inside: Path
 
+    def size(self) -> int:
+        """The filesystem's bytes."""
+        st = os.statvfs(self.inside)
+        return st.f_blocks * st.f_frsize
+
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Callable[[Path, str], SmallDisk]]:

@@ -71,9 +71,7 @@ def test_a_start_whose_own_uid_holds_the_room_lets_the_others_go_first() -> None
     assert room.over_share(2, 300, {2: 800})  # (what its sessions keep counts as its own)
 
     def fits(t: Task) -> bool | None:
-        if room.fits(t.uid, t.size):
-            return True
-        return None if room.over_share(t.uid, t.size, {}) else False
+        return room.may_start(t.uid, t.size, {})
 
     s: Scheduler[Task] = Scheduler(QueueLimits(max_running=4, max_running_per_uid=4))
     mine, theirs = Task(1, 300), Task(2, 100)

@@ -575,6 +575,11 @@ def test_a_tenants_output_flood_fills_the_disk_and_stops_nothing_nor_falsifies_a
     assert "Traceback" not in d.log_text() + again.log_text()
 
 
+def _kept_an_eighth_free(seen: list[tuple[int, int]], size: int) -> None:
+    least_free = min(free for free, _ in seen)
+    assert least_free > size // 8, (least_free, size)
+
+
 @contextlib.contextmanager
 def _disk_sampled(disk: SmallDisk) -> Iterator[list[tuple[int, int]]]:
     """For the block: (the filesystem's free bytes, what the output directory's files take)
@@ -624,7 +629,7 @@ def test_a_tenants_output_never_fills_the_disk_however_fast_its_tasks_end(
             return c.wait(c.submit(["echo", "mine"]).id).id
 
     mine = as_user(victim, keep_one)
-    size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
+    size = disk.size()
     loud = ["sh", "-c", "head -c 3M /dev/zero; head -c 3M /dev/zero >&2"]
 
     def flood() -> Any:
@@ -666,7 +671,7 @@ def test_a_tenants_idempotency_keys_never_fill_the_records_disk(
     disk = small_disk(state, "4m")
     d = start_daemon("--retain-count", "20", state_dir=str(state), wrap=disk.wrap)
     attacker, victim = users[0], users[1]
-    size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
+    size = disk.size()
 
     def mine() -> Any:
         with Client(d.socket) as c:
@@ -702,8 +707,7 @@ def test_a_tenants_idempotency_keys_never_fill_the_records_disk(
     with _disk_sampled(disk) as seen:
         flooded = as_users([(attacker, flood(p)) for p in range(4)], timeout=300)
     assert sum(c.get("201", 0) for c in flooded) == 2000, flooded
-    least_free = min(free for free, _ in seen)
-    assert least_free > size // 8, (least_free, size)
+    _kept_an_eighth_free(seen, size)
 
     def after() -> Any:
         with Client(d.socket) as c:
@@ -726,7 +730,7 @@ def test_retention_deleting_a_tenants_large_rows_never_fills_the_disk_with_log(
     disk = small_disk(state, "20m")
     d = start_daemon("--retain-count", "20", state_dir=str(state), wrap=disk.wrap)
     attacker, victim = users[0], users[1]
-    size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
+    size = disk.size()
 
     def attack() -> Any:
         import base64
@@ -749,8 +753,7 @@ def test_retention_deleting_a_tenants_large_rows_never_fills_the_disk_with_log(
     with _disk_sampled(disk) as seen:
         outcomes = as_user(attacker, attack, timeout=150)
     assert outcomes == ["succeeded"] * 15 + ["spawn_failed"] * 4, outcomes  # (E2BIG)
-    least_free = min(free for free, _ in seen)
-    assert least_free > size // 8, (least_free, size)
+    _kept_an_eighth_free(seen, size)
 
     def after() -> Any:
         with Client(d.socket) as c:
@@ -1441,7 +1444,7 @@ def test_rows_retention_deletes_give_their_room_back_to_the_filesystem(
     disk = small_disk(state, "20m")
     d = start_daemon(state_dir=str(state), wrap=disk.wrap)
     attacker, victim = users[0], users[1]
-    size = os.statvfs(disk.inside).f_blocks * os.statvfs(disk.inside).f_frsize
+    size = disk.size()
     loud = ["sh", "-c", "head -c 65536 /dev/zero; head -c 65536 /dev/zero >&2"]
 
     def fill() -> Any:
@@ -1455,10 +1458,14 @@ def test_rows_retention_deletes_give_their_room_back_to_the_filesystem(
     assert set(outcomes) == {"succeeded"}, outcomes
     with Client(d.socket) as c:
         wait_for(lambda: c.limits()["daemon"]["running"] == 0, "the flood to end")
-    served = as_user(victim, lambda: _until_one_fails(Client(d.socket), ["echo", "mine"], 5))
-    assert served == ["succeeded"] * 5, served
-    least_free = min(free for free, _ in seen)
-    assert least_free > size // 8, (least_free, size)
+
+    def served() -> Any:
+        with Client(d.socket) as c:
+            return _until_one_fails(c, ["echo", "mine"], 5)
+
+    got = as_user(victim, served)
+    assert got == ["succeeded"] * 5, got
+    _kept_an_eighth_free(seen, size)
     copy = tmp_path / "copy.db"  # (SQLite resolves /proc/PID/root to "/")
     shutil.copy(disk.inside / "state.db", copy)
     db = sqlite3.connect(copy)
