@@ -9,30 +9,30 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import rows
 from .protocol import SubmitRequest
+from .rows import listed_argv, listed_entry, listed_json
 
 if TYPE_CHECKING:
     from .. import TaskHandle, TaskResult, TaskSpec
 
 STREAMS = ("stdout", "stderr")
 
-__all__ = ["DaemonTask", "kept_result", "listed_json", "listed_row_json", "row_json",
+__all__ = ["DaemonTask", "kept_result", "listed_argv", "listed_json", "row_json",
            "served_result"]
 
 
 class DaemonTask:
     """One accepted task.  ``id`` is the record's (never reused) and the core's leaf name."""
 
-    __slots__ = ("carried", "created_at", "demoted", "done", "ended_at", "exit_status",
-                 "gid", "groups", "handed_back", "handle", "holds", "id", "kept", "outcome",
-                 "output", "peer_pid", "pid", "recorded", "request", "result_json", "size",
-                 "spec", "started", "started_at", "state", "stop_force", "stop_requests", "uid")
+    __slots__ = ("_entry", "_listed", "carried", "created_at", "demoted", "done", "ended_at",
+                 "exit_status", "gid", "groups", "handed_back", "handle", "holds", "id", "kept",
+                 "outcome", "output", "peer_pid", "pid", "recorded", "request", "result_json",
+                 "size", "spec", "started", "started_at", "state", "stop_force",
+                 "stop_requests", "uid")
 
     def __init__(self, task_id: str, uid: int, gid: int, peer_pid: int,
                  request: SubmitRequest, spec: TaskSpec | None, output: str, created_at: float,
@@ -70,6 +70,8 @@ class DaemonTask:
         # its wait bound), so the session may run another; then it became background work
         self.handed_back = False
         self.demoted = False
+        self._listed: str | None = None  # listed_json of its command, made once
+        self._entry: str | None = None  # its listing entry, once it can no longer change
 
     @property
     def session(self) -> str | None:
@@ -82,11 +84,46 @@ class DaemonTask:
             return self.handle.state
         return self.state
 
+    @property
+    def listed(self) -> str:
+        """Its command as a listing shows it, as JSON text (:func:`listed_json`), made once."""
+        if self._listed is None:
+            self._listed = listed_json(self.request.argv)
+        return self._listed
+
+    def entry(self, position: int | None) -> str:
+        """Its entry in a listing, as JSON text (``rows.listed_entry``: a row's is made alike
+        in the records' thread); made once when it can no longer change (finished and
+        recorded)."""
+        if self._entry is not None:
+            return self._entry
+        more: dict[str, Any] = {}
+        if self.handle is not None and self.handle.signals:
+            more["signals"] = [x.to_dict() for x in self.handle.signals]
+        if position is not None:
+            more["queue_position"] = position
+        if self.outcome is not None and not self.recorded:
+            more["record"] = "pending"
+        session = self.session
+        text = listed_entry(
+            self.id, self.live_state, self.listed, self.uid, self.gid, self.request.name,
+            self.created_at, self.started_at, self.ended_at, self.pid, self.outcome,
+            self.exit_status, session, None if session is None else _compact(self.carried),
+            more)
+        if self.outcome is not None and self.recorded:
+            self._entry = text
+        return text
+
     def to_json(self, *, full: bool, position: int | None = None) -> dict[str, Any]:
+        out = self._fields(full=full, position=position)
+        return {"id": out.pop("id"), "state": out.pop("state"),
+                "argv": list(self.request.argv) if full else json.loads(self.listed), **out}
+
+    def _fields(self, *, full: bool, position: int | None) -> dict[str, Any]:
+        """What :meth:`to_json` says but its command."""
         out: dict[str, Any] = {
-            "id": self.id, "state": self.live_state,
-            "argv": list(self.request.argv) if full else listed_argv(self.request.argv),
-            "uid": self.uid, "gid": self.gid, "name": self.request.name,
+            "id": self.id, "state": self.live_state, "uid": self.uid, "gid": self.gid,
+            "name": self.request.name,
             "created_at": self.created_at, "started_at": self.started_at,
             "ended_at": self.ended_at,
             "pid": self.pid,
@@ -116,44 +153,6 @@ class DaemonTask:
             self.stop_force = self.stop_force or force
             return True
         return self.handle.stop(force=force)
-
-
-LISTED_ARGS = rows.LISTED_ARGS
-LISTED_ARGV = rows.LISTED_ARGV
-
-
-def listed_argv(argv: Sequence[str], count: int | None = None) -> list[str]:
-    """A command as a listing shows it: whole if short, else its first arguments up to
-    :data:`LISTED_ARGV` bytes of JSON and a last item saying how many more there are (a
-    listing of a thousand tasks is at most a few MiB however long their commands, and
-    whatever their characters: a non-ASCII or control character is six bytes of JSON).
-    ``argv`` may be the command's first arguments only (65 or more), ``count`` the number
-    of them all."""
-    count = len(argv) if count is None else count
-    out: list[str] = []
-    room = LISTED_ARGV
-    for a in argv:
-        cost = _json_bytes(a)
-        if cost > room or len(out) == LISTED_ARGS:
-            break
-        out.append(a)
-        room -= cost
-    if len(out) == count:
-        return out
-    return [*out, f"... ({count - len(out)} more arguments: GET /v1/tasks/ID shows "
-                  f"them all)"]
-
-
-def _json_bytes(text: str) -> int:
-    """What ``text`` takes in JSON, without its quotes."""
-    if text.isascii() and text.isprintable():
-        return len(text) + text.count('"') + text.count("\\")
-    return len(json.dumps(text)) - 2
-
-
-def listed_json(argv: Sequence[str]) -> str:
-    """:func:`listed_argv` as the records keep it (ASCII JSON: its length is its bytes)."""
-    return json.dumps(listed_argv(argv), separators=(",", ":"))
 
 
 def stream_path(output: str, stream: str) -> str:
@@ -247,24 +246,14 @@ def _tail_bytes(f: Any, path: str, part: dict[str, Any], n: int) -> bytes:
     return tail
 
 
-def listed_row_json(row: dict[str, Any]) -> dict[str, Any]:
-    """A listing's entry for a task the daemon no longer holds in memory, from its listed row
-    (``rows.list_rows``)."""
-    out = _row_fields(row, row["listed"] if row["listed"] is not None else
-                      listed_argv(row["argv"], row["argc"]))
-    if row["session"] is not None:
-        out["session"] = row["session"]
-        out["carried"] = row["carried"]
-    return out
-
-
 def row_json(row: dict[str, Any], *, output_dir: str) -> dict[str, Any]:
     """A task the daemon no longer holds in memory, from its whole record: with its spec and
     result, whose head and tail are read from the output files in ``output_dir``."""
     r = row.get("result")
     spec = row["spec"]
     assert r is None or isinstance(r, dict)
-    out = _row_fields(row, spec["argv"])
+    fields = _row_fields(row)
+    out = {"id": fields.pop("id"), "state": fields.pop("state"), "argv": spec["argv"], **fields}
     if isinstance(spec.get("session"), dict):
         out["session"] = str(spec["session"]["id"])
         out["carried"] = row.get("carried")
@@ -279,8 +268,12 @@ def row_weight(row: dict[str, Any]) -> int:
     return int(row.get("bytes") or 0)
 
 
-def _row_fields(row: dict[str, Any], argv: list[str]) -> dict[str, Any]:
-    return {"id": row["id"], "state": row["state"], "argv": argv, "uid": row["uid"],
+def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "state": row["state"], "uid": row["uid"],
             "gid": row["gid"], "name": row["name"], "created_at": row["created_at"],
             "started_at": row["started_at"], "ended_at": row["ended_at"], "pid": row["pid"],
             "outcome": row["outcome"], "exit_status": row["exit_status"]}
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))

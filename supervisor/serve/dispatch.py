@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .daemontask import DaemonTask, kept_result, listed_json, stream_path
+from .daemontask import DaemonTask, kept_result, stream_path
 from .records import RecordsError
 from .rows import row_bytes
 from .schema import output_bytes
@@ -359,7 +359,7 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
     result = json.dumps(t.result_json)  # (once: the row stores this text)
     size = output_bytes(t.output) + len(result) + (t.size or len(json.dumps(
         t.request.to_json()))) + row_bytes(t.request.idempotency_key, t.request.name) + len(
-        listed_json(t.request.argv))
+        t.listed)
     return {"outcome": t.outcome, "exit_status": t.exit_status, "started_at": t.started_at,
             "ended_at": t.ended_at, "pid": t.pid, "result": result, "bytes": size,
             "notified": 0 if notify else None,

@@ -388,12 +388,13 @@ class Records:
         """The task's id, uid and state only (``rows.owner``)."""
         return await self._call(rows.owner, task_id)
 
-    async def list_rows(self, uid: int | None, state: str | None, limit: int,
-                        session: str | None = None, before: int | None = None
-                        ) -> list[dict[str, Any]]:
-        """Newest first; ``uid`` None means every uid; ``session``: its commands only;
-        ``before``: ids below it only."""
-        return await self._call(rows.list_rows, uid, state, limit, session, before)
+    async def list_entries(self, uid: int | None, state: str | None, limit: int,
+                           session: str | None = None, before: int | None = None
+                           ) -> list[tuple[int, str]]:
+        """Newest first, each (id, its listing's entry as JSON text: ``rows.list_entries``);
+        ``uid`` None means every uid; ``session``: its commands only; ``before``: ids below
+        it only."""
+        return await self._call(rows.list_entries, uid, state, limit, session, before)
 
     async def find_key(self, uid: int, key: str) -> dict[str, Any] | None:
         """The row with this idempotency key, or ``{"id", "state": "expired", ...}`` when

@@ -11,13 +11,14 @@ from __future__ import annotations
 import collections
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 __all__ = ["COLUMNS", "MAX_TOMBSTONES", "Expired", "Retention", "close_session",
            "ended_in_session", "execute", "expire", "fair_level", "find_key", "get",
            "get_session", "held_bytes", "insert", "insert_run", "insert_session", "key_bytes",
-           "list_rows", "list_sessions", "open_sessions", "owner", "row_bytes", "row_of", "runs",
+           "list_entries", "list_sessions", "listed_argv", "listed_entry",
+           "listed_json", "open_sessions", "owner", "row_bytes", "row_of", "runs",
            "select", "tomb_bytes", "trim_tombstones", "update", "update_session"]
 
 MAX_TOMBSTONES = 100_000  # expired ids remembered at most; each uid's oldest go first
@@ -150,12 +151,13 @@ _LISTED = ("t.seq, uid, gid, name, state, created_at, started_at, ended_at, pid,
            f"ORDER BY key) WHERE before <= {LISTED_ARGV}) END AS argv")
 
 
-def list_rows(db: sqlite3.Connection, uid: int | None, state: str | None,
-              limit: int, session: str | None = None, before: int | None = None
-              ) -> list[dict[str, Any]]:
-    """Listed rows, newest first: ``listed`` is the command as a listing shows it, or (a row
-    from before schema 6) None and ``argv`` the command's first arguments, cut short, and
-    ``argc`` how many there are; ``session`` its session's id or None."""
+def list_entries(db: sqlite3.Connection, uid: int | None, state: str | None,
+                 limit: int, session: str | None = None, before: int | None = None
+                 ) -> list[tuple[int, str]]:
+    """Listed tasks, newest first: each its id and its listing's entry, JSON text made here
+    (:func:`listed_entry`), in the records' thread: the command's ``listed`` JSON is spliced
+    in as kept, never decoded (a row from before schema 6 has none: its first arguments,
+    cut short by SQLite, make it)."""
     where: list[str] = []
     args: list[Any] = []
     if before is not None:
@@ -171,15 +173,88 @@ def list_rows(db: sqlite3.Connection, uid: int | None, state: str | None,
         where.append("state = ?")
         args.append(state)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    found = select(db, f"SELECT {_LISTED} FROM tasks t JOIN requests r ON r.seq = t.seq "
-                       f"{clause} ORDER BY t.seq DESC LIMIT ?", (*args, limit))
-    for row in found:
-        for column in ("listed", "argv"):
-            if row[column] is not None:
-                row[column] = json.loads(row[column])
-        if row["session"] is not None:
-            row["session"] = str(row["session"])
-    return found
+    found = db.execute(f"SELECT {_LISTED} FROM tasks t JOIN requests r ON r.seq = t.seq "
+                       f"{clause} ORDER BY t.seq DESC LIMIT ?", (*args, limit)).fetchall()
+    out = []
+    for (seq, uid_, gid, name, state_, created, started, ended, pid, outcome, status, carried,
+         session_, listed, argc, argv) in found:
+        if listed is None:
+            listed = _compact(listed_argv(json.loads(argv), argc))
+        out.append((seq, listed_entry(
+            str(seq), state_, listed, uid_, gid, name, created, started, ended, pid, outcome,
+            status, None if session_ is None else str(session_),
+            None if session_ is None else carried or "null")))
+    return out
+
+
+def listed_entry(task_id: str, state: str, listed: str, uid: int, gid: int, name: str | None,
+                 created_at: float, started_at: float | None, ended_at: float | None,
+                 pid: int | None, outcome: str | None, exit_status: int | None,
+                 session: str | None, carried: str | None,
+                 more: Mapping[str, Any] | None = None) -> str:
+    """A listing's entry as JSON text (what ``json.dumps`` makes of it, compact), with the
+    command's ``listed`` and a session command's ``carried`` JSON spliced in as they are
+    kept: a listing of a thousand long commands never decodes nor re-encodes them.  ``id``
+    is digits and ``state`` and ``outcome`` words of ours; ``more``: keys after those."""
+    text = (f'{{"id":"{task_id}","state":"{state}","argv":{listed},"uid":{uid},"gid":{gid},'
+            f'"name":{_value(name)},"created_at":{_value(created_at)},'
+            f'"started_at":{_value(started_at)},"ended_at":{_value(ended_at)},'
+            f'"pid":{_value(pid)},"outcome":{_value(outcome)},'
+            f'"exit_status":{_value(exit_status)}')
+    if session is not None:
+        text += f',"session":"{session}","carried":{carried}'
+    if more:
+        text += "," + _compact(more)[1:-1]
+    return text + "}"
+
+
+def _value(v: str | float | None) -> str:
+    """One scalar as ``json.dumps`` writes it."""
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return float.__repr__(v) if isinstance(v, float) else str(int(v))
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def listed_argv(argv: Sequence[str], count: int | None = None) -> list[str]:
+    """A command as a listing shows it: whole if short, else its first arguments up to
+    :data:`LISTED_ARGV` bytes of JSON and a last item saying how many more there are (a
+    listing of a thousand tasks is at most a few MiB however long their commands, and
+    whatever their characters: a non-ASCII or control character is six bytes of JSON).
+    ``argv`` may be the command's first arguments only (65 or more), ``count`` the number
+    of them all."""
+    count = len(argv) if count is None else count
+    out: list[str] = []
+    room = LISTED_ARGV
+    for a in argv:
+        cost = _json_bytes(a)
+        if cost > room or len(out) == LISTED_ARGS:
+            break
+        out.append(a)
+        room -= cost
+    if len(out) == count:
+        return out
+    return [*out, f"... ({count - len(out)} more arguments: GET /v1/tasks/ID shows "
+                  f"them all)"]
+
+
+def _json_bytes(text: str) -> int:
+    """What ``text`` takes in JSON, without its quotes."""
+    if text.isascii() and text.isprintable():
+        return len(text) + text.count('"') + text.count("\\")
+    return len(json.dumps(text)) - 2
+
+
+def listed_json(argv: Sequence[str]) -> str:
+    """:func:`listed_argv` as the records keep it (ASCII JSON: its length is its bytes)."""
+    return json.dumps(listed_argv(argv), separators=(",", ":"))
+
+
 
 
 def find_key(db: sqlite3.Connection, uid: int, key: str) -> dict[str, Any] | None:

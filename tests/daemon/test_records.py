@@ -96,7 +96,7 @@ def test_a_row_from_before_version_6_is_listed_from_its_request_cut_short(
     none, and its listing is cut out of the request by SQLite: the same entry, whatever the
     command's length, without its arguments taken whole."""
     from supervisor.serve import rows
-    from supervisor.serve.daemontask import listed_argv, listed_json
+    from supervisor.serve.daemontask import listed_json
     from supervisor.serve.schema import MIGRATIONS, migrate
 
     db = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
@@ -113,12 +113,37 @@ def test_a_row_from_before_version_6_is_listed_from_its_request_cut_short(
                    (seq, json.dumps({"argv": argv})))
     assert migrate(db, "state.db", str(tmp_path)) == 5
     db.row_factory = sqlite3.Row
-    listed = {int(r["id"]): r for r in rows.list_rows(db, None, None, 100)}
+    listed = dict(rows.list_entries(db, None, None, 100))
     for seq, argv in enumerate(commands, 1):
-        row = listed[seq]
-        assert row["listed"] is None and sum(map(len, row["argv"])) <= 2 * 4097  # (cut)
-        assert listed_argv(row["argv"], row["argc"]) == json.loads(listed_json(argv)), argv
+        cut = db.execute(f"SELECT listed, argv FROM (SELECT {rows._LISTED} FROM tasks t JOIN "
+                         f"requests r ON r.seq = t.seq WHERE t.seq = ?)", (seq,)).fetchone()
+        assert cut[0] is None and sum(map(len, json.loads(cut[1]))) <= 2 * 4097  # (cut)
+        entry = json.loads(listed[seq])  # (as a listing shows it)
+        assert entry["argv"] == json.loads(listed_json(argv)), argv
+        assert (entry["id"], entry["state"]) == (str(seq), "finished")
     db.close()
+
+
+@pytest.mark.parametrize("name", [None, "", "plain", 'q"uote\\back', "\u00e9\u4e2d\U0001f600",
+                                  "\x00\x1b]52;c;x\x07\n\t", "\ud800"])
+@pytest.mark.parametrize("times", [(1, None, None), (1733430000.1234567, 1733430000.5, 2e-7),
+                                   (0.1 + 0.2, 1e21, 123456789.0)])
+def test_a_listing_entry_is_the_json_of_its_fields_whatever_they_hold(
+        name: str | None, times: tuple[float, float | None, float | None]) -> None:
+    """A listing's entries are JSON text made by hand, the command's kept JSON spliced in
+    (``rows.listed_entry``): the text is valid JSON whose values are exactly the fields."""
+    from supervisor.serve.rows import listed_entry, listed_json
+
+    argv = ["echo", name or "", "\u00fc" * 2000]
+    more = {"signals": [{"signal": "SIGTERM", "at": 1.5}], "queue_position": 3}
+    text = listed_entry("12", "finished", listed_json(argv), 1000, 1000, name, *times, 4242,
+                        "succeeded", 0, "7", json.dumps({"cwd": "/tmp", "env": ["A"]}), more)
+    assert json.loads(text) == {
+        "id": "12", "state": "finished", "argv": json.loads(listed_json(argv)), "uid": 1000,
+        "gid": 1000, "name": name, "created_at": times[0], "started_at": times[1],
+        "ended_at": times[2], "pid": 4242, "outcome": "succeeded", "exit_status": 0,
+        "session": "7", "carried": {"cwd": "/tmp", "env": ["A"]}, **more}
+    assert text.isascii()
 
 
 def _serve_fails(tmp_path: Path, state: Path, *extra: str) -> subprocess.CompletedProcess[str]:

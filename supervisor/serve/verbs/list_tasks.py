@@ -4,10 +4,9 @@ older than that id (the next page: the last id of a full one)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..daemontask import listed_row_json
-from ..http import Request, Response, json_response
+from ..http import Request, Response
 from ..protocol import MAX_ID_DIGITS, STATES, canonical_id, invalid, query_int, shown
 
 if TYPE_CHECKING:
@@ -31,20 +30,24 @@ async def handle(d: Daemon, req: Request) -> Response:
                                  f"zeros, at most {MAX_ID_DIGITS} digits), got {shown(session)}")
     before = query_int(req.query, "before", 2**62, 1)
     peer = req.peer
-    out: list[dict[str, Any]] = []
+    # each entry is JSON text (its command's listed JSON spliced in as kept, a finished
+    # task's whole entry made once): a listing of a thousand long commands is a join of
+    # texts on the event loop, not their decoding and encoding
+    out: list[tuple[int, str]] = []
     for t in reversed(d.tasks.values()):  # ids are made in order: newest last
         if int(t.id) < before and peer.may_see(t.uid) and (
                 state is None or t.live_state == state) and (
                 session is None or t.session == session):
-            out.append(t.to_json(full=False, position=d.scheduler.position(t)))
+            out.append((int(t.id), t.entry(d.scheduler.position(t))))
             if len(out) == limit:
                 break
     # and the tasks no longer held in memory: older ones, and finished ones of large requests
     # (dropped at once: newer than some held, they were missing from the top of the page)
     async with d.shares.reading(peer.uid):
-        rows = await d.records.list_rows(None if peer.is_root else peer.uid,
-                                         None if state is None else _RECORDED_STATE[state],
-                                         limit, session, before)
-    out += [listed_row_json(r) for r in rows if r["id"] not in d.tasks]
-    out.sort(key=lambda e: int(e["id"]), reverse=True)
-    return json_response(200, {"tasks": out[:limit]})
+        rows = await d.records.list_entries(None if peer.is_root else peer.uid,
+                                            None if state is None else _RECORDED_STATE[state],
+                                            limit, session, before)
+    out += [(seq, entry) for seq, entry in rows if str(seq) not in d.tasks]
+    out.sort(reverse=True)
+    body = ",".join([entry for _, entry in out[:limit]])
+    return Response(200, ('{"tasks":[' + body + "]}\n").encode())
