@@ -14,7 +14,7 @@ from daemon_util import RunningDaemon, User, as_user
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.client import Client
+from supervisor.client import ApiError, Client
 from supervisor.serve.http import json_pieces
 from supervisor.serve.verbs.output import _data_line
 
@@ -70,3 +70,31 @@ def test_a_tenants_large_answers_arrive_whole(start_daemon: Start, users: list[U
 
     assert as_user(users[0], ask) == [True, True, True, True, "succeeded",
                                        [True] * 6]
+
+
+def test_a_large_answer_kept_once_made_is_still_shown_to_its_owner_alone(
+        start_daemon: Start, users: list[User]) -> None:
+    """A finished task's large answer is kept once made and sent again as it is (no read of
+    its MiB-long row): to whoever may see the task, and no one else."""
+    d = start_daemon()
+    argv = ["true", *(f"argument-{i:06d}" for i in range(10_000))]  # (~200 KB of JSON)
+
+    def mine() -> tuple[str, list[bool]]:
+        with Client(d.socket, timeout=60) as c:
+            t = c.submit(argv, wait=30)
+            return t.id, [c.show(t.id).argv == argv for _ in range(3)]
+
+    task_id, shown = as_user(users[0], mine)
+
+    def theirs() -> int:
+        with Client(d.socket, timeout=60) as c:
+            try:
+                c.show(task_id)
+            except ApiError as e:
+                return e.status
+            return 200
+
+    assert shown == [True] * 3
+    assert as_user(users[1], theirs) == 404
+    with Client(d.socket, timeout=60) as c:  # (root may see every task)
+        assert c.show(task_id).argv == argv
