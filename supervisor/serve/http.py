@@ -322,11 +322,18 @@ class Connection:
         headers = [("content-type", resp.content_type), ("content-length", str(len(resp.body)))]
         if self.h11.their_state is not h11.DONE:
             headers.append(("connection", "close"))  # its body was not read: no next request
-        # one write for the whole answer: each send is a syscall and a trio checkpoint
-        await self.send_bytes(self.h11.send(h11.Response(status_code=resp.status,
-                                                         headers=headers))
-                              + self.h11.send(h11.Data(data=resp.body))
-                              + self.h11.send(h11.EndOfMessage()))
+        head = self.h11.send(h11.Response(status_code=resp.status, headers=headers))
+        body = self.h11.send_with_data_passthrough(h11.Data(data=resp.body))
+        end = self.h11.send(h11.EndOfMessage())
+        if len(resp.body) <= HEAVY_ANSWER:
+            # one write for the whole answer: each send is a syscall and a trio checkpoint
+            await self.send_bytes(b"".join([head, *body, end]))
+            return
+        # (a large body is sent as it is: copying MiBs to put a head before them took more
+        # of the event loop than sending them)
+        for piece in [head, *body, end]:
+            if piece:
+                await self.send_bytes(piece)
 
     async def send_streaming(self, resp: Streaming) -> None:
         try:
