@@ -37,7 +37,15 @@ from .daemontask import DaemonTask, kept_result, stream_path
 from .records import RecordsError
 from .rows import row_bytes
 from .schema import output_bytes
-from .sessions import DEMOTED, MAX_STATE, carried_state, env_weight, parse_state, state_pipe
+from .sessions import (
+    DEMOTED,
+    MAX_STATE,
+    Reported,
+    carried_state,
+    env_weight,
+    parse_state,
+    state_pipe,
+)
 from .state import Daemon
 
 if TYPE_CHECKING:
@@ -151,7 +159,7 @@ class _Report:
             await stream.aclose()
             self.ended.set()
 
-    async def state(self) -> tuple[str, dict[str, str]] | str:
+    async def state(self) -> Reported | str:
         """What the shell reported, once every writer is gone (the task's processes have all
         ended when its record exists; an escaped one holding the pipe is waited for briefly,
         then the pipe is let go)."""
@@ -185,7 +193,7 @@ async def run_task(d: Daemon, t: DaemonTask, marked: bool) -> None:
     assert t.spec is not None
     t.state = "starting"
     result: TaskResult | None
-    reported: tuple[str, dict[str, str]] | str | None = None
+    reported: Reported | str | None = None
     try:
         if not marked and not await _mark_starting(d, t):
             return
@@ -265,7 +273,7 @@ async def adopt(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
 
 
 async def take_result(d: Daemon, t: DaemonTask, result: TaskResult,
-                      reported: tuple[str, dict[str, str]] | str | None = None) -> None:
+                      reported: Reported | str | None = None) -> None:
     """Keep ``result`` as the task's and write its end record; ``reported``: a session
     command's report of what it left (None: there is none, e.g. the task crossed a
     restart)."""
@@ -294,7 +302,7 @@ def _keep(output: str, result: TaskResult) -> tuple[dict[str, tuple[int, bytes]]
 
 
 def _carry(d: Daemon, t: DaemonTask,
-           reported: tuple[str, dict[str, str]] | str | None) -> tuple[str, dict[str, Any]] | None:
+           reported: Reported | str | None) -> tuple[str, dict[str, Any]] | None:
     """A session command's end: what it carries over to its session (``t.carried``), and the
     session's new columns, written with the end row; None for a task of no open session."""
     if t.session is None:

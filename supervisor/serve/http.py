@@ -323,7 +323,7 @@ class Connection:
         if self.h11.their_state is not h11.DONE:
             headers.append(("connection", "close"))  # its body was not read: no next request
         head = self.h11.send(h11.Response(status_code=resp.status, headers=headers))
-        body = self.h11.send_with_data_passthrough(h11.Data(data=resp.body))
+        body = self.h11.send_with_data_passthrough(h11.Data(data=resp.body)) or []
         end = self.h11.send(h11.EndOfMessage())
         if len(resp.body) <= HEAVY_ANSWER:
             # one write for the whole answer: each send is a syscall and a trio checkpoint

@@ -27,9 +27,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["MAX_STATE", "SCRIPT", "Session", "carried_state", "parse_state", "session_argv"]
+__all__ = ["MAX_STATE", "SCRIPT", "Reported", "Session", "carried_state", "parse_state",
+           "session_argv"]
 
 MAX_STATE = 1 << 20  # bytes of a command's reported state read (its directory + environment)
 # bytes of environment a uid's open sessions keep in the records, all together (each command
@@ -118,9 +119,17 @@ class Session:
                    closed_at=row.get("closed_at"))
 
 
-def parse_state(data: bytes, truncated: bool) -> tuple[str, dict[str, str]] | str:
-    """(directory, environment) from what a command's shell reported, or why nothing can be
-    carried from it."""
+class Reported(NamedTuple):
+    """What a command's shell reported: its directory and environment, and the names of the
+    variables that cannot carry (not UTF-8: a task's environment is text), shown escaped."""
+
+    cwd: str
+    env: dict[str, str]
+    skipped: list[str]
+
+
+def parse_state(data: bytes, truncated: bool) -> Reported | str:
+    """What a command's shell reported, or why nothing can be carried from it."""
     if not data:
         return ("its shell reported no state (the command ran exec, replaced the EXIT trap, "
                 "or closed fd 3)")
@@ -139,17 +148,19 @@ def parse_state(data: bytes, truncated: bool) -> tuple[str, dict[str, str]] | st
     if not cwd.startswith("/"):
         return f"its working directory {cwd!r} is not an absolute path"
     env: dict[str, str] = {}
+    skipped: list[str] = []
     for entry in rest.split(b"\0"):
         name, eq, value = entry.partition(b"=")
         if not eq or not name:
             continue
         try:
             key, text = name.decode(), value.decode()
-        except UnicodeDecodeError:
-            continue  # (a TaskSpec's environment is text: such a variable cannot carry)
+        except UnicodeDecodeError:  # (a TaskSpec's environment is text: it cannot carry)
+            skipped.append(name.decode(errors="backslashreplace"))
+            continue
         if key not in NOT_CARRIED:
             env[key] = text
-    return cwd, env
+    return Reported(cwd, env, sorted(skipped))
 
 
 # what a foreground command carries when its session ran another before it ended (it had been
@@ -159,11 +170,12 @@ DEMOTED = ("the session ran another command before this one ended: it became bac
 
 
 def carried_state(session: Session, outcome: str, background: bool,
-                  state: tuple[str, dict[str, str]] | str | None,
+                  state: Reported | str | None,
                   started_with: dict[str, str] | None = None) -> dict[str, Any]:
     """What a finished command leaves its session (and the session updated): the ``carried``
     JSON of its row, ``{"cwd", "set", "unset"}`` (the variables it changed, against the
-    environment it started with: ``started_with``, else the session's) or
+    environment it started with: ``started_with``, else the session's; and
+    ``"not_carried"``, the names of those that are not UTF-8, if any) or
     ``{"nothing": why}``."""
     if background:
         return {"nothing": "a background command carries nothing over"}
@@ -174,12 +186,15 @@ def carried_state(session: Session, outcome: str, background: bool,
                            "of corral serve, or corral failed to follow it)"}
     if isinstance(state, str):
         return {"nothing": state}
-    cwd, env = state
+    cwd, env, skipped = state
     before = started_with if started_with is not None else session.env or {}
     changed = sorted(k for k, v in env.items() if before.get(k) != v)
     gone = sorted(k for k in before if k not in env)
     session.cwd, session.env = cwd, env
-    return {"cwd": cwd, "set": changed, "unset": gone}
+    carried: dict[str, Any] = {"cwd": cwd, "set": changed, "unset": gone}
+    if skipped:  # (each was dropped: the next command starts without it)
+        carried["not_carried"] = skipped
+    return carried
 
 
 def state_pipe() -> tuple[int, int]:

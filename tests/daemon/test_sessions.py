@@ -307,6 +307,19 @@ def test_an_environment_env_cannot_list_carries_nothing_and_keeps_the_last(
     assert stdout_of(after) == "1 1\n"
 
 
+def test_a_variable_that_is_not_utf8_is_said_not_to_carry(start_daemon: Start) -> None:
+    """A task's environment is text: a variable whose value is not UTF-8 cannot carry to the next command, and was dropped without a word (an independent review)."""
+    d = start_daemon()
+    with d.client() as c:
+        s = c.open_session()
+        answer = c.exec(s["id"], "export OK=1 BAD=$(printf '\\377\\376'); cd /tmp",
+                        wait="10s")
+        after = c.exec(s["id"], 'echo "$OK ${BAD:-gone}"; pwd', wait="10s")
+    assert answer["carried"]["not_carried"] == ["BAD"], answer["carried"]
+    assert answer["carried"]["set"] == ["OK"] and answer["carried"]["cwd"] == "/tmp"
+    assert stdout_of(after) == "1 gone\n/tmp\n"
+
+
 def test_a_terminal_task_takes_keys_resizes_and_its_repl_survives_an_interrupt(
         start_daemon: Start, users: list[User]) -> None:
     d = start_daemon()
