@@ -135,7 +135,7 @@ def owner(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
     return None if found is None else {"id": str(found[0]), "uid": found[1], "state": found[2]}
 
 
-LISTED_ARGS = 64  # arguments a listing shows at most (daemontask.listed_argv)
+LISTED_ARGS = 64  # arguments a listing shows at most (listed_argv)
 LISTED_ARGV = 1024  # bytes of JSON of a command a listing shows (``show`` has all of it)
 
 # A listing's row: the few columns it shows and the command as made at acceptance

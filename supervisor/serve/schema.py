@@ -127,7 +127,7 @@ CREATE VIEW task_rows AS SELECT t.*, r.spec AS spec FROM tasks t JOIN requests r
 """
 
 
-# the command as a listing shows it, made at acceptance (JSON: daemontask.listed_argv), so
+# the command as a listing shows it, made at acceptance (JSON: rows.listed_argv), so
 # that a listing reads no request: a listing of a thousand tasks of a MiB of arguments each
 # made SQLite hand over every argument whole, 0.8 GB of the daemon's memory for one request
 # (an independent attack).  Older rows have none: theirs is cut out of the request in SQL.
