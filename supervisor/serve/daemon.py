@@ -55,6 +55,7 @@ from .retention import retention_loop
 from .sdjob import restart_queued
 from .sdnotify import Notifier, listen_fds
 from .server import Bound, accept_loop, bind_listeners
+from .shares import LoopShare
 from .state import Config, Daemon, OutputDisk
 
 if TYPE_CHECKING:
@@ -117,7 +118,11 @@ async def serve(config: Config, *,
                              "file(s) removed; output may take %d bytes of the state "
                              "filesystem, %d per stream of a task", run, sup.cgroup_root,
                              *summary, disk.budget, disk.stream_cap)
-                    ended = await run_server(d, bound, task_status)
+                    d.shares.loop = LoopShare()  # (each uid's time on the event loop)
+                    try:
+                        ended = await run_server(d, bound, task_status)
+                    finally:
+                        d.shares.loop.off()
                     bound.keep = ended == "handed_over"
     finally:
         with trio.CancelScope(shield=True):

@@ -37,7 +37,8 @@ from .peers import Peer
 from .protocol import ApiError
 from .shares import Held, Shares
 
-__all__ = ["HEAVY_ANSWER", "HttpLimits", "Request", "Response", "Streaming", "encode_in_turns",
+__all__ = ["HEAVY_ANSWER", "HttpLimits", "Later", "Request", "Response", "Streaming",
+           "encode_in_turns",
            "json_pieces", "json_response", "serve_connection"]
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class Request(NamedTuple):
     query: dict[str, str]
     body: bytes
     peer: Peer
+    received: float = 0.0  # (trio's clock) when its first byte came: a wait bound counts from it
 
 
 class Response(NamedTuple):
@@ -79,7 +81,18 @@ class Streaming(NamedTuple):
     release: Callable[[], None] | None = None  # called once the stream ends, however
 
 
-Handler = Callable[[Request], Awaitable[Response | Streaming]]
+class Later(NamedTuple):
+    """An answer that waits (a submission's ``wait`` bound): the request's work is done at its
+    uid's turn, the waiting is not: ``produce()`` holds none of its uid's turns (four
+    submissions waiting an hour held them all: the uid could not stop its own tasks
+    meanwhile, an independent review).  Unlike a long poll, its client's end is not watched
+    meanwhile (a task and a cancellation per submission: a fifth of the daemon's rate); a
+    client gone holds its connection, within its uid's share of them, until the bound."""
+
+    produce: Callable[[], Awaitable[Response]]
+
+
+Handler = Callable[[Request], Awaitable[Response | Streaming | Later]]
 Router = Callable[[Request], tuple[Handler, bool, str]]  # handler, long, verb name
 
 
@@ -244,7 +257,7 @@ class Connection:
         # (the path as sent, never percent-decoded: every path and id of the API is plain
         # ASCII, so each is written one way, and "/v1/tasks/%31" is no task)
         return Request(event.method.decode("ascii", "replace"), url.path, query, body,
-                       self.peer)
+                       self.peer, start)
 
     async def _read_body(self, request: h11.Request, deadline: float) -> bytes:
         cap = self.body_limit(request.method.decode("ascii", "replace"),
@@ -381,7 +394,7 @@ def _too_large(size: int, cap: int, max_body: int) -> ApiError:
                     f"in several POST /v1/tasks/ID/stdin requests)")
 
 
-async def _handle(handler: Handler, req: Request) -> Response | Streaming:
+async def _handle(handler: Handler, req: Request) -> Response | Streaming | Later:
     try:
         return await handler(req)
     except ApiError as e:
@@ -402,7 +415,9 @@ async def _answer_long(conn: Connection, req: Request, handler: Handler, verb: s
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.watch_eof, nursery.cancel_scope)
-            resp = await _handle(handler, req)
+            got = await _handle(handler, req)
+            assert not isinstance(got, Later)  # (a long poll waits in its handler)
+            resp = got
             conn.on_answer(verb, resp.status)
             if isinstance(resp, Streaming):
                 await conn.send_streaming(resp)
@@ -425,19 +440,31 @@ async def _answer(conn: Connection, req: Request, router: Router) -> bool:
         return True
     if conn.shares is not None and (wait := conn.shares.pace(req.peer.uid)):
         await trio.sleep(wait)
+    if conn.shares is not None and conn.shares.loop is not None:
+        await conn.shares.loop.wait(req.peer.uid)  # (over its share of the loop: shares.py)
     if long:
         return await _answer_long(conn, req, handler, verb)
     if conn.shares is None:
-        await _answer_now(conn, req, handler, verb)
+        later = await _answer_now(conn, req, handler, verb)
     else:
         # (the sending too: a client that does not read its answers holds its own turns)
         async with conn.shares.turn(req.peer.uid):
-            await _answer_now(conn, req, handler, verb)
+            later = await _answer_now(conn, req, handler, verb)
+    if later is not None:  # (its waiting holds no turn: Later)
+        await _answer_now(conn, req, lambda _: later.produce(), verb)
     return True
 
 
-async def _answer_now(conn: Connection, req: Request, handler: Handler, verb: str) -> None:
+async def _answer_now(conn: Connection, req: Request, handler: Handler, verb: str
+                      ) -> Later | None:
     resp = await _handle(handler, req)
+    if isinstance(resp, Later):
+        return resp
+    await _send(conn, resp, verb)
+    return None
+
+
+async def _send(conn: Connection, resp: Response | Streaming, verb: str) -> None:
     conn.on_answer(verb, resp.status)
     if isinstance(resp, Streaming):
         await conn.send_streaming(resp)

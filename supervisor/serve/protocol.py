@@ -163,16 +163,39 @@ def parse_json_body(body: bytes) -> Any:
         raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object "
                        "like {\"argv\": [\"true\"]}")
     try:
-        value = json.loads(text, parse_constant=_no_constants)
+        value = json.loads(text, parse_constant=_no_constants, object_pairs_hook=_each_once)
     except json.JSONDecodeError as e:
         raise ApiError(400, "malformed_json", f"the request body is not JSON: {e.msg} at line "
                        f"{e.lineno} column {e.colno}; send one JSON object") from None
+    except _Twice as e:
+        raise invalid(e.key, f"the key {e.key!r} appears twice in one object of the request "
+                             f"body: JSON parsers differ on which one counts (a filter in "
+                             f"front of the daemon may read the first, the daemon the last); "
+                             f"send each key once") from None
     except (ValueError, RecursionError) as e:
         raise ApiError(400, "malformed_json", f"the request body is not JSON: {e}; send one "
                        f"JSON object without NaN, Infinity or deep nesting") from None
     if _ESCAPED_SURROGATE.search(text) is not None:  # (else no lone surrogate can be there)
         _no_lone_surrogates(value)
     return value
+
+
+class _Twice(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _each_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused (:class:`_Twice`) if a key appears in it twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Twice(key)
+            seen.add(key)
+    return obj
 
 
 class _LazyPattern:
@@ -263,6 +286,10 @@ def _key(obj: dict[str, Any]) -> str | None:
         raise invalid("idempotency_key", f"idempotency_key must be at most {MAX_KEY} bytes "
                       f"(UTF-8), got {len(value.encode('utf-8', 'surrogatepass'))}: a key names "
                       f"one submission; use a UUID, or a hash of what makes it unique")
+    if value is not None and not value.isprintable():
+        raise invalid("idempotency_key", f"idempotency_key must be printable (no control "
+                      f"character, NUL included), got {value!r}: a key names one "
+                      f"submission; use a UUID, or a hash of what makes it unique")
     return value
 
 

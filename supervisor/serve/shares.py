@@ -25,6 +25,9 @@ share is the one shed:
   of the event loop in turn with everyone else, not sixteen;
 - one read of the records at a time per uid (``reading``): the reader thread serves the uids
   in turn, not a flood of one uid's reads first;
+- while two or more uids other than root are active, each one's time on the event loop is
+  counted (:class:`LoopShare`), and a uid over an equal share of a busy loop waits before its
+  next request and its next piece of a large answer;
 - a refused connection is answered (429 or 503) and closed; while :data:`LINGERING` are being
   answered, or after one of the same uid in the last second, it is closed at once,
   unanswered, so that a flood of connections costs the daemon little more than the accepts.
@@ -38,12 +41,14 @@ import collections
 import contextlib
 import itertools
 import math
+import time
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 
 import trio
 
-__all__ = ["LINGERING", "RATE", "TURNS", "Held", "Shares"]
+__all__ = ["LINGERING", "RATE", "TURNS", "Held", "LoopShare", "Shares"]
 
 TURNS = 4  # requests of one uid answered at once (the others wait their turn)
 REQUESTS = 500.0  # requests a second one uid's connections are answered at, after a burst
@@ -83,6 +88,7 @@ class Shares:
         self._answered: dict[int, float] = {}  # uid -> when a refusal of its was answered
         self._rate: dict[int, tuple[float, float]] = {}  # uid -> (connections left, when)
         self._paced: dict[int, float] = {}  # uid -> when its next request may be answered
+        self.loop: LoopShare | None = None  # each uid's time on the event loop
 
     def open(self, conn: Held) -> str | None:
         """Admit ``conn`` (then :meth:`close` it), or say why not: ``"per_uid"`` (429) or
@@ -165,7 +171,7 @@ class Shares:
     def heavy(self, uid: int) -> AbstractAsyncContextManager[None]:
         """Held while one piece of ``uid``'s large answers or streams is made (root's too:
         it is fairness between root's own connections, and costs the others nothing)."""
-        return _one_at_a_time(self._heavy, uid)
+        return _one_at_a_time(self._heavy, uid, self.loop)
 
     def reading(self, uid: int) -> AbstractAsyncContextManager[None]:
         """Held while a read of the records is made for ``uid``: the records' reader thread
@@ -204,7 +210,10 @@ class Shares:
 
 
 @contextlib.asynccontextmanager
-async def _one_at_a_time(locks: dict[int, trio.Lock], uid: int) -> AsyncIterator[None]:
+async def _one_at_a_time(locks: dict[int, trio.Lock], uid: int,
+                         loop: LoopShare | None = None) -> AsyncIterator[None]:
+    if loop is not None:
+        await loop.wait(uid)
     lock = locks.setdefault(uid, trio.Lock())
     try:
         async with lock:
@@ -212,3 +221,110 @@ async def _one_at_a_time(locks: dict[int, trio.Lock], uid: int) -> AsyncIterator
     finally:
         if not lock.locked() and not lock.statistics().tasks_waiting:
             locks.pop(uid, None)
+
+
+WINDOW = 0.1  # seconds over which a uid's use of the event loop is counted (decaying)
+CONTENDED = 0.6  # the loop busier than this: each uid active on it gets an equal share
+LONGEST = 0.05  # seconds a uid over its share waits at most at once
+
+
+class LoopShare(trio.abc.Instrument):
+    """Each uid's time on the event loop (every step of a task tagged with it: a
+    connection's, a task life's, and those they start), decaying over :data:`WINDOW`.
+    While the loop is busier than :data:`CONTENDED`, a uid using more than an equal share
+    of it among the uids using it waits (:meth:`wait`: before a request is answered, before
+    each piece of a large answer) until its use decays to that share.
+
+    Counting costs every step of every task a call (~1 us: a tenth more of the daemon's CPU
+    per task), so it is on only while two uids other than root are active (hold a connection
+    or a running task: :meth:`enter`, :meth:`leave`); one tenant alone, or root, pays
+    nothing."""
+
+    def __init__(self) -> None:
+        self.owner: weakref.WeakKeyDictionary[trio.lowlevel.Task, int] = \
+            weakref.WeakKeyDictionary()
+        self.used: dict[int, list[float]] = {}  # uid -> [decayed seconds, when]
+        self.busy = [0.0, 0.0]  # the loop's, all tasks
+        self.active: collections.Counter[int] = collections.Counter()  # uid -> holds
+        self.on = False
+        self._last = 0.0  # when the last step (or the wait for I/O) ended
+        self._clock = time.perf_counter
+
+    def enter(self, uid: int) -> None:
+        """The current task is ``uid``'s (its steps, and those of the tasks it starts, are
+        counted as its); :meth:`leave` when it ends."""
+        self.owner[trio.lowlevel.current_task()] = uid
+        if uid == 0:
+            return
+        self.active[uid] += 1
+        if not self.on and len(self.active) >= 2:
+            self.on = True
+            self._last = self._clock()
+            trio.lowlevel.add_instrument(self)
+
+    def leave(self, uid: int) -> None:
+        if uid == 0:
+            return
+        self.active[uid] -= 1
+        if self.active[uid] <= 0:
+            del self.active[uid]
+        if self.on and len(self.active) < 2:
+            self.off()
+
+    def off(self) -> None:
+        """Stop counting (idempotent: trio removes an instrument of its own accord if one of
+        its calls raises)."""
+        self.on = False
+        with contextlib.suppress(KeyError):
+            trio.lowlevel.remove_instrument(self)
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        try:
+            uid = self.owner.get(trio.lowlevel.current_task())
+        except RuntimeError:  # (spawned outside any task's step)
+            return
+        if uid is not None:
+            self.owner[task] = uid
+
+    def after_io_wait(self, timeout: float) -> None:
+        self._last = self._clock()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        # (a step's time: since the previous step, or the wait for I/O, ended; one call per
+        # step, not two)
+        now = self._clock()
+        took = now - self._last
+        self._last = now
+        _add(self.busy, took, now)
+        uid = self.owner.get(task)
+        if uid is not None:
+            used = self.used.get(uid)
+            if used is None:
+                self.used[uid] = [took, now]
+            else:
+                _add(used, took, now)
+
+    async def wait(self, uid: int) -> None:
+        if not self.on or uid == 0:
+            return
+        now = self._clock()
+        if _share(self.busy, now) < CONTENDED:
+            return
+        shares = {u: _share(v, now) for u, v in self.used.items()}
+        mine = shares.get(uid, 0.0)
+        active = sum(1 for v in shares.values() if v > 0.02)
+        if len(shares) > 4096:  # (forget the uids that have not used it for a while)
+            self.used = {u: v for u, v in self.used.items() if shares[u] > 1e-4}
+        fair = 1.0 / max(1, active)
+        if active < 2 or mine <= fair:
+            return
+        await trio.sleep(min(LONGEST, WINDOW * math.log(mine / fair)))
+
+
+def _add(acc: list[float], took: float, now: float) -> None:
+    acc[0] = acc[0] * math.exp((acc[1] - now) / WINDOW) + took
+    acc[1] = now
+
+
+def _share(acc: list[float], now: float) -> float:
+    return acc[0] * math.exp((acc[1] - now) / WINDOW) / WINDOW

@@ -6,6 +6,8 @@ test_tenants.py (``test_a_tenants_output_never_fills_the_disk_however_fast_its_t
 
 from __future__ import annotations
 
+from typing import Any
+
 from supervisor.serve.room import BLOCK, RESULT_ROOM, Room, worst
 from supervisor.serve.scheduler import QueueLimits, Scheduler
 
@@ -156,3 +158,43 @@ def test_one_uids_requests_are_answered_at_a_bounded_rate_after_a_burst() -> Non
     assert waits[-1] > 5 / REQUESTS  # (the tenth past the burst: some turns later)
     assert waits == sorted(waits)
     assert other == 0.0 and root == 0.0
+
+
+def test_a_uid_over_its_share_of_a_busy_event_loop_waits_and_no_one_else_does() -> None:
+    """Each uid's time on the event loop is counted while two tenants are active: one
+    tenant finishing tasks as fast as it can, or its sessions' large environments, took
+    another's median 2-3x higher with requests a second bounded.  A uid using more than an
+    equal share of a busy loop waits before its next request; root and the uids within their
+    share never do, and with one tenant alone nothing is counted at all."""
+    import time
+
+    import trio
+    import trio.testing
+
+    from supervisor.serve.shares import LONGEST, WINDOW, LoopShare
+
+    async def main() -> dict[str, Any]:
+        ls = LoopShare()
+        ls.enter(1000)  # (as if the current task were a connection of uid 1000)
+        alone = ls.on
+        ls.enter(1001)  # (and another uid's: now counted)
+        both = ls.on
+        now = time.perf_counter()
+        ls.busy = [WINDOW, now]  # the loop busy all the time of late, uid 1000 most of it
+        ls.used = {1000: [0.9 * WINDOW, now], 1001: [0.1 * WINDOW, now]}
+        waits = {}
+        for uid in (1000, 1001, 0):
+            began = trio.current_time()
+            await ls.wait(uid)
+            waits[uid] = trio.current_time() - began
+        ls.busy = [0.2 * WINDOW, time.perf_counter()]  # (a loop mostly idle: nobody waits)
+        began = trio.current_time()
+        await ls.wait(1000)
+        idle = trio.current_time() - began
+        ls.leave(1001)
+        return {"alone": alone, "both": both, "waits": waits, "idle": idle, "after": ls.on}
+
+    got = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert (got["alone"], got["both"], got["after"]) == (False, True, False)
+    assert 0 < got["waits"][1000] <= LONGEST and got["waits"][1001] == got["waits"][0] == 0
+    assert got["idle"] == 0

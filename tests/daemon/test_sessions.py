@@ -308,7 +308,8 @@ def test_an_environment_env_cannot_list_carries_nothing_and_keeps_the_last(
 
 
 def test_a_variable_that_is_not_utf8_is_said_not_to_carry(start_daemon: Start) -> None:
-    """A task's environment is text: a variable whose value is not UTF-8 cannot carry to the next command, and was dropped without a word (an independent review)."""
+    """A task's environment is text: a variable whose value is not UTF-8 cannot carry to
+    the next command, and was dropped without a word (an independent review)."""
     d = start_daemon()
     with d.client() as c:
         s = c.open_session()

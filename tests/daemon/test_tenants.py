@@ -297,6 +297,45 @@ def test_bytes_sent_during_a_long_answer_are_bounded_per_connection(start_daemon
         assert c.wait(sleeper).outcome == "cancelled"
 
 
+def test_submissions_waiting_for_their_tasks_never_hold_their_uids_other_requests(
+        start_daemon: Start, users: list[User]) -> None:
+    """A submission with ``wait`` waited inside one of its uid's four turns: four of them
+    (their clients gone, even) held every other request of that uid, a stop of its own tasks
+    included, until their bounds passed, an hour at most (an independent review).  Now the
+    waiting holds no turn."""
+    d = start_daemon()
+    body = json.dumps({"argv": ["sleep", "600"], "wait": "1h"}).encode()
+    request = (b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    def tenant() -> Any:
+        gone = []
+        for _ in range(4):  # four submissions waiting an hour, their clients gone at once
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(d.socket)
+            s.sendall(request)
+            gone.append(s)
+        with Client(d.socket, timeout=15) as c:
+            waiter = threading.Thread(target=lambda: answers.append(
+                c.submit(["sleep", "600"], wait=3600).outcome))
+            answers: list[str | None] = []
+            deadline = time.monotonic() + 15
+            while len(c.list(state="running")) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for s in gone:
+                s.close()
+            with Client(d.socket, timeout=15) as mine:  # (its own, while the others wait)
+                waiter.start()
+                while len(mine.list(state="running")) < 5 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                running = mine.list(state="running")
+                stopped = [mine.stop(t.id, force=True) for t in running]
+                waiter.join(15)
+                return [len(running), stopped, answers]
+
+    assert as_user(users[0], tenant, timeout=60) == [5, [True] * 5, ["cancelled"]]
+
+
 def test_a_requests_time_starts_at_its_first_byte(start_daemon: Start) -> None:
     """Item 8: the daemon's deadline for a request counted from the moment the connection
     went idle, so the project's own client, idle on a kept-alive connection for longer than

@@ -20,7 +20,7 @@ import trio
 
 from ..daemontask import STREAMS, DaemonTask, listed_json, stream_path
 from ..dispatch import accepted
-from ..http import Request, Response, json_response
+from ..http import Later, Request, Response, json_response
 from ..peers import Peer, PeerGone, rlimits_of
 from ..protocol import (
     ApiError,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..state import Daemon
 
 
-async def handle(d: Daemon, req: Request) -> Response:
+async def handle(d: Daemon, req: Request) -> Response | Later:
     # (tens of milliseconds of parsing for a MiB: off the event loop, and one at a time per
     # uid, so that one tenant's large submissions delay only its own)
     r, wait = await d.off_loop(req.peer.uid, len(req.body), _parse, req.body)
@@ -47,7 +47,7 @@ async def handle(d: Daemon, req: Request) -> Response:
     assert t is not None
     if wait is None:
         return json_response(201, {"id": t.id, "state": t.state})
-    return await answer_after(d, t, wait)
+    return Later(lambda: answer_after(d, t, wait, req.received))
 
 
 async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
@@ -95,11 +95,12 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
     return None, t
 
 
-async def answer_after(d: Daemon, t: DaemonTask, wait: float) -> Response:
+async def answer_after(d: Daemon, t: DaemonTask, wait: float, since: float) -> Response:
     """The answer of a request with a ``wait`` bound: 200 with the task and its result if it
-    ends within ``wait`` seconds; else 202 with its state and its output so far (the task
-    goes on: nothing is stopped; its session may run its next command meanwhile)."""
-    with trio.move_on_after(wait):
+    ends within ``wait`` seconds of ``since`` (trio's clock: when the request came); else 202
+    with its state and its output so far (the task goes on: nothing is stopped; its session
+    may run its next command meanwhile)."""
+    with trio.move_on_at(since + wait):
         await t.done.wait()
     if t.done.is_set():
         return json_response(200, t.to_json(full=True), t.size)
