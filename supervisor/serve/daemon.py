@@ -119,6 +119,7 @@ async def serve(config: Config, *,
                              "filesystem, %d per stream of a task", run, sup.cgroup_root,
                              *summary, disk.budget, disk.stream_cap)
                     d.shares.loop = LoopShare()  # (each uid's time on the event loop)
+                    d.offload.charge = d.shares.loop.charge
                     try:
                         ended = await run_server(d, bound, task_status)
                     finally:

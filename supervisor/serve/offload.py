@@ -52,6 +52,9 @@ class Offload:
         self._order: collections.deque[int] = collections.deque()  # uids with jobs, next first
         self._busy = False  # a job runs now
         self._rested = 0.0  # (trio's clock) the next job starts no earlier
+        # told each job's uid and seconds (``LoopShare.charge``: a job holds the GIL, which
+        # the event loop waits for, so its time counts as its uid's on the loop)
+        self.charge: Callable[[int, float], None] | None = None
 
     def waiting(self, uid: int) -> int:
         """Jobs of ``uid`` waiting for their turn (not counting one that runs)."""
@@ -78,6 +81,8 @@ class Offload:
                     outcome.capture, fn, *args)
                 ended = trio.current_time()
                 self._rested = ended + (ended - began) * REST
+                if self.charge is not None:
+                    self.charge(uid, ended - began)
         finally:
             self._next()
         await trio.lowlevel.checkpoint_if_cancelled()

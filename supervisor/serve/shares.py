@@ -248,7 +248,11 @@ class LoopShare(trio.abc.Instrument):
         self.active: collections.Counter[int] = collections.Counter()  # uid -> holds
         self.on = False
         self._last = 0.0  # when the last step (or the wait for I/O) ended
-        self._clock = time.perf_counter
+        # a step's cost is the loop thread's CPU time, not the clock's: a step waiting for the
+        # GIL (held by the offload's or the records' thread) costs its uid nothing it did not
+        # use; uses decay with the clock
+        self._cpu = time.thread_time
+        self._clock = time.monotonic
 
     def enter(self, uid: int) -> None:
         """The current task is ``uid``'s (its steps, and those of the tasks it starts, are
@@ -259,7 +263,7 @@ class LoopShare(trio.abc.Instrument):
         self.active[uid] += 1
         if not self.on and len(self.active) >= 2:
             self.on = True
-            self._last = self._clock()
+            self._last = self._cpu()
             trio.lowlevel.add_instrument(self)
 
     def leave(self, uid: int) -> None:
@@ -278,6 +282,16 @@ class LoopShare(trio.abc.Instrument):
         with contextlib.suppress(KeyError):
             trio.lowlevel.remove_instrument(self)
 
+    def charge(self, uid: int, seconds: float) -> None:
+        """``seconds`` of work off the loop that held the GIL (the loop waited for it) count
+        as ``uid``'s time on the loop (``Offload``'s jobs), and the loop's."""
+        if not self.on or uid == 0:
+            return
+        now = self._clock()
+        _add(self.busy, seconds, now)
+        used = self.used.setdefault(uid, [0.0, now])
+        _add(used, seconds, now)
+
     def task_spawned(self, task: trio.lowlevel.Task) -> None:
         try:
             uid = self.owner.get(trio.lowlevel.current_task())
@@ -287,14 +301,15 @@ class LoopShare(trio.abc.Instrument):
             self.owner[task] = uid
 
     def after_io_wait(self, timeout: float) -> None:
-        self._last = self._clock()
+        self._last = self._cpu()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         # (a step's time: since the previous step, or the wait for I/O, ended; one call per
         # step, not two)
+        cpu = self._cpu()
+        took = cpu - self._last
+        self._last = cpu
         now = self._clock()
-        took = now - self._last
-        self._last = now
         _add(self.busy, took, now)
         uid = self.owner.get(task)
         if uid is not None:
@@ -316,8 +331,8 @@ class LoopShare(trio.abc.Instrument):
         if len(shares) > 4096:  # (forget the uids that have not used it for a while)
             self.used = {u: v for u, v in self.used.items() if shares[u] > 1e-4}
         fair = 1.0 / max(1, active)
-        if active < 2 or mine <= fair:
-            return
+        if active < 2 or mine <= fair or mine < max(shares.values()):
+            return  # (only the uid using the most waits)
         await trio.sleep(min(LONGEST, WINDOW * math.log(mine / fair)))
 
 

@@ -179,15 +179,19 @@ def test_a_uid_over_its_share_of_a_busy_event_loop_waits_and_no_one_else_does() 
         alone = ls.on
         ls.enter(1001)  # (and another uid's: now counted)
         both = ls.on
-        now = time.perf_counter()
+        now = time.monotonic()
         ls.busy = [WINDOW, now]  # the loop busy all the time of late, uid 1000 most of it
         ls.used = {1000: [0.9 * WINDOW, now], 1001: [0.1 * WINDOW, now]}
-        waits = {}
+        waits: dict[int | str, float] = {}
         for uid in (1000, 1001, 0):
             began = trio.current_time()
             await ls.wait(uid)
             waits[uid] = trio.current_time() - began
-        ls.busy = [0.2 * WINDOW, time.perf_counter()]  # (a loop mostly idle: nobody waits)
+        ls.charge(1001, 0.6 * WINDOW)  # (its work in the offload thread: the GIL it held)
+        began = trio.current_time()
+        await ls.wait(1001)  # (over an equal share too, but not the uid using the most)
+        waits["second"] = trio.current_time() - began
+        ls.busy = [0.2 * WINDOW, time.monotonic()]  # (a loop mostly idle: nobody waits)
         began = trio.current_time()
         await ls.wait(1000)
         idle = trio.current_time() - began
@@ -197,4 +201,5 @@ def test_a_uid_over_its_share_of_a_busy_event_loop_waits_and_no_one_else_does() 
     got = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert (got["alone"], got["both"], got["after"]) == (False, True, False)
     assert 0 < got["waits"][1000] <= LONGEST and got["waits"][1001] == got["waits"][0] == 0
+    assert got["waits"]["second"] == 0
     assert got["idle"] == 0
