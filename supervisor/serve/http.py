@@ -83,11 +83,10 @@ class Streaming(NamedTuple):
 
 class Later(NamedTuple):
     """An answer that waits (a submission's ``wait`` bound): the request's work is done at its
-    uid's turn, the waiting is not: ``produce()`` holds none of its uid's turns (four
-    submissions waiting an hour held them all: the uid could not stop its own tasks
-    meanwhile, an independent review).  Unlike a long poll, its client's end is not watched
-    meanwhile (a task and a cancellation per submission: a fifth of the daemon's rate); a
-    client gone holds its connection, within its uid's share of them, until the bound."""
+    uid's turn, the waiting is not: ``produce()`` runs as a long poll does, holding none of
+    its uid's turns (four submissions waiting an hour held them all: the uid could not stop
+    its own tasks meanwhile, an independent review), and ends once its client closes its
+    end (watching it costs ~0.15 ms a submission: 5.57 against 5.41 ms, four runs each)."""
 
     produce: Callable[[], Awaitable[Response]]
 
@@ -451,7 +450,7 @@ async def _answer(conn: Connection, req: Request, router: Router) -> bool:
         async with conn.shares.turn(req.peer.uid):
             later = await _answer_now(conn, req, handler, verb)
     if later is not None:  # (its waiting holds no turn: Later)
-        await _answer_now(conn, req, lambda _: later.produce(), verb)
+        return await _answer_long(conn, req, lambda _: later.produce(), verb)
     return True
 
 

@@ -302,7 +302,7 @@ def test_submissions_waiting_for_their_tasks_never_hold_their_uids_other_request
     """A submission with ``wait`` waited inside one of its uid's four turns: four of them
     (their clients gone, even) held every other request of that uid, a stop of its own tasks
     included, until their bounds passed, an hour at most (an independent review).  Now the
-    waiting holds no turn."""
+    waiting holds no turn, and ends when its client leaves (its connection with it)."""
     d = start_daemon()
     body = json.dumps({"argv": ["sleep", "600"], "wait": "1h"}).encode()
     request = (b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
@@ -325,15 +325,19 @@ def test_submissions_waiting_for_their_tasks_never_hold_their_uids_other_request
             for s in gone:
                 s.close()
             with Client(d.socket, timeout=15) as mine:  # (its own, while the others wait)
+                while mine.limits()["quotas"]["connections"] > 2 and \
+                        time.monotonic() < deadline:  # (the gone clients' waits end)
+                    time.sleep(0.05)
+                held = mine.limits()["quotas"]["connections"]
                 waiter.start()
                 while len(mine.list(state="running")) < 5 and time.monotonic() < deadline:
                     time.sleep(0.05)
                 running = mine.list(state="running")
                 stopped = [mine.stop(t.id, force=True) for t in running]
                 waiter.join(15)
-                return [len(running), stopped, answers]
+                return [held, len(running), stopped, answers]
 
-    assert as_user(users[0], tenant, timeout=60) == [5, [True] * 5, ["cancelled"]]
+    assert as_user(users[0], tenant, timeout=60) == [2, 5, [True] * 5, ["cancelled"]]
 
 
 def test_a_requests_time_starts_at_its_first_byte(start_daemon: Start) -> None:
