@@ -235,10 +235,10 @@ class LoopShare(trio.abc.Instrument):
     of it among the uids using it waits (:meth:`wait`: before a request is answered, before
     each piece of a large answer) until its use decays to that share.
 
-    Counting costs every step of every task a call (~1 us: a tenth more of the daemon's CPU
-    per task), so it is on only while two uids other than root are active (hold a connection
-    or a running task: :meth:`enter`, :meth:`leave`); one tenant alone, or root, pays
-    nothing."""
+    Counting costs every step of every task a call (the daemon's CPU per task at 16 clients
+    5.61 ms counted, 5.19 not, three runs each), so it is on only while two uids other than
+    root are active (hold a connection or a running task: :meth:`enter`, :meth:`leave`); one
+    tenant alone, or root, pays nothing."""
 
     def __init__(self) -> None:
         self.owner: weakref.WeakKeyDictionary[trio.lowlevel.Task, int] = \
