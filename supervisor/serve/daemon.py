@@ -55,7 +55,6 @@ from .retention import retention_loop
 from .sdjob import restart_queued
 from .sdnotify import Notifier, listen_fds
 from .server import Bound, accept_loop, bind_listeners
-from .shares import LoopShare
 from .state import Config, Daemon, OutputDisk
 
 if TYPE_CHECKING:
@@ -118,8 +117,6 @@ async def serve(config: Config, *,
                              "file(s) removed; output may take %d bytes of the state "
                              "filesystem, %d per stream of a task", run, sup.cgroup_root,
                              *summary, disk.budget, disk.stream_cap)
-                    d.shares.loop = LoopShare()  # (each uid's time on the event loop)
-                    d.offload.charge = d.shares.loop.charge
                     try:
                         ended = await run_server(d, bound, task_status)
                     finally:

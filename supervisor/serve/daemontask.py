@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .protocol import SubmitRequest
-from .rows import listed_argv, listed_entry, listed_json
+from .rows import compact_json, listed_argv, listed_entry, listed_json
 
 if TYPE_CHECKING:
     from .. import TaskHandle, TaskResult, TaskSpec
 
 STREAMS = ("stdout", "stderr")
+_AFTER = ("signals", "queue_position", "record")  # a listing's keys after the common ones
 
 __all__ = ["DaemonTask", "kept_result", "listed_argv", "listed_json", "row_json",
            "served_result"]
@@ -97,19 +98,13 @@ class DaemonTask:
         recorded)."""
         if self._entry is not None:
             return self._entry
-        more: dict[str, Any] = {}
-        if self.handle is not None and self.handle.signals:
-            more["signals"] = [x.to_dict() for x in self.handle.signals]
-        if position is not None:
-            more["queue_position"] = position
-        if self.outcome is not None and not self.recorded:
-            more["record"] = "pending"
-        session = self.session
+        f = self._fields(full=False, position=position)
+        session = f.get("session")
         text = listed_entry(
-            self.id, self.live_state, self.listed, self.uid, self.gid, self.request.name,
-            self.created_at, self.started_at, self.ended_at, self.pid, self.outcome,
-            self.exit_status, session, None if session is None else _compact(self.carried),
-            more)
+            f["id"], f["state"], self.listed, f["uid"], f["gid"], f["name"], f["created_at"],
+            f["started_at"], f["ended_at"], f["pid"], f["outcome"], f["exit_status"], session,
+            None if session is None else compact_json(f["carried"]),
+            {k: f[k] for k in _AFTER if k in f})
         if self.outcome is not None and self.recorded:
             self._entry = text
         return text
@@ -274,6 +269,3 @@ def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
             "started_at": row["started_at"], "ended_at": row["ended_at"], "pid": row["pid"],
             "outcome": row["outcome"], "exit_status": row["exit_status"]}
 
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))

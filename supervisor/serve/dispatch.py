@@ -190,14 +190,11 @@ def _running(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
 async def run_task(d: Daemon, t: DaemonTask, marked: bool) -> None:
     """The task's whole life in the daemon (see the module docstring).  ``marked``: its row
     says "starting" already.  Its steps on the event loop are its uid's (``LoopShare``)."""
-    loop = d.shares.loop
-    if loop is not None:
-        loop.enter(t.uid)
+    d.shares.loop.enter(t.uid)
     try:
         await _run(d, t, marked)
     finally:
-        if loop is not None:
-            loop.leave(t.uid)
+        d.shares.loop.leave(t.uid)
 
 
 async def _run(d: Daemon, t: DaemonTask, marked: bool) -> None:

@@ -409,19 +409,14 @@ async def _handle(handler: Handler, req: Request) -> Response | Streaming | Late
 
 async def _answer_long(conn: Connection, req: Request, handler: Handler, verb: str) -> bool:
     """A long poll or a stream, abandoned as soon as the client closes its end."""
-    resp: Response | Streaming | None = None
+    resp: Response | Streaming | Later | None = None
     gone = False
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.watch_eof, nursery.cancel_scope)
-            got = await _handle(handler, req)
-            assert not isinstance(got, Later)  # (a long poll waits in its handler)
-            resp = got
-            conn.on_answer(verb, resp.status)
-            if isinstance(resp, Streaming):
-                await conn.send_streaming(resp)
-            else:
-                await conn.send_response(resp)
+            resp = await _handle(handler, req)
+            assert not isinstance(resp, Later)  # (a long poll waits in its handler)
+            await _send(conn, resp, verb)
             nursery.cancel_scope.cancel()
     except* (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
         gone = True
@@ -437,9 +432,9 @@ async def _answer(conn: Connection, req: Request, router: Router) -> bool:
         conn.on_answer("unknown", refusal.status)
         await conn.send_response(refusal)
         return True
-    if conn.shares is not None and (wait := conn.shares.pace(req.peer.uid)):
-        await trio.sleep(wait)
-    if conn.shares is not None and conn.shares.loop is not None:
+    if conn.shares is not None:
+        if wait := conn.shares.pace(req.peer.uid):
+            await trio.sleep(wait)
         await conn.shares.loop.wait(req.peer.uid)  # (over its share of the loop: shares.py)
     if long:
         return await _answer_long(conn, req, handler, verb)

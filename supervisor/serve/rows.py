@@ -14,12 +14,41 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["COLUMNS", "MAX_TOMBSTONES", "Expired", "Retention", "close_session",
-           "ended_in_session", "execute", "expire", "fair_level", "find_key", "get",
-           "get_session", "held_bytes", "insert", "insert_run", "insert_session", "key_bytes",
-           "list_entries", "list_sessions", "listed_argv", "listed_entry",
-           "listed_json", "open_sessions", "owner", "row_bytes", "row_of", "runs",
-           "select", "tomb_bytes", "trim_tombstones", "update", "update_session"]
+__all__ = [
+    "COLUMNS",
+    "MAX_TOMBSTONES",
+    "Expired",
+    "Retention",
+    "close_session",
+    "compact_json",
+    "ended_in_session",
+    "execute",
+    "expire",
+    "fair_level",
+    "find_key",
+    "get",
+    "get_session",
+    "held_bytes",
+    "insert",
+    "insert_run",
+    "insert_session",
+    "key_bytes",
+    "list_entries",
+    "list_sessions",
+    "listed_argv",
+    "listed_entry",
+    "listed_json",
+    "open_sessions",
+    "owner",
+    "row_bytes",
+    "row_of",
+    "runs",
+    "select",
+    "tomb_bytes",
+    "trim_tombstones",
+    "update",
+    "update_session",
+]
 
 MAX_TOMBSTONES = 100_000  # expired ids remembered at most; each uid's oldest go first
 # What a row takes on disk beside its request, result and output files (``end_values``): its
@@ -179,7 +208,7 @@ def list_entries(db: sqlite3.Connection, uid: int | None, state: str | None,
     for (seq, uid_, gid, name, state_, created, started, ended, pid, outcome, status, carried,
          session_, listed, argc, argv) in found:
         if listed is None:
-            listed = _compact(listed_argv(json.loads(argv), argc))
+            listed = compact_json(listed_argv(json.loads(argv), argc))
         out.append((seq, listed_entry(
             str(seq), state_, listed, uid_, gid, name, created, started, ended, pid, outcome,
             status, None if session_ is None else str(session_),
@@ -204,7 +233,7 @@ def listed_entry(task_id: str, state: str, listed: str, uid: int, gid: int, name
     if session is not None:
         text += f',"session":"{session}","carried":{carried}'
     if more:
-        text += "," + _compact(more)[1:-1]
+        text += "," + compact_json(more)[1:-1]
     return text + "}"
 
 
@@ -217,7 +246,8 @@ def _value(v: str | float | None) -> str:
     return float.__repr__(v) if isinstance(v, float) else str(int(v))
 
 
-def _compact(value: Any) -> str:
+def compact_json(value: Any) -> str:
+    """``value`` as JSON without spaces."""
     return json.dumps(value, separators=(",", ":"))
 
 
@@ -252,9 +282,7 @@ def _json_bytes(text: str) -> int:
 
 def listed_json(argv: Sequence[str]) -> str:
     """:func:`listed_argv` as the records keep it (ASCII JSON: its length is its bytes)."""
-    return json.dumps(listed_argv(argv), separators=(",", ":"))
-
-
+    return compact_json(listed_argv(argv))
 
 
 def find_key(db: sqlite3.Connection, uid: int, key: str) -> dict[str, Any] | None:

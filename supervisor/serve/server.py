@@ -224,9 +224,7 @@ async def _answer_refusal(d: Daemon, sock: trio.socket.SocketType, response: byt
 
 async def _connection(d: Daemon, sock: trio.socket.SocketType, router: Any, peer: Peer,
                       held: Held) -> None:
-    loop = d.shares.loop
-    if loop is not None:
-        loop.enter(peer.uid)
+    d.shares.loop.enter(peer.uid)
     with sock:
         try:
             with held.scope:
@@ -242,8 +240,7 @@ async def _connection(d: Daemon, sock: trio.socket.SocketType, router: Any, peer
             log.exception("connection of uid %d", peer.uid)
         finally:
             d.shares.close(held)
-            if loop is not None:
-                loop.leave(peer.uid)
+            d.shares.loop.leave(peer.uid)
 
 
 def _answered(d: Daemon) -> Any:

@@ -88,7 +88,7 @@ class Shares:
         self._answered: dict[int, float] = {}  # uid -> when a refusal of its was answered
         self._rate: dict[int, tuple[float, float]] = {}  # uid -> (connections left, when)
         self._paced: dict[int, float] = {}  # uid -> when its next request may be answered
-        self.loop: LoopShare | None = None  # each uid's time on the event loop
+        self.loop = LoopShare()  # each uid's time on the event loop
 
     def open(self, conn: Held) -> str | None:
         """Admit ``conn`` (then :meth:`close` it), or say why not: ``"per_uid"`` (429) or

@@ -211,6 +211,7 @@ class Daemon:
         self.retrying: set[trio.CancelScope] = set()  # those retries: given up on at exit
         self.stdin_pipes = _stdin_pipe_supported()
         self.offload = Offload()  # large requests' work, the uids taking turns
+        self.offload.charge = self.shares.loop.charge  # (its jobs: their uids' loop time)
         self.answers = Answers()  # finished tasks' large answers, encoded once
         self.metrics = Metrics(self._gauges)  # last: it reads the gauges above at once
 
