@@ -156,7 +156,10 @@ def add_parser(sub: Any) -> None:
     run.add_argument("-q", "--quiet", action="store_true",
                      help="nothing but the task's own output and fatal errors: no summary, "
                           "notes, warnings or hints")
-    run.add_argument("--json-file", metavar="PATH", help="write the JSON result to PATH")
+    run.add_argument("--json-file", metavar="PATH",
+                     help="write the JSON result to PATH (made at the start, empty, so that a "
+                          "path that cannot be written is refused before the run; the result "
+                          "is written at the end: read it once corral has exited)")
     run.add_argument("--json-fd", metavar="FD", type=int,
                      help="write the JSON result to this file descriptor, open for writing")
     run.add_argument("--plot", metavar="FILE", type=_plot_target,

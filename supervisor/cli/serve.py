@@ -60,8 +60,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-queued", type=int, default=10000, metavar="N")
     p.add_argument("--max-queued-per-uid", type=int, default=1000, metavar="N")
     p.add_argument("--max-queued-bytes", default="64M", metavar="SIZE",
-                   help="requests (as sent) the queued tasks may hold in all (default 64M; "
-                        "a queued task holds about five times its request in memory)")
+                   help="what the queued tasks may count in all (default 64M): each "
+                        "twice its request as sent and 2K, its records if it never starts "
+                        "(in memory a queued task holds about five times its request)")
     p.add_argument("--max-queued-bytes-per-uid", default="16M", metavar="SIZE")
     p.add_argument("--max-body", default="1M", metavar="SIZE",
                    help="largest request body (default 1M; 413 above)")

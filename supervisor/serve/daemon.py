@@ -32,7 +32,6 @@ each task's life runs in the tasks nursery, each connection and helper in the se
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import signal
@@ -46,7 +45,6 @@ import trio
 
 from .. import open_supervisor
 from . import fdstore
-from .daemontask import served_result
 from .dispatch import stop_queued
 from .hooks import Hooks
 from .records import LAZY_DELAY, Records, RecordsError
@@ -292,19 +290,15 @@ async def drain(d: Daemon, server: trio.CancelScope, signum: int | None = None) 
 
 
 async def _await_unrecorded(d: Daemon) -> None:
-    """End records still being retried get a last chance; what cannot be written is logged
-    whole (never dropped silently), and the next start records those tasks ``lost``."""
+    """End records being written or retried get a last chance (every one, those of the
+    queued tasks the drain ended included); then the daemon gives up on the rest, whose
+    results are logged whole (never dropped silently: ``dispatch._retry_end``)."""
     with trio.move_on_after(UNRECORDED_WAIT):
-        while d.unrecorded:
+        while d.ending or d.unrecorded:
             await trio.sleep(0.1)
+    d.gave_up = True
     for scope in d.retrying:
         scope.cancel()
-    for task_id in sorted(d.unrecorded):
-        t = d.tasks.get(task_id)
-        log.error("task %s: its end record could not be written before the daemon exited "
-                  "(the next start records it lost); its result: %s", task_id,
-                  None if t is None else json.dumps(served_result(t.result_json, t.output,
-                                                                      t.request.argv)))
 
 
 def kill_all(d: Daemon, signum: int | None = None) -> None:

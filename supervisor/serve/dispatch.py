@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .daemontask import DaemonTask, kept_result, stream_path
+from .daemontask import DaemonTask, kept_result, served_result, stream_path
 from .records import RecordsError
 from .rows import row_bytes
 from .schema import output_bytes
@@ -245,11 +245,17 @@ async def _run(d: Daemon, t: DaemonTask, marked: bool) -> None:
 
 async def _mark_starting(d: Daemon, t: DaemonTask) -> bool:
     """The durable "starting" row; False (the task back at the head of its queue, a retry of
-    dispatch armed) if it cannot be written."""
+    dispatch armed) if it cannot be written.  True while the daemon drains, written or not:
+    the caller ends the task unstarted (put back in a queue the drain has already emptied,
+    it was never ended, and the drain waited for it for ever)."""
     try:
         await d.records.starting(t.id, d.run)
         return True
     except RecordsError as e:
+        if d.draining:
+            log.error("task %s: its start could not be marked (%s); the daemon drains: it "
+                      "ends unstarted", t.id, e)
+            return True
         log.error("task %s stays queued: %s (retrying in %gs)", t.id, e, RETRY)
         t.state = "queued"
         d.scheduler.requeue(t)
@@ -352,6 +358,7 @@ async def write_end(d: Daemon, t: DaemonTask,
     if d.room.wanted is not None:
         dispatch(d)  # (a start waited for room, and this task took less than it held)
     with trio.CancelScope(shield=True):
+        d.ending += 1
         try:
             await d.records.ended(t.id, values, session)
             t.recorded = True
@@ -360,6 +367,8 @@ async def write_end(d: Daemon, t: DaemonTask,
                       "answering from memory meanwhile", t.id, e)
             d.unrecorded.add(t.id)
             d.nursery.start_soon(_retry_end, d, t, values, session)
+        finally:
+            d.ending -= 1
     t.state = "finished"
     t.handle = None  # the core's handle is done with: let it go
     t.spec = None  # (so is the spec: a finished task held in memory holds its request only)
@@ -385,13 +394,23 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
 async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any],
                      session: tuple[str, dict[str, Any]] | None) -> None:
     """Retry an end row until it is written (doubling waits up to 30 s), or the daemon gives
-    up on it at exit (its scope in ``d.retrying`` cancelled: then it logs the result)."""
+    up on it at exit (``d.gave_up``, its scope in ``d.retrying`` cancelled): then its result
+    is logged whole, never dropped silently.  (A retry that began after the exit's last
+    chance, of an end written late in the drain, used to go on for ever: the daemon never
+    exited.)"""
     with trio.CancelScope() as scope:
         d.retrying.add(scope)
         try:
-            await _retry_end_loop(d, t, values, session)
+            if not d.gave_up:
+                await _retry_end_loop(d, t, values, session)
         finally:
             d.retrying.discard(scope)
+    if not t.recorded:
+        log.error("task %s: its end record could not be written before the daemon exited "
+                  "(%s); its result: %s", t.id,
+                  "it never started: the next start queues it again" if t.started_at is None
+                  else "the next start records it lost",
+                  json.dumps(served_result(t.result_json, t.output, t.request.argv)))
 
 
 async def _retry_end_loop(d: Daemon, t: DaemonTask, values: dict[str, Any],

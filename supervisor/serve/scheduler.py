@@ -1,14 +1,19 @@
 """The daemon's queue: a global concurrency limit, per-uid limits, round-robin between uids.
 
 Admission (at submit): a uid may hold at most ``max_queued_per_uid`` waiting tasks of at most
-``max_queued_bytes_per_uid`` bytes of requests (a queued task holds about five times its
-request in memory), and the daemon at most ``max_queued`` and ``max_queued_bytes`` in all;
-past any, the submission is refused with 429 naming the limit.  Dispatch: at most
-``max_running`` tasks run at once, at most ``max_running_per_uid`` of one uid (by default half
-the global: one uid never holds every slot); the next task comes from the next uid in turn
-that has one waiting and room to run, so one busy uid cannot starve the others.  FIFO within
-a uid.  A task may also need room on the disk for its output (``room.py``): the one whose turn
-it is waits for it, and the others with it.
+``max_queued_bytes_per_uid`` bytes, and the daemon at most ``max_queued`` and
+``max_queued_bytes`` in all; past any, the submission is refused with 429 naming the limit.  A
+queued task's bytes (:func:`queued_bytes`) are what its records come to if it never starts:
+its request, and an end whose result repeats the request's argv and names in some 2 KiB of
+its own.  (Counted as its request alone, a `true` of 80 bytes, a thousand of them on a small
+state disk, and a shutdown that ended them unstarted wrote 1.8 to 2.7 KB for each: the disk
+filled, end records failed.)  In memory a queued task holds about five times its request.
+
+Dispatch: at most ``max_running`` tasks run at once, at most ``max_running_per_uid`` of one
+uid (by default half the global: one uid never holds every slot); the next task comes from
+the next uid in turn that has one waiting and room to run, so one busy uid cannot starve the
+others.  FIFO within a uid.  A task may also need room on the disk for its output
+(``room.py``): the one whose turn it is waits for it, and the others with it.
 
 Pure bookkeeping on the trio thread: no awaits, no locks.
 """
@@ -21,7 +26,16 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from .protocol import ApiError
 
-__all__ = ["QueueLimits", "Scheduler"]
+__all__ = ["QUEUED_END", "QueueLimits", "Scheduler", "queued_bytes"]
+
+QUEUED_END = 2048  # bytes of a task's end record beyond what repeats its request (measured)
+
+
+def queued_bytes(size: int) -> int:
+    """What a queued task with a request of ``size`` bytes counts against the queues' bytes:
+    its accept row's request, and the end it gets if it never starts (see the module
+    docstring)."""
+    return 2 * size + QUEUED_END
 
 
 class _Owned(Protocol):
@@ -75,15 +89,17 @@ class Scheduler(Generic[T]):
         if queued and self.total_queued >= lim.max_queued:
             raise ApiError(429, "queue_full", f"the daemon's queue holds {self.total_queued} "
                            f"tasks, its limit (max_queued={lim.max_queued}); retry later")
-        if queued and self._bytes[uid] + size > lim.max_queued_bytes_per_uid:
-            raise ApiError(429, "queue_full", f"uid {uid}'s queued tasks hold "
-                           f"{self._bytes[uid]} bytes of requests, and this one {size} more: "
-                           f"above the per-uid limit (--max-queued-bytes-per-uid="
+        cost = queued_bytes(size)
+        if queued and self._bytes[uid] + cost > lim.max_queued_bytes_per_uid:
+            raise ApiError(429, "queue_full", f"uid {uid}'s queued tasks count "
+                           f"{self._bytes[uid]} bytes, and this one {cost} more (twice its "
+                           f"request and {QUEUED_END}: its records if it never starts): above "
+                           f"the per-uid limit (--max-queued-bytes-per-uid="
                            f"{lim.max_queued_bytes_per_uid}); wait for some to start, or "
                            f"send smaller requests")
-        if queued and self.total_bytes + size > lim.max_queued_bytes:
-            raise ApiError(429, "queue_full", f"the daemon's queued tasks hold "
-                           f"{self.total_bytes} bytes of requests, its limit "
+        if queued and self.total_bytes + cost > lim.max_queued_bytes:
+            raise ApiError(429, "queue_full", f"the daemon's queued tasks count "
+                           f"{self.total_bytes} bytes, its limit "
                            f"(--max-queued-bytes={lim.max_queued_bytes}); retry later")
 
     def enqueue(self, task: T) -> None:
@@ -113,8 +129,9 @@ class Scheduler(Generic[T]):
         return True
 
     def _count_bytes(self, task: T, sign: int) -> None:
-        self._bytes[task.uid] += sign * task.size
-        self.total_bytes += sign * task.size
+        cost = sign * queued_bytes(task.size)
+        self._bytes[task.uid] += cost
+        self.total_bytes += cost
         if not self._bytes[task.uid]:
             del self._bytes[task.uid]
 

@@ -207,8 +207,10 @@ class Daemon:
         self.all_ended = trio.Event()
         self.retention_due = trio.Event()  # a task finished: retention may have work
         self.expired_unsaid: tuple[float, int, str] = (-1e9, 0, "")  # retention's log line
+        self.ending = 0  # end rows being written (write_end) now
         self.unrecorded: set[str] = set()  # finished, end row still being retried
         self.retrying: set[trio.CancelScope] = set()  # those retries: given up on at exit
+        self.gave_up = False  # the daemon exits: an end row that fails now is not retried
         self.stdin_pipes = _stdin_pipe_supported()
         self.offload = Offload()  # large requests' work, the uids taking turns
         self.offload.charge = self.shares.loop.charge  # (its jobs: their uids' loop time)

@@ -21,11 +21,13 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_util import CORRAL, RunningDaemon, SmallDisk, fill, on_tmpfs, read_rows, wait_for
 
 from supervisor.client import ApiError, Call
+from supervisor.serve.records import RecordsError
 
 Start = Callable[..., RunningDaemon]
 
@@ -270,3 +272,66 @@ def test_on_a_full_disk_everything_that_happened_is_written_and_nothing_new(
         assert what == "refused" and "full" in message and "free space there" in message
     assert reserve == ["reserve", False]  # (given up for the writes)
     assert row == ["row", "finished"]
+
+
+class _FailingRecords:
+    """Records whose every write fails, as on a full disk with the reserve spent."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    async def starting(self, task_id: str, run: int) -> None:
+        self.writes += 1
+        raise RecordsError("database or disk is full")
+
+    async def ended(self, *args: object) -> None:
+        self.writes += 1
+        raise RecordsError("database or disk is full")
+
+
+def _failing_daemon(**state: object) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{"records": _FailingRecords(), "run": 1, "retrying": set(),
+                              "unrecorded": set(), "gave_up": False, "draining": False,
+                              **state})
+
+
+def _finished_task() -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(id="7", recorded=False, started_at=None, output="/nonexistent",
+                           result_json={"id": "7", "outcome": "cancelled", "argv": ["true"]},
+                           request=SimpleNamespace(argv=["true"]))
+
+
+async def test_a_start_that_cannot_be_marked_during_a_drain_is_not_queued_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found by CI: on a full disk, a task's "starting" row failed and the task went back to
+    its queue; once the drain had emptied the queues, a task put back after it was never
+    ended, and the drain waited for it for ever (the daemon never exited).  While draining, a
+    start that cannot be marked goes on to end unstarted, which the drain waits for."""
+    from supervisor.serve import dispatch
+
+    requeued: list[object] = []
+    d = _failing_daemon(draining=True, scheduler=type("S", (), {"requeue": requeued.append})())
+    assert await dispatch._mark_starting(d, _finished_task()) is True
+    assert requeued == [] and d.records.writes == 1
+    assert "the daemon drains: it ends unstarted" in caplog.text
+
+
+async def test_an_end_record_failing_once_the_daemon_gave_up_is_logged_whole_not_retried(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An end record that first fails after the drain's last chance for the rest (and so
+    after their retries were cancelled) used to be retried for ever, doubling to 30 s: the
+    daemon never exited.  Once the daemon has given up, the result is logged whole at once."""
+    import trio
+
+    from supervisor.serve import dispatch
+
+    d = _failing_daemon(gave_up=True)
+    with trio.fail_after(5):
+        await dispatch._retry_end(d, _finished_task(), {}, None)
+    assert d.records.writes == 0 and d.retrying == set()
+    assert "task 7: its end record could not be written before the daemon exited (it never " \
+           "started: the next start queues it again); its result: {" in caplog.text

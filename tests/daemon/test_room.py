@@ -117,8 +117,8 @@ def test_another_uids_full_queue_never_refuses_your_first_task() -> None:
 
     from supervisor.serve.protocol import ApiError
 
-    s: Scheduler[object] = Scheduler(QueueLimits(max_queued=2, max_queued_bytes=1000,
-                                                 max_queued_bytes_per_uid=1000))
+    s: Scheduler[object] = Scheduler(QueueLimits(max_queued=2, max_queued_bytes=10000,
+                                                 max_queued_bytes_per_uid=10000))
 
     class Task:
         def __init__(self, uid: int, size: int) -> None:

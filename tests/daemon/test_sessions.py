@@ -252,7 +252,7 @@ def test_a_session_costs_its_uid_what_its_environment_weighs(start_daemon: Start
     counted: 100 background commands of a 1 MiB environment were queued against a 16 MiB
     share, and closed sessions kept their last environment for good (400 MB of records from
     one uid in 40 s; a listing of 300 of them, 297 MB, stalled everyone)."""
-    d = start_daemon("--max-running-per-uid", "1", "--max-queued-bytes-per-uid", "2M")
+    d = start_daemon("--max-running-per-uid", "1", "--max-queued-bytes-per-uid", "4M")
 
     def weigh() -> Any:
         with Client(d.socket) as c:
