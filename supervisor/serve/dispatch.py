@@ -407,9 +407,8 @@ async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any],
             d.retrying.discard(scope)
     if not t.recorded:
         log.error("task %s: its end record could not be written before the daemon exited "
-                  "(%s); its result: %s", t.id,
-                  "it never started: the next start queues it again" if t.started_at is None
-                  else "the next start records it lost",
+                  "(the next start queues it again if its start was never marked, else "
+                  "records it lost); its result: %s", t.id,
                   json.dumps(served_result(t.result_json, t.output, t.request.argv)))
 
 

@@ -333,5 +333,6 @@ async def test_an_end_record_failing_once_the_daemon_gave_up_is_logged_whole_not
     with trio.fail_after(5):
         await dispatch._retry_end(d, _finished_task(), {}, None)
     assert d.records.writes == 0 and d.retrying == set()
-    assert "task 7: its end record could not be written before the daemon exited (it never " \
-           "started: the next start queues it again); its result: {" in caplog.text
+    assert "task 7: its end record could not be written before the daemon exited (the next " \
+           "start queues it again if its start was never marked, else records it lost); its " \
+           "result: {" in caplog.text
