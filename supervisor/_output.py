@@ -25,6 +25,8 @@ import select
 import sys
 import termios
 import threading
+import time
+from collections.abc import Callable, Iterable
 
 import trio
 
@@ -167,7 +169,7 @@ class Stream:
     Closing the last master fd hangs the terminal up, which sends SIGHUP to the session: a
     program that closes its stdio before it exits (cat does) would die of it."""
 
-    __slots__ = ("capture", "done", "fd", "feed", "hold")
+    __slots__ = ("capture", "done", "fd", "feed", "hold", "owner")
 
     def __init__(self, fd: int, capture: StreamCapture | None, feed: StdinFeed | None,
                  hold: bool = False) -> None:
@@ -176,6 +178,7 @@ class Stream:
         self.feed = feed
         self.hold = hold
         self.done = Latch()
+        self.owner: int | None = None  # whose output it is, for the reactor's ``pace``
 
 
 class IoReactor:
@@ -189,6 +192,15 @@ class IoReactor:
     """
 
     _ROUND = 4  # reads per pipe per round
+    REST = 0.02  # seconds a paced owner's pipes go unread before they are asked about again
+
+    #: ``pace(owner)``: whether a stream with an ``owner`` (:meth:`own`) rests this round,
+    #: its pipe unread (its writers block once it is full: they wait, and cost nothing); and
+    #: ``charge(owner, seconds)``: the loop thread's CPU time each read of its pipes took.
+    #: (The daemon's share of the event loop per uid: a tenant's output flood was read in
+    #: steps that were no one's, and another tenant's requests waited behind them.)
+    pace: Callable[[int], bool] | None = None
+    charge: Callable[[int, float], None] | None = None
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
@@ -198,6 +210,7 @@ class IoReactor:
         self.null_input = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self._streams: dict[int, Stream] = {}
         self._held: dict[int, Stream] = {}  # ended, fd kept open until remove()
+        self._resting: dict[int, Stream] = {}  # paced: unread until the next rest is over
         self._scope = trio.CancelScope(shield=True)
 
     def add_reader(self, fd: int, capture: StreamCapture, *, hold: bool = False) -> Stream:
@@ -216,7 +229,8 @@ class IoReactor:
         def drained() -> None:
             if capture.tap_full and self._streams.get(stream.fd) is stream:
                 capture.tap_full = False
-                self._epoll.modify(stream.fd, select.EPOLLIN)
+                if self._resting.get(stream.fd) is not stream:  # (else: when the rest ends)
+                    self._epoll.modify(stream.fd, select.EPOLLIN)
 
         tap.on_drained = drained
 
@@ -243,8 +257,15 @@ class IoReactor:
         if self._streams.get(stream.fd) is not stream:
             return None
         del self._streams[stream.fd]
-        self._epoll.unregister(stream.fd)
+        self._unwatch(stream)
         return stream.fd
+
+    def _unwatch(self, stream: Stream) -> None:
+        """Out of the epoll set (a resting stream is out of it already)."""
+        if self._resting.get(stream.fd) is stream:
+            del self._resting[stream.fd]
+        else:
+            self._epoll.unregister(stream.fd)
 
     def remove(self, stream: Stream) -> None:
         """Stop serving ``stream`` now: read what is already buffered (bounded: a writer outside
@@ -282,7 +303,7 @@ class IoReactor:
         """Let go of ``stream``; ``ended``: at its end (EOF, hang-up, error), when a held
         stream keeps its fd open for :meth:`remove`."""
         del self._streams[stream.fd]
-        self._epoll.unregister(stream.fd)
+        self._unwatch(stream)
         if ended and stream.hold:
             self._held[stream.fd] = stream
         else:
@@ -335,20 +356,56 @@ class IoReactor:
             else:
                 self._epoll.modify(stream.fd, 0)  # nothing to write: wait for poke()
 
+    @staticmethod
+    def own(streams: Iterable[Stream], owner: int) -> None:
+        """``streams`` are ``owner``'s output from now on (see :attr:`pace`)."""
+        for stream in streams:
+            stream.owner = owner
+
+    def _serve_owned(self, stream: Stream, owner: int) -> None:
+        """A stream with an owner: rested if its owner is paced, else read and charged."""
+        assert self.pace is not None
+        if self.pace(owner):
+            # (out of the set, not a mask of 0: a pipe whose writers are gone reports a
+            # hang-up whatever the mask, and the loop would spin on it for the whole rest)
+            self._epoll.unregister(stream.fd)
+            self._resting[stream.fd] = stream
+            return
+        began = time.thread_time()
+        self._serve_reader(stream)
+        if self.charge is not None:
+            self.charge(owner, time.thread_time() - began)
+
+    def _wake_resting(self) -> None:
+        """The rested streams are back in the epoll set, read (or asked about) from the next
+        round; one held for its tap waits for it there (one closed or removed meanwhile left
+        ``_resting`` then: :meth:`_unwatch`)."""
+        for fd, stream in self._resting.items():
+            held = stream.capture is not None and stream.capture.tap_full
+            self._epoll.register(fd, 0 if held else select.EPOLLIN)
+        self._resting.clear()
+
     @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the main task, not here
     async def run(self) -> None:
         try:
             with self._scope:
                 while True:
-                    await trio.lowlevel.wait_readable(self._epoll.fileno())
+                    if self._resting:
+                        with trio.move_on_after(self.REST):
+                            await trio.lowlevel.wait_readable(self._epoll.fileno())
+                        self._wake_resting()
+                    else:
+                        await trio.lowlevel.wait_readable(self._epoll.fileno())
                     for fd, events in self._epoll.poll(0):
                         stream = self._streams.get(fd)
                         if stream is None:
                             continue
-                        if stream.capture is not None:
-                            self._serve_reader(stream)
-                        else:
+                        if stream.capture is None:
                             self._serve_writer(stream, events)
+                        elif stream.owner is not None and self.pace is not None:
+                            self._serve_owned(stream, stream.owner)
+                        else:
+                            self._serve_reader(stream)
         finally:
             for stream in list(self._streams.values()):
                 self._close(stream)

@@ -26,7 +26,7 @@ import os
 import re
 import secrets
 import signal
-from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -95,6 +95,14 @@ class Supervisor:
         self._nursery: trio.Nursery  # set by _serving: the supervisor's own nursery
         self._ctrl_c: CtrlC | None = None  # set by _serving (it needs the nursery)
         self._rt.on_cancelled = self._cancelled
+
+    def pace_output(self, pace: Callable[[int], bool],
+                    charge: Callable[[int, float], None]) -> None:
+        """Read the output of tasks with an owner (:meth:`TaskHandle.own_output`) only while
+        ``pace(owner)`` is false (else the pipes rest a moment: their writers block when they
+        are full), and ``charge(owner, seconds)`` the loop thread's CPU time of each read."""
+        self._rt.reactor.pace = pace
+        self._rt.reactor.charge = charge
 
     @property
     def cgroup_root(self) -> str:

@@ -223,6 +223,13 @@ class TaskHandle:
     def state(self) -> str:
         return self._t.state
 
+    def own_output(self, owner: int) -> None:
+        """Its output pipes are ``owner``'s: the supervisor reads them at the pace its
+        :meth:`Supervisor.pace_output` hooks give ``owner`` (a daemon's per-uid share)."""
+        io = self._t.io
+        if io is not None:
+            self._t.rt.reactor.own(io.streams, owner)
+
     def stop(self, *, force: bool = False, by_signal: int | None = None) -> bool:
         """Ask the task to stop: gracefully, or with ``force=True`` kill now.
 

@@ -181,6 +181,7 @@ def _running(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
     t.pid = handle.pid
     t.state = "running"
     t.started_at = time.time()
+    handle.own_output(t.uid)  # (read at its uid's share of the loop: Shares.loop)
     for i in range(t.stop_requests):  # asked while it was being started
         handle.stop(force=t.stop_force and i == t.stop_requests - 1)
     d.publish(t, "running")

@@ -226,6 +226,7 @@ async def _one_at_a_time(locks: dict[int, trio.Lock], uid: int,
 WINDOW = 0.1  # seconds over which a uid's use of the event loop is counted (decaying)
 CONTENDED = 0.6  # the loop busier than this: each uid active on it gets an equal share
 LONGEST = 0.05  # seconds a uid over its share waits at most at once
+OUTPUT_SHARE = 0.5  # of an equal share: a uid's tasks' output read at most, others waiting
 
 
 class LoopShare(trio.abc.Instrument):
@@ -319,12 +320,47 @@ class LoopShare(trio.abc.Instrument):
             else:
                 _add(used, took, now)
 
-    async def wait(self, uid: int) -> None:
+    def charge_step(self, uid: int, seconds: float) -> None:
+        """``seconds`` of a step of the loop that is no task's (the I/O reactor's reads of
+        ``uid``'s tasks' pipes) count as ``uid``'s (the loop's counted them already)."""
         if not self.on or uid == 0:
             return
         now = self._clock()
+        used = self.used.setdefault(uid, [0.0, now])
+        _add(used, seconds, now)
+
+    def output_over(self, uid: int) -> bool:
+        """Whether ``uid``'s tasks' output rests now, unread (``Supervisor.pace_output``):
+        while other uids use the loop too, it is the uid using the most, and above
+        :data:`OUTPUT_SHARE` of an equal share.  Reading output is bulk work that a rest only
+        delays (the writers block on their full pipes, and use no CPU meanwhile), while a
+        request is waited for: so a uid's output gets at most half an equal share once others
+        need the loop, not the whole of it, and none of this when they do not.  (Four tasks of
+        one tenant writing 200 MB each took 38% of the loop, under an equal share, and the
+        CPUs with their writers: another tenant's median went from 7 to 28-30 ms, its p99 to
+        62-66; with their output paced so, 20-21 ms and 43-51, the flood's tasks 10% fewer:
+        benchmarks/bench_tenants.py, two pairs of runs alternated.)"""
+        if not self.on or uid == 0:
+            return False
+        now = self._clock()
+        shares = {u: _share(v, now) for u, v in self.used.items()}
+        mine = shares.get(uid, 0.0)
+        using = sum(1 for v in shares.values() if v > 0.02)
+        return using >= 2 and mine > OUTPUT_SHARE / using and mine >= max(shares.values())
+
+    async def wait(self, uid: int) -> None:
+        wait = self._over_by(uid)
+        if wait > 0:
+            await trio.sleep(wait)
+
+    def _over_by(self, uid: int) -> float:
+        """How long ``uid`` waits now: 0 unless the loop is contended and it is the uid using
+        the most, above an equal share."""
+        if not self.on or uid == 0:
+            return 0.0
+        now = self._clock()
         if _share(self.busy, now) < CONTENDED:
-            return
+            return 0.0
         shares = {u: _share(v, now) for u, v in self.used.items()}
         mine = shares.get(uid, 0.0)
         active = sum(1 for v in shares.values() if v > 0.02)
@@ -332,8 +368,8 @@ class LoopShare(trio.abc.Instrument):
             self.used = {u: v for u, v in self.used.items() if shares[u] > 1e-4}
         fair = 1.0 / max(1, active)
         if active < 2 or mine <= fair or mine < max(shares.values()):
-            return  # (only the uid using the most waits)
-        await trio.sleep(min(LONGEST, WINDOW * math.log(mine / fair)))
+            return 0.0  # (only the uid using the most waits)
+        return min(LONGEST, WINDOW * math.log(mine / fair))
 
 
 def _add(acc: list[float], took: float, now: float) -> None:

@@ -214,6 +214,8 @@ class Daemon:
         self.stdin_pipes = _stdin_pipe_supported()
         self.offload = Offload()  # large requests' work, the uids taking turns
         self.offload.charge = self.shares.loop.charge  # (its jobs: their uids' loop time)
+        # (a uid's tasks' output is read at its share of the loop, and what it costs counted)
+        sup.pace_output(self.shares.loop.output_over, self.shares.loop.charge_step)
         self.answers = Answers()  # finished tasks' large answers, encoded once
         self.metrics = Metrics(self._gauges)  # last: it reads the gauges above at once
 

@@ -5,6 +5,7 @@ them.  Streams of distinct bytes, cut in odd chunks, with pauses that let the pi
 from __future__ import annotations
 
 import array
+import collections
 import fcntl
 import functools
 import os
@@ -193,3 +194,45 @@ async def test_serve_now_ends_a_pipe_at_eof_and_only_reads_a_live_one() -> None:
         assert s2.done.is_set()
         reactor.stop()
     os.close(w2)
+
+
+async def test_a_paced_owners_pipes_rest_unread_and_what_their_reads_cost_is_charged() -> None:
+    """The daemon reads a tenant's output at its share of the event loop (a tenant's output
+    flood was read in steps that were no one's, and another tenant's requests waited behind
+    them): while ``pace(owner)`` says so, the owner's pipes rest unread (a writer blocks once
+    the pipe is full), another owner's are read, each read is charged to its owner, and a
+    pipe whose writer is gone is not asked about in a spin while it rests."""
+    reactor = IoReactor()
+    paced = {1}
+    asked: collections.Counter[int] = collections.Counter()
+    charged: collections.Counter[int] = collections.Counter()
+
+    def pace(owner: int) -> bool:
+        asked[owner] += 1
+        return owner in paced
+
+    reactor.pace = pace
+    reactor.charge = lambda owner, seconds: charged.update({owner: 1})
+    pipes = [os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK) for _ in range(2)]
+    captures = [StreamCapture(100, 100) for _ in pipes]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reactor.run)
+        streams = [reactor.add_reader(r, c) for (r, _), c in zip(pipes, captures, strict=True)]
+        for owner, stream in enumerate(streams, 1):
+            reactor.own([stream], owner)
+        for _, w in pipes:
+            os.write(w, b"x" * 5000)
+        os.close(pipes[0][1])  # (the paced one's writer is gone: a hang-up while it rests)
+        with trio.fail_after(HANG):
+            while captures[1].total < 5000:
+                await trio.sleep(0.001)
+        await trio.sleep(10 * reactor.REST)
+        assert captures[0].total == 0 and charged[1] == 0 and charged[2] >= 1
+        assert asked[1] <= 12, asked  # (about once a rest, not in a spin)
+        paced.clear()
+        with trio.fail_after(HANG):
+            await streams[0].done.wait()  # (read whole, and its end seen)
+        assert captures[0].total == 5000 and charged[1] >= 1
+        reactor.remove(streams[1])
+        reactor.stop()
+    os.close(pipes[1][1])

@@ -203,3 +203,39 @@ def test_a_uid_over_its_share_of_a_busy_event_loop_waits_and_no_one_else_does() 
     assert 0 < got["waits"][1000] <= LONGEST and got["waits"][1001] == got["waits"][0] == 0
     assert got["waits"]["second"] == 0
     assert got["idle"] == 0
+
+
+def test_a_uids_output_rests_above_half_an_equal_share_while_others_use_the_loop() -> None:
+    """An output flood of one tenant (four tasks writing 200 MB each) took 38% of the loop,
+    under an equal share, and the CPUs with its writers: another tenant's median 7 -> 28 ms.
+    Its tasks' output rests (``Supervisor.pace_output``) while it is the uid using the most
+    and above half an equal share, others using the loop too; not when they do not, nor
+    root's, and the reactor's reads of it count as its (``charge_step``)."""
+    import time
+
+    import trio
+
+    from supervisor.serve.shares import WINDOW, LoopShare
+
+    async def main() -> dict[str, Any]:
+        ls = LoopShare()
+        ls.enter(1000)
+        ls.enter(1001)
+        now = time.monotonic()
+        ls.busy = [0.5 * WINDOW, now]  # (a loop half idle: requests would not wait)
+        ls.used = {1000: [0.3 * WINDOW, now], 1001: [0.15 * WINDOW, now]}
+        got = {"flood": ls.output_over(1000), "other": ls.output_over(1001),
+               "root": ls.output_over(0)}
+        ls.used = {1000: [0.3 * WINDOW, now], 1001: [0.001 * WINDOW, now]}
+        got["others_idle"] = ls.output_over(1000)  # (1001 connected, not using the loop)
+        ls.used = {1000: [0.2 * WINDOW, now], 1001: [0.15 * WINDOW, now]}
+        got["within"] = ls.output_over(1000)
+        ls.charge_step(1000, 0.1 * WINDOW)  # (the reactor's reads of its pipes)
+        got["charged"] = ls.output_over(1000)
+        ls.leave(1001)
+        got["alone"] = ls.output_over(1000)
+        return got
+
+    got = trio.run(main)
+    assert got == {"flood": True, "other": False, "root": False, "others_idle": False,
+                   "within": False, "charged": True, "alone": False}, got
