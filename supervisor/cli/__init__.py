@@ -5,8 +5,11 @@
 
 Each verb module has ``add_parser(subparsers)`` and ``main(args) -> int``, and may have
 ``prepare_argv(words) -> words`` (its own reading of the words after the verb, before
-argparse) and ``EARLY`` (a callable run first of all, before anything heavy is imported:
-``corral run`` blocks its signals there).  This module imports neither trio nor the
+argparse), ``fast_args(words) -> namespace or None`` (the words after the verb read without
+argparse, which brings ``re`` and ``enum``: ~10 ms of a client's start-up; None for anything
+but the plain forms, and argparse reads them as always, its help and errors included) and
+``EARLY`` (a callable run first of all, before anything heavy is imported: ``corral run``
+blocks its signals there).  This module imports neither trio nor the
 supervisor's core, so that a verb that does not need them (a client of the daemon) starts as
 fast as Python itself.
 
@@ -16,7 +19,6 @@ and nothing was started.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from collections.abc import Sequence
@@ -25,7 +27,7 @@ TYPE_CHECKING = False  # not typing's: importing typing costs every client verb'
 if TYPE_CHECKING:
     from typing import NoReturn
 
-__all__ = ["EXIT_FAILURE", "VERBS", "die", "main", "missing_cgroup_root"]
+__all__ = ["EXIT_FAILURE", "VERBS", "die", "fast_options", "main", "missing_cgroup_root"]
 
 EXIT_FAILURE = 125
 
@@ -45,44 +47,6 @@ VERBS: dict[str, str] = {
     "session": ".session",
     "mcp": ".mcp",
 }
-
-
-def _columns() -> int:
-    """The terminal's width as shutil.get_terminal_size() finds it ($COLUMNS, then stdout's
-    terminal, else 80), without importing shutil."""
-    import os
-
-    try:
-        columns = int(os.environ.get("COLUMNS", ""))
-        if columns > 0:
-            return columns
-    except ValueError:
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
-
-
-class _Formatter(argparse.HelpFormatter):
-    """argparse's formatter given its width: its own way of finding it imports shutil (~2 ms
-    of every client verb's start-up, on each ``add_argument``), for help nobody asked for."""
-
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
-        super().__init__(prog, indent_increment, max_help_position,
-                         _columns() - 2 if width is None else width)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is corral's own failure: one line, exit 125."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        kwargs.setdefault("formatter_class", _Formatter)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_FAILURE, f"corral: {message} (see: {self.prog} --help)\n")
 
 
 def die(message: str) -> NoReturn:
@@ -116,35 +80,35 @@ def missing_cgroup_root(path: str | None) -> str | None:
             f"--cgroup-root {mount}/corral")
 
 
-class _Version(argparse.Action):
-    """``--version``: the installed distribution's version, looked up only when asked
-    (importlib.metadata costs tens of milliseconds at every start otherwise)."""
-
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
-                 **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="show corral's version and exit")
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            text = version("corral")
-        except PackageNotFoundError:
-            text = "unknown (not installed)"
-        parser.exit(0, f"corral {text}\n")
-
-
-def _parser(verb: str | None) -> Parser:
-    p = Parser(prog="corral", description="Run commands in their own cgroup v2 leaf: time "
-               "limits, resource limits, graceful-then-forced stops, nothing left behind.")
-    p.add_argument("--version", action=_Version)
-    sub = p.add_subparsers(dest="verb", required=True, parser_class=Parser)
-    # Only the verb being run is imported and given a parser (each costs a few hundred us);
-    # without one (--help, a typo) every verb is there to be listed or suggested.
-    for name, module in VERBS.items():
-        if verb is None or name == verb:
-            importlib.import_module(module, __name__).add_parser(sub)
-    return p
+def fast_options(words: Sequence[str], flags: Sequence[str],
+                 valued: Sequence[str]) -> dict[str, str | bool] | None:
+    """``words`` read as options alone: each of ``flags`` (``--json``), each of ``valued``
+    with its value (``--limit 5``, ``--limit=5``, ``-n 5``, ``-n5``), the last one counting;
+    keyed by the option as written in ``flags``/``valued``.  None for anything else (an
+    abbreviation, ``--help``, a value that looks like an option, ``--``, an operand): the
+    verb's ``fast_args`` then leaves the words to argparse."""
+    found: dict[str, str | bool] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word in flags:
+            found[word] = True
+            continue
+        name, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
+        if not eq and len(name) > 2 and name[1] != "-" and name[:2] in valued:
+            name, eq, value = name[:2], "=", name[2:]  # (-n5)
+        if name not in valued:
+            return None
+        if not eq:
+            if i == len(words):
+                return None
+            value = words[i]
+            i += 1
+        if not value or value.startswith("-"):
+            return None
+        found[name] = value
+    return found
 
 
 def _find_verb(argv: Sequence[str]) -> str | None:
@@ -188,11 +152,11 @@ def _launched(early: object) -> bool:
         pass  # (no /proc: only the name is lost)
     if early is not None:
         return True
-    import signal
+    import _signal  # type: ignore[import-not-found]  # (signal's core, without its enums: ~2 ms)
 
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, (
-        signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP,
-        signal.SIGWINCH, signal.SIGCONT))
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, (
+        _signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGTSTP,
+        _signal.SIGWINCH, _signal.SIGCONT))
     return True
 
 
@@ -212,7 +176,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if prepare is not None:
             at = args_list.index(verb) + 1
             args_list[at:] = prepare(args_list[at:])
-    args = _parser(verb).parse_args(args_list)
+    args = None
+    fast = getattr(module, "fast_args", None) if verb is not None else None
+    if fast is not None and args_list[:1] == [verb]:
+        args = fast(args_list[1:])
+    if args is None:
+        from .parsing import parser
+
+        args = parser(verb).parse_args(args_list)
+    else:
+        args.verb = verb
     module = importlib.import_module(VERBS[args.verb], __name__)
     status: int = module.main(args)
     if launched and getattr(module, "EXIT_AT_ONCE", False):

@@ -10,8 +10,6 @@ No trio and no core import here: ``corral ps`` must start about as fast as Pytho
 
 from __future__ import annotations
 
-import argparse
-import signal
 import sys
 from collections.abc import Callable
 
@@ -20,6 +18,7 @@ from . import EXIT_FAILURE
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
 
     from .printable import TerminalFilter
@@ -38,8 +37,10 @@ def add_socket(p: Any) -> None:
 def run_client(args: argparse.Namespace, body: Callable[[Client], int]) -> int:
     """``body(client)``; an error of the daemon's or of the connection is printed as
     ``corral: message`` and gives exit status 125."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored: `corral logs &`)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    import _signal  # type: ignore[import-not-found]  # (signal's core, without its enums: ~2 ms)
+
+    if _signal.getsignal(_signal.SIGINT) != _signal.SIG_IGN:  # (ignored: `corral logs &`)
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
     try:
         with Client(args.socket, start_wait=START_WAIT) as client:
             return body(client)

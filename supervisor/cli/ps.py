@@ -2,27 +2,49 @@
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
+from . import fast_options
 from .clientutil import add_socket, run_client
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
 
-__all__ = ["add_parser", "main"]
+__all__ = ["add_parser", "fast_args", "main"]
+
+_STATES = ("queued", "starting", "running", "stopping", "finished")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("ps", help="list tasks in the daemon",
                        description="List your tasks in the corral daemon, newest first.")
-    p.add_argument("--state", choices=["queued", "starting", "running", "stopping",
-                                       "finished"])
+    p.add_argument("--state", choices=_STATES)
     p.add_argument("-n", "--limit", type=int, default=100, metavar="N")
     p.add_argument("--json", action="store_true", help="one JSON object with the tasks")
     add_socket(p)
+
+
+def fast_args(words: list[str]) -> Any:
+    """:func:`add_parser`'s options in their plain forms, without argparse (see
+    ``cli/__init__.py``); None for anything else."""
+    import types
+
+    found = fast_options(words, ("--json",), ("--state", "--limit", "-n", "--socket"))
+    if found is None:
+        return None
+    state, limit = found.get("--state"), found.get("-n", found.get("--limit", "100"))
+    if state is not None and state not in _STATES:
+        return None
+    if "-n" in found and "--limit" in found:
+        return None  # (which came last is argparse's to say)
+    try:
+        number = int(str(limit))
+    except ValueError:
+        return None
+    return types.SimpleNamespace(state=state, limit=number, json=bool(found.get("--json")),
+                                 socket=found.get("--socket"))
 
 
 def _age(t: float | None) -> str:
@@ -53,6 +75,8 @@ def main(args: argparse.Namespace) -> int:
     def body(client: Any) -> int:
         tasks = client.list(state=args.state, limit=args.limit)
         if args.json:
+            import json  # (only here: see supervisor/_fastjson.py)
+
             print(json.dumps({"tasks": [t._asdict() for t in tasks]}, indent=2))
             return 0
         print(f"{'ID':>8}  {'STATE':<9} {'UID':>6}  {'AGE':>6}  {'ENDED':<18} COMMAND")

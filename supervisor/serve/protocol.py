@@ -17,7 +17,8 @@ whose message names the value, the rule and the fix.
 from __future__ import annotations
 
 import collections
-import json
+
+from .. import _fastjson
 
 TYPE_CHECKING = False  # not typing's (see the module docstring)
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ class ApiError(Exception):
     def from_response(cls, status: int, body: bytes) -> ApiError:
         """The error a daemon answered with (or a plain one if the body is not ours)."""
         try:
-            err = json.loads(body)["error"]
+            err = _fastjson.loads(body)["error"]
             return cls(status, str(err["code"]), str(err["message"]), err.get("field"))
         except (ValueError, KeyError, TypeError):
             text = body[:200].decode("utf-8", "replace")
@@ -118,6 +119,8 @@ def invalid(field: str, message: str) -> ApiError:
 
 def shown(value: Any) -> str:
     """``value`` as JSON, at most 80 characters: how an answer names a bad value."""
+    import json  # (the daemon's: json is not imported for the clients' types, see _fastjson)
+
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -134,6 +137,8 @@ def dumps_in_slices(obj: dict[str, Any]) -> str:
     encoded :data:`_SLICE` items at a time: json's C encoder keeps the GIL for a whole call
     (10 ms for a command of 65,000 arguments), and the event loop, in another thread, cannot
     run meanwhile; between slices it can."""
+    import json
+
     if not any(isinstance(v, list | dict) and len(v) > _SLICE for v in obj.values()):
         return json.dumps(obj)
     parts = []
@@ -153,6 +158,8 @@ def dumps_in_slices(obj: dict[str, Any]) -> str:
 
 def parse_json_body(body: bytes) -> Any:
     """The request body as JSON; ApiError 400 for invalid UTF-8, malformed JSON, NaN."""
+    import json
+
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -617,7 +624,7 @@ def gap_frame(stream: str, start: int, end: int) -> dict[str, Any]:
 
 
 def parse_frame(line: bytes) -> Frame:
-    obj = json.loads(line)
+    obj = _fastjson.loads(line)
     if "gap" in obj:
         start, end = obj["gap"]
         return Frame("gap", obj.get("stream"), start, end=end)

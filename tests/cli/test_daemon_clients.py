@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import hypothesis
 import pytest
 from cli_util import default_signals
 from daemon_util import RunningDaemon, stop_reached, wait_for
+from hypothesis import strategies as st
 
 from supervisor.cli.clientutil import START_WAIT
 
@@ -226,3 +228,46 @@ def test_a_wait_bound_on_the_command_line_exits_75_and_the_task_goes_on(
     err = r.stderr.decode()
     assert r.returncode == 75 and r.stdout == b"hi\n" and "wait bound" in err, (r, err)
     d.corral("session", "close", session, check=True)
+
+
+# ---- start-up: `corral ps` reads its plain options without argparse ----------------------------
+
+_PS_WORDS = ["--json", "--state", "running", "--state=finished", "--state=bogus", "-n", "5",
+             "-n7", "--limit", "12", "--limit=0", "--limit=x", "--socket", "/s", "--socket=/t",
+             "--sock", "-h", "--", "extra", "-5", "--json=1", "-n-1"]
+
+
+@hypothesis.given(st.lists(st.sampled_from(_PS_WORDS), max_size=6))
+def test_ps_read_without_argparse_is_what_argparse_reads(words: list[str]) -> None:
+    """``corral ps`` reads its options in their plain forms without argparse (which brings
+    re and enum: ~10 ms of its start-up); whatever it reads so, argparse reads the same, and
+    anything else (help, an abbreviation, an error) is left to argparse."""
+    import contextlib
+    import io
+
+    from supervisor.cli import ps
+    from supervisor.cli.parsing import parser
+
+    fast = ps.fast_args(words)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            slow = vars(parser("ps").parse_args(["ps", *words]))
+    except SystemExit:
+        assert fast is None, (words, vars(fast))
+        return
+    slow.pop("verb")
+    if fast is not None:
+        assert vars(fast) == slow, words
+    plain = all(w in ("--json", "--state=running", "-n7", "--limit=0", "--socket=/t")
+                for w in words)
+    assert fast is not None or not plain, words
+
+
+def test_ps_starts_without_argparse_or_json(start_daemon: Callable[..., RunningDaemon]) -> None:
+    d = start_daemon()
+    code = ("import sys; from supervisor.cli import main; status = main(['ps', '-n', '3']); "
+            "print(status, [m for m in ('argparse', 'json', 'signal') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, CORRAL_SOCKET=d.socket), timeout=HANG, check=True)
+    assert out.stdout.splitlines()[-1] == "0 []", out.stdout + out.stderr
+    assert out.stdout.startswith("      ID  STATE"), out.stdout

@@ -323,3 +323,43 @@ def test_an_idempotency_key_is_taken_up_to_128_printable_bytes_and_refused_past_
             assert not (fits and key.isprintable()), e
             assert e.status == 400 and e.field == "idempotency_key", e
             assert (f"got {len(key.encode())}" if not fits else "printable") in e.message
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+@given(_JSON_VALUES, st.sampled_from(["", " ", "\n\t ", "\ufeff"]))
+def test_the_clients_json_is_jsons(value: Any, pad: str) -> None:
+    """The clients' JSON (``supervisor._fastjson``: the C scanner and encoder without the
+    json module's start-up) encodes and decodes as json does, errors included."""
+    from supervisor import _fastjson
+
+    text = json.dumps(value)
+    assert _fastjson.dumps(value) == text
+    for data in (pad + text + pad.strip("\ufeff"), (pad + text).encode()):
+        try:
+            expected: Any = ("ok", json.loads(data))
+        except ValueError as e:
+            expected = ("error", type(e), str(e))
+        try:
+            got: Any = ("ok", _fastjson.loads(data))
+        except ValueError as e:
+            got = ("error", type(e), str(e))
+        assert repr(got) == repr(expected), data
+
+
+def test_the_clients_json_fails_as_json_does() -> None:
+    import pytest
+
+    from supervisor import _fastjson
+
+    for bad in (b'{"a": }', b"[1,]", b'{"a": 1} x', b"", b"   ", b'"\xff"', b"[" * 100000,
+                b'{"a": 1}{}', "\ud800"):
+        with pytest.raises((ValueError, RecursionError)) as theirs:
+            json.loads(bad)
+        with pytest.raises((ValueError, RecursionError)) as ours:
+            _fastjson.loads(bad)
+        assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
