@@ -80,20 +80,26 @@ def missing_cgroup_root(path: str | None) -> str | None:
             f"--cgroup-root {mount}/corral")
 
 
-def fast_options(words: Sequence[str], flags: Sequence[str],
-                 valued: Sequence[str]) -> dict[str, str | bool] | None:
-    """``words`` read as options alone: each of ``flags`` (``--json``), each of ``valued``
-    with its value (``--limit 5``, ``--limit=5``, ``-n 5``, ``-n5``), the last one counting;
-    keyed by the option as written in ``flags``/``valued``.  None for anything else (an
-    abbreviation, ``--help``, a value that looks like an option, ``--``, an operand): the
-    verb's ``fast_args`` then leaves the words to argparse."""
+def fast_options(words: Sequence[str], flags: Sequence[str], valued: Sequence[str],
+                 operands: int = 0) -> dict[str, str | bool] | None:
+    """``words`` read as options and ``operands`` operands, in any order: each of ``flags``
+    (``--json``), each of ``valued`` with its value (``--limit 5``, ``--limit=5``, ``-n 5``,
+    ``-n5``), the last one counting; keyed by the option as written in ``flags`` and
+    ``valued``, the operands by their place (``"0"``...).  None for anything else (an
+    abbreviation, ``--help``, a word or value that looks like an option, ``--``, too few or
+    too many operands): the verb's ``fast_args`` then leaves the words to argparse."""
     found: dict[str, str | bool] = {}
+    given = 0
     i = 0
     while i < len(words):
         word = words[i]
         i += 1
         if word in flags:
             found[word] = True
+            continue
+        if word and not word.startswith("-"):
+            found[str(given)] = word
+            given += 1
             continue
         name, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
         if not eq and len(name) > 2 and name[1] != "-" and name[:2] in valued:
@@ -108,7 +114,7 @@ def fast_options(words: Sequence[str], flags: Sequence[str],
         if not value or value.startswith("-"):
             return None
         found[name] = value
-    return found
+    return found if given == operands else None
 
 
 def _find_verb(argv: Sequence[str]) -> str | None:

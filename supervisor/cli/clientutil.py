@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 
 from ..client import ApiError, Client, DaemonUnavailable
-from . import EXIT_FAILURE
+from . import EXIT_FAILURE, fast_options
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from .printable import TerminalFilter
 
-__all__ = ["START_WAIT", "add_socket", "run_client"]
+__all__ = ["START_WAIT", "add_socket", "fast_client_args", "run_client"]
 
 START_WAIT = 5.0  # seconds a client waits for a daemon that is starting (its socket bound)
 
@@ -32,6 +32,22 @@ def add_socket(p: Any) -> None:
     p.add_argument("--socket", metavar="PATH",
                    help="the daemon's socket (default: $CORRAL_SOCKET, else "
                         "/run/corral/corral.sock)")
+
+
+def fast_client_args(words: list[str], flags: dict[str, str], operands: tuple[str, ...],
+                     **defaults: object) -> Any:
+    """A client verb's words (``flags``: option -> attribute, ``--socket``, the ``operands``
+    by name) read without argparse, as argparse would (``fast_options``); None for anything
+    else (argparse then reads them, its help and errors included)."""
+    import types
+
+    found = fast_options(words, tuple(flags), ("--socket",), len(operands))
+    if found is None:
+        return None
+    values: dict[str, object] = {attr: False for attr in flags.values()}
+    values.update({attr: True for flag, attr in flags.items() if found.get(flag)})
+    values.update({name: found[str(i)] for i, name in enumerate(operands)})
+    return types.SimpleNamespace(socket=found.get("--socket"), **values, **defaults)
 
 
 def run_client(args: argparse.Namespace, body: Callable[[Client], int]) -> int:

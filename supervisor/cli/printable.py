@@ -17,12 +17,16 @@ it (``]52;c;...``) is plain text.
 from __future__ import annotations
 
 import codecs  # (loaded by the interpreter itself at start-up: free)
-import re
+
+TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
+if TYPE_CHECKING:
+    import re
 
 __all__ = ["TerminalFilter", "printable"]
 
 _BIDI = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-_UNSAFE = re.compile(f"[\x00-\x08\x0a-\x1f\x7f-\x9f{_BIDI}]")
+_UNSAFE = f"[\x00-\x08\x0a-\x1f\x7f-\x9f{_BIDI}]"
+_unsafe: re.Pattern[str] | None = None  # (compiled at the first text that needs it)
 _NAMED = {"\n": "\\n", "\r": "\\r"}
 
 # Longer parameter lists than any real SGR (38;2;R;G;B;48;2;R;G;B is 33) are not held back,
@@ -50,8 +54,19 @@ def _escape_output(m: re.Match[str]) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` with what a terminal would act on shown as escapes (unchanged otherwise)."""
-    return _UNSAFE.sub(_escape, text)
+    """``text`` with what a terminal would act on shown as escapes (unchanged otherwise).
+
+    A text ``str.isprintable`` takes is returned as it is, without importing ``re`` (~5 ms of
+    a client verb's start-up): every character escaped here is a control or a format
+    character, which it refuses."""
+    if text.isprintable():
+        return text
+    global _unsafe
+    if _unsafe is None:
+        import re
+
+        _unsafe = re.compile(_UNSAFE)
+    return _unsafe.sub(_escape, text)
 
 
 class TerminalFilter:
@@ -61,6 +76,8 @@ class TerminalFilter:
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+        import re
+
         self._held = ""  # the start of what may still become an SGR sequence
         self._unsafe = re.compile(_OUTPUT_UNSAFE)
         self._sgr_prefix = re.compile(_SGR_PREFIX)

@@ -6,6 +6,7 @@ import time
 
 from . import fast_options
 from .clientutil import add_socket, run_client
+from .printable import printable
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
@@ -54,17 +55,6 @@ def _age(t: float | None) -> str:
     return f"{s}s" if s < 120 else f"{s // 60}min" if s < 7200 else f"{s // 3600}h"
 
 
-def _printable(text: str) -> str:
-    """``printable(text)``; its regular expression is compiled only for a command that holds
-    a character a terminal might act on (every one of them is unprintable to
-    ``str.isprintable``): ~1 ms of every listing's start-up otherwise."""
-    if text.isprintable():
-        return text
-    from .printable import printable
-
-    return printable(text)
-
-
 def _how(t: Any) -> str:
     if t.outcome is None:
         return "-"
@@ -81,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
             return 0
         print(f"{'ID':>8}  {'STATE':<9} {'UID':>6}  {'AGE':>6}  {'ENDED':<18} COMMAND")
         for t in tasks:
-            command = _printable(" ".join(t.argv))
+            command = printable(" ".join(t.argv))
             print(f"{t.id:>8}  {t.state:<9} {t.uid:>6}  {_age(t.created_at):>6}  "
                   f"{_how(t):<18} {command[:60]}")
         return 0

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-
-from .clientutil import add_socket, run_client
+from .clientutil import add_socket, fast_client_args, run_client
 from .printable import printable
 from .wait import why
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
 
-__all__ = ["add_parser", "main"]
+__all__ = ["add_parser", "fast_args", "main"]
 
 
 def add_parser(sub: Any) -> None:
@@ -31,10 +29,17 @@ def _seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}s"
 
 
+def fast_args(words: list[str]) -> Any:
+    """:func:`add_parser`'s words in their plain forms, without argparse (``cli/__init__``)."""
+    return fast_client_args(words, {"--json": "json"}, ("id",))
+
+
 def main(args: argparse.Namespace) -> int:
     def body(client: Any) -> int:
         t = client.show(args.id)
         if args.json:
+            import json  # (only here: see supervisor/_fastjson.py)
+
             print(json.dumps(t._asdict(), indent=2, sort_keys=True))
             return 0
         print(f"Task {t.id}: {t.state}  (uid {t.uid}, gid {t.gid})")

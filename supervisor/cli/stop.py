@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from .clientutil import add_socket, run_client
+from .clientutil import add_socket, fast_client_args, run_client
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
 
-__all__ = ["add_parser", "main"]
+__all__ = ["add_parser", "fast_args", "main"]
 
 
 def add_parser(sub: Any) -> None:
@@ -22,6 +22,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("id")
     p.add_argument("--force", action="store_true", help="kill now")
     add_socket(p)
+
+
+def fast_args(words: list[str]) -> Any:
+    """:func:`add_parser`'s words in their plain forms, without argparse (``cli/__init__``)."""
+    return fast_client_args(words, {"--force": "force"}, ("id",))
 
 
 def main(args: argparse.Namespace) -> int:

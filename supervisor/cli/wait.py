@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from .clientutil import add_socket, run_client
+from .clientutil import add_socket, fast_client_args, run_client
 from .printable import printable
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
 
-__all__ = ["add_parser", "main"]
+__all__ = ["add_parser", "fast_args", "main"]
 
 
 def add_parser(sub: Any) -> None:
@@ -55,6 +55,11 @@ def why(result: dict[str, Any]) -> str:
     if exit_.get("code") is not None:
         return f"exited with code {exit_['code']}"
     return ""
+
+
+def fast_args(words: list[str]) -> Any:
+    """:func:`add_parser`'s words in their plain forms, without argparse (``cli/__init__``)."""
+    return fast_client_args(words, {"-q": "quiet", "--quiet": "quiet"}, ("id",))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -230,36 +230,48 @@ def test_a_wait_bound_on_the_command_line_exits_75_and_the_task_goes_on(
     d.corral("session", "close", session, check=True)
 
 
-# ---- start-up: `corral ps` reads its plain options without argparse ----------------------------
+# ---- start-up: the client verbs read their plain options without argparse -------------------
 
-_PS_WORDS = ["--json", "--state", "running", "--state=finished", "--state=bogus", "-n", "5",
-             "-n7", "--limit", "12", "--limit=0", "--limit=x", "--socket", "/s", "--socket=/t",
-             "--sock", "-h", "--", "extra", "-5", "--json=1", "-n-1"]
+_WORDS = {
+    "ps": ["--json", "--state", "running", "--state=finished", "--state=bogus", "-n", "5", "-n7",
+           "--limit", "12", "--limit=0", "--limit=x", "--socket", "/s", "--socket=/t", "--sock",
+           "-h", "--", "extra", "-5", "--json=1", "-n-1"],
+    "show": ["12", "7", "--json", "--socket", "/s", "--socket=/t", "--js", "-h", "--", "-3",
+             "--json=1", "abc"],
+    "wait": ["12", "-q", "--quiet", "--qu", "--socket=/t", "--socket", "-x", "--", "5"],
+    "stop": ["12", "--force", "--forc", "--socket", "/s", "-f", "--", "9", "--force=yes"],
+}
+_PLAIN = {"--json", "--state=running", "-n7", "--limit=0", "--socket=/t", "-q", "--quiet",
+          "--force"}
 
 
-@hypothesis.given(st.lists(st.sampled_from(_PS_WORDS), max_size=6))
-def test_ps_read_without_argparse_is_what_argparse_reads(words: list[str]) -> None:
-    """``corral ps`` reads its options in their plain forms without argparse (which brings
-    re and enum: ~10 ms of its start-up); whatever it reads so, argparse reads the same, and
-    anything else (help, an abbreviation, an error) is left to argparse."""
+@hypothesis.given(st.data())
+@pytest.mark.parametrize("verb", sorted(_WORDS))
+def test_a_client_verb_read_without_argparse_is_what_argparse_reads(
+        verb: str, data: st.DataObject) -> None:
+    """The client verbs read their options in their plain forms without argparse (which
+    brings re and enum: ~10 ms of their start-up); whatever they read so, argparse reads the
+    same, and anything else (help, an abbreviation, an error) is left to argparse."""
     import contextlib
+    import importlib
     import io
 
-    from supervisor.cli import ps
     from supervisor.cli.parsing import parser
 
-    fast = ps.fast_args(words)
+    words = data.draw(st.lists(st.sampled_from(_WORDS[verb]), max_size=6))
+    fast = importlib.import_module(f"supervisor.cli.{verb}").fast_args(words)
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            slow = vars(parser("ps").parse_args(["ps", *words]))
+            slow = vars(parser(verb).parse_args([verb, *words]))
     except SystemExit:
         assert fast is None, (words, vars(fast))
         return
     slow.pop("verb")
     if fast is not None:
         assert vars(fast) == slow, words
-    plain = all(w in ("--json", "--state=running", "-n7", "--limit=0", "--socket=/t")
-                for w in words)
+    operands = [w for w in words if w.isdigit()]
+    plain = all(w in _PLAIN or w.isdigit() for w in words) and \
+        len(operands) == (0 if verb == "ps" else 1)
     assert fast is not None or not plain, words
 
 

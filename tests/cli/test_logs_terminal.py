@@ -166,3 +166,16 @@ def test_write_frames_does_not_join_the_bytes_either_side_of_a_gap(
     assert write_frames(frames, out, "stdout", TerminalFilter()) is None
     assert out.getvalue() == rb"x\x1b[" + b"2m"
     assert "bytes 3..10 are no longer held" in capsys.readouterr().err
+
+
+@given(st.text(alphabet=st.characters(codec=None), max_size=40) |
+       st.text(alphabet="ab\t\n\r\x1b\x07\x7f\x85\u061c\u200e\u2028\u202e\u2066\u00a0\u3000",
+               max_size=20))
+def test_a_text_shown_is_escaped_as_the_rule_says_whether_or_not_re_was_needed(
+        text: str) -> None:
+    """``printable`` returns a text ``str.isprintable`` takes without compiling its pattern
+    (a client's start-up without ``re``): the same as the pattern's escaping, for any text."""
+    from supervisor.cli import printable as module
+
+    pattern = re.compile(module._UNSAFE)
+    assert module.printable(text) == pattern.sub(module._escape, text)
