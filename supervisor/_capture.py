@@ -125,6 +125,9 @@ class StreamCapture:
     log_written: int = 0
     log_truncated: bool = False
     subscribers: list[Subscriber] | None = None
+    # told of each chunk and of the end, with no bytes: readers of the log file (the daemon's
+    # followers), whom the capture never holds output for, nor reads every byte for
+    watchers: list[Callable[[], None]] | None = None
     tap: Tap | None = None
     tap_full: bool = False  # the tap is full: the reactor stops reading this stream
     closed: bool = False
@@ -161,6 +164,27 @@ class StreamCapture:
                     sub.missed += len(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
+        self._tell()
+
+    def _tell(self) -> None:
+        for watcher in self.watchers or ():
+            watcher()
+
+    def watch(self, watcher: Callable[[], None]) -> Callable[[], None]:
+        """``watcher()`` at each chunk from now on and at the end of the stream (at once if it
+        has ended); what stops it."""
+        if self.closed:
+            watcher()
+            return lambda: None
+        if self.watchers is None:
+            self.watchers = []
+        self.watchers.append(watcher)
+
+        def stop() -> None:
+            if self.watchers is not None and watcher in self.watchers:
+                self.watchers.remove(watcher)
+
+        return stop
 
     def passable(self) -> bool:
         """Bytes may now pass by unread (:meth:`pass_by`): the head is full and no subscriber
@@ -196,6 +220,7 @@ class StreamCapture:
         self.last_at = trio.current_time()
         if self.tail:
             del self.tail[:]
+        self._tell()
         return moved
 
     def _log(self, data: bytes | memoryview) -> None:
@@ -264,6 +289,8 @@ class StreamCapture:
         if self.log_fd is not None:
             os.close(self.log_fd)
             self.log_fd = None
+        self._tell()
+        self.watchers = None
 
     def export(self) -> dict[str, Any]:
         """What a next process needs to carry this capture on (a hand-over)."""

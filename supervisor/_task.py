@@ -300,6 +300,17 @@ class TaskHandle:
             return recv
         return cap.subscribe()
 
+    def on_output(self, stream: str, watcher: Callable[[], None]) -> Callable[[], None]:
+        """``watcher()`` at each chunk of ``stream`` and at its end, with no bytes (a reader
+        of the task's ``log_file``: nothing is held in memory for it, and bytes past the
+        head may still pass by unread); at once if there is no such stream or it has ended.
+        Returns what stops it."""
+        cap = self._t.capture(stream)
+        if cap is None:
+            watcher()
+            return lambda: None
+        return cap.watch(watcher)
+
     def tap(self, stream: str = "stdout") -> Tap:
         """Every byte of ``stream`` from now on, in order, with back-pressure: while the tap
         is not read, the task waits on its own writes (``async for chunk in task.tap():``).

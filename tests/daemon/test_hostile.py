@@ -245,3 +245,39 @@ def test_a_task_id_is_written_one_way(start_daemon: Start) -> None:
                  b"/v1/sessions/%31"):
         status, _ = raw(d, b"GET " + path + b" HTTP/1.1\r\nhost: x\r\n\r\n")
         assert status == (200 if path == b"/v1/tasks/1" else 404), path
+
+
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def test_followers_of_a_flooding_task_hold_no_output_in_memory(start_daemon: Start) -> None:
+    """Found by an independent attack: each follower of a task's output had a subscription to
+    its bytes, up to 64 chunks of 1 MiB copied for it (and every byte read for it, none
+    passing by), which the follower only used as a wake-up: 16 followers of one tenant's
+    flooding tasks took the daemon from 38 MB to 1 GB, and it kept most of it.  A follower
+    is now woken without bytes (it reads the output file): here the peak grows ~2 MiB, and
+    68 MiB with the subscriptions."""
+    d = start_daemon("--send-timeout", "60s")
+    with d.client() as c:
+        gate = c.submit(["sh", "-c", "sleep 1; head -c 300000000 /dev/zero"])
+        c.wait(c.submit(["true"]).id)
+    before = _peak_rss(d.proc.pid)
+    followers = []
+    try:
+        for _ in range(6):  # (never reading: the worst a subscription could hold)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(d.socket)
+            s.sendall(f"GET /v1/tasks/{gate.id}/output?follow=true HTTP/1.1\r\nhost: x\r\n\r\n"
+                      .encode())
+            followers.append(s)
+        with d.client() as c:
+            assert c.wait(gate.id).outcome == "succeeded"
+        grew = _peak_rss(d.proc.pid) - before
+        assert grew < 32 << 20, f"the daemon's peak RSS grew {grew >> 20} MiB"
+    finally:
+        for s in followers:
+            s.close()
+    still_serving(d)

@@ -12,10 +12,10 @@ a client that reconnects with the offset after its last frame loses nothing.  Fr
 
 Past the cap, the file stops growing; at the end the result's kept tail (the last bytes) is
 sent after a gap frame that says exactly which bytes are lost.  A follower is woken by the
-task's output subscription (each chunk only wakes it: the bytes come from the file, so a slow
-client never makes the daemon hold output in memory).  Each chunk is read and encoded at the
-caller's uid's turn (``Shares.heavy``): sixteen readers of one uid take one slice of the event
-loop in turn with the others, not sixteen.
+task's output (``TaskHandle.on_output``: each chunk only wakes it, and the bytes come from the
+file, so no follower, slow or not, makes the daemon hold output in memory).  Each chunk is
+read and encoded at the caller's uid's turn (``Shares.heavy``): sixteen readers of one uid
+take one slice of the event loop in turn with the others, not sixteen.
 """
 
 from __future__ import annotations
@@ -94,12 +94,21 @@ class _Wake:
         self.event = trio.Event()
 
     async def drain(self, t: DaemonTask, stream: str) -> None:
+        """Woken by the task's output once it runs, until cancelled.  (No subscription to
+        its bytes: each follower had one, up to 64 chunks of 1 MiB copied for it whatever it
+        read, and 16 followers of one tenant's flooding tasks took the daemon to 1 GB.)"""
         await t.started.wait()
         handle = t.handle
-        if handle is not None:
-            with handle.subscribe(stream) as chunks:
-                async for _ in chunks:
-                    self.event.set()  # the chunk itself is dropped: the file has it
+        if handle is None:
+            self.event.set()
+            return
+        stop = handle.on_output(stream, self.set)
+        try:
+            await trio.sleep_forever()
+        finally:
+            stop()
+
+    def set(self) -> None:
         self.event.set()
 
     async def wait(self) -> None:
