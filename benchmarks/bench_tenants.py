@@ -41,6 +41,8 @@ Attacks (``--only``):
   output_flood     4 tasks at a time of ``head -c 200M /dev/zero``, the daemon's --state-dir on
                    a 64 MiB tmpfs (in a private mount namespace a helper holds; for this attack
                    only: the others keep the records on /var/lib's disk, as deployed).
+  followers        the same four floods (state on /var/lib), each task followed by four
+                   connections that never read (4 KiB receive buffers).
   connections      one process holds as many idle connections as it can (1024 tried, 300 with
                    --quick), making a new one for each the daemon closes.
   slow_headers     the same, each sending a request head one byte every 0.1 s.
@@ -564,6 +566,40 @@ def output_flood(sock: str, until: float, at_once: int, size: str) -> dict[str, 
     return dict(counts)
 
 
+def followed_floods(sock: str, until: float, at_once: int, size: str,
+                    followers: int) -> dict[str, Any]:
+    """``output_flood``, each task followed (``?follow=true``) by ``followers`` connections
+    that never read (a 4 KiB receive buffer)."""
+    counts = collections.Counter[str]()
+    with Client(sock, timeout=ANSWER + 5) as c:
+        while time.monotonic() < until:
+            try:
+                ids = [c.submit(["head", "-c", size, "/dev/zero"]).id for _ in range(at_once)]
+            except ApiError as e:
+                counts[f"refused {e.status} {e.code}"] += 1
+                time.sleep(0.1)
+                continue
+            held = []
+            for task_id in ids:
+                for _ in range(followers):
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                    try:
+                        s.connect(sock)
+                        s.sendall(f"GET /v1/tasks/{task_id}/output?follow=true HTTP/1.1\r\n"
+                                  f"host: x\r\n\r\n".encode())
+                        counts["followers"] += 1
+                    except OSError:
+                        counts["follower refused"] += 1
+                    held.append(s)
+            for task_id in ids:
+                info = c.wait(task_id, timeout=max(0.1, until - time.monotonic()))
+                counts[str(info.outcome or "unfinished")] += 1
+            for s in held:
+                s.close()
+    return dict(counts)
+
+
 TRICKLE = b"x-slow: 1\r\n"  # a head's next bytes, one at a time: a line never followed by \r\n
 
 
@@ -842,6 +878,8 @@ ATTACKS = [
            _many(2, stream_flood)),
     Attack("output_flood", f"4 x `head -c 200M /dev/zero` at a time, state on a {DISK} tmpfs",
            _many(1, output_flood, 4, "200M"), disk=DISK),
+    Attack("followers", "4 x `head -c 200M /dev/zero` at a time, each followed by 4 "
+           "connections that never read", _many(1, followed_floods, 4, "200M", 4)),
     Attack("connections", "idle connections held, each closed one made again",
            _start_connections(False)),
     Attack("slow_headers", "connections held, a head byte every 0.1 s, closed ones made again",
