@@ -549,27 +549,11 @@ def stream_flood(sock: str, until: float) -> dict[str, Any]:
     return dict(counts)
 
 
-def output_flood(sock: str, until: float, at_once: int, size: str) -> dict[str, Any]:
-    """``at_once`` tasks of ``head -c SIZE /dev/zero`` at a time, again as they end."""
-    counts = collections.Counter[str]()
-    with Client(sock, timeout=ANSWER + 5) as c:
-        while time.monotonic() < until:
-            try:
-                ids = [c.submit(["head", "-c", size, "/dev/zero"]).id for _ in range(at_once)]
-            except ApiError as e:
-                counts[f"refused {e.status} {e.code}"] += 1
-                time.sleep(0.1)
-                continue
-            for task_id in ids:
-                info = c.wait(task_id, timeout=max(0.1, until - time.monotonic()))
-                counts[str(info.outcome or "unfinished")] += 1
-    return dict(counts)
-
-
-def followed_floods(sock: str, until: float, at_once: int, size: str,
-                    followers: int) -> dict[str, Any]:
-    """``output_flood``, each task followed (``?follow=true``) by ``followers`` connections
-    that never read (a 4 KiB receive buffer)."""
+def output_flood(sock: str, until: float, at_once: int, size: str,
+                 followers: int = 0) -> dict[str, Any]:
+    """``at_once`` tasks of ``head -c SIZE /dev/zero`` at a time, again as they end, each
+    followed (``?follow=true``) by ``followers`` connections that never read (a 4 KiB
+    receive buffer)."""
     counts = collections.Counter[str]()
     with Client(sock, timeout=ANSWER + 5) as c:
         while time.monotonic() < until:
@@ -879,7 +863,7 @@ ATTACKS = [
     Attack("output_flood", f"4 x `head -c 200M /dev/zero` at a time, state on a {DISK} tmpfs",
            _many(1, output_flood, 4, "200M"), disk=DISK),
     Attack("followers", "4 x `head -c 200M /dev/zero` at a time, each followed by 4 "
-           "connections that never read", _many(1, followed_floods, 4, "200M", 4)),
+           "connections that never read", _many(1, output_flood, 4, "200M", 4)),
     Attack("connections", "idle connections held, each closed one made again",
            _start_connections(False)),
     Attack("slow_headers", "connections held, a head byte every 0.1 s, closed ones made again",
