@@ -28,7 +28,7 @@ import io
 import os
 from collections.abc import AsyncIterator, Iterator
 
-from . import _fastjson
+from .serve import fastjson
 from .serve.protocol import (
     DEFAULT_SOCKET,
     SOCKET_ENV,
@@ -144,7 +144,7 @@ class Call:
         self.method = method
         self.path = path
         self.body = body if body is None or isinstance(body, bytes) else \
-            _fastjson.dumps(body).encode()
+            fastjson.dumps(body).encode()
         self.content_type = content_type
         self.ok = ok
         self.resend = method == "GET" if resend is None else resend
@@ -153,15 +153,15 @@ class Call:
 
 
 def _json_value(status: int, data: bytes) -> Any:
-    return _fastjson.loads(data)
+    return fastjson.loads(data)
 
 
 def _as_dict(status: int, data: bytes) -> dict[str, Any]:
-    return dict(_fastjson.loads(data))
+    return dict(fastjson.loads(data))
 
 
 def _task_info(status: int, data: bytes) -> TaskInfo:
-    return TaskInfo.from_json(_fastjson.loads(data))
+    return TaskInfo.from_json(fastjson.loads(data))
 
 
 class Api:
@@ -179,7 +179,7 @@ class Api:
             body["wait"] = _wait_text(wait)
 
         def created(status: int, data: bytes) -> TaskInfo:
-            obj = _fastjson.loads(data)
+            obj = fastjson.loads(data)
             if status == 201:  # (accepted: the id and state only)
                 return TaskInfo(obj["id"], obj["state"], list(argv), -1, -1)
             return TaskInfo.from_json(obj)
@@ -192,7 +192,7 @@ class Api:
         query = urlencode({k: v for k, v in (("state", state), ("limit", limit),
                                              ("session", session), ("before", before)) if v})
         return Call("GET", f"/v1/tasks?{query}", decode=lambda status, data: [
-            TaskInfo.from_json(t) for t in _fastjson.loads(data)["tasks"]])
+            TaskInfo.from_json(t) for t in fastjson.loads(data)["tasks"]])
 
     @staticmethod
     def show(task_id: str) -> Call:
@@ -203,7 +203,7 @@ class Api:
         """One long poll: (finished?, the task as it is)."""
         return Call("GET", f"/v1/tasks/{quote(task_id)}/wait?timeout={seconds:.3f}s",
                     ok=(200, 202), again="gone", decode=lambda status, data: (
-                        status == 200, TaskInfo.from_json(_fastjson.loads(data))))
+                        status == 200, TaskInfo.from_json(fastjson.loads(data))))
 
     @staticmethod
     def output(task_id: str, stream: str, offset: int, follow: bool,
@@ -222,7 +222,7 @@ class Api:
     def stop(task_id: str, force: bool) -> Call:
         return Call("POST", f"/v1/tasks/{quote(task_id)}/stop", {"force": force},
                     again="restarting", decode=lambda status, data: bool(
-                        _fastjson.loads(data)["changed"]))
+                        fastjson.loads(data)["changed"]))
 
     @staticmethod
     def signal(task_id: str, sig: str) -> Call:
@@ -256,7 +256,7 @@ class Api:
     @staticmethod
     def sessions(limit: int) -> Call:
         return Call("GET", f"/v1/sessions?limit={int(limit)}", decode=lambda status, data: [
-            dict(x) for x in _fastjson.loads(data)["sessions"]])
+            dict(x) for x in fastjson.loads(data)["sessions"]])
 
     @staticmethod
     def show_session(session_id: str) -> Call:

@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
     def body(client: Any) -> int:
         tasks = client.list(state=args.state, limit=args.limit)
         if args.json:
-            import json  # (only here: see supervisor/_fastjson.py)
+            import json  # (only here: see supervisor/serve/fastjson.py)
 
             print(json.dumps({"tasks": [t._asdict() for t in tasks]}, indent=2))
             return 0

@@ -38,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
     def body(client: Any) -> int:
         t = client.show(args.id)
         if args.json:
-            import json  # (only here: see supervisor/_fastjson.py)
+            import json  # (only here: see supervisor/serve/fastjson.py)
 
             print(json.dumps(t._asdict(), indent=2, sort_keys=True))
             return 0

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 
-from .. import _fastjson
+from . import fastjson
 
 TYPE_CHECKING = False  # not typing's (see the module docstring)
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class ApiError(Exception):
     def from_response(cls, status: int, body: bytes) -> ApiError:
         """The error a daemon answered with (or a plain one if the body is not ours)."""
         try:
-            err = _fastjson.loads(body)["error"]
+            err = fastjson.loads(body)["error"]
             return cls(status, str(err["code"]), str(err["message"]), err.get("field"))
         except (ValueError, KeyError, TypeError):
             text = body[:200].decode("utf-8", "replace")
@@ -119,7 +119,7 @@ def invalid(field: str, message: str) -> ApiError:
 
 def shown(value: Any) -> str:
     """``value`` as JSON, at most 80 characters: how an answer names a bad value."""
-    import json  # (the daemon's: json is not imported for the clients' types, see _fastjson)
+    import json  # (the daemon's: json is not imported for the clients' types, see fastjson.py)
 
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -624,7 +624,7 @@ def gap_frame(stream: str, start: int, end: int) -> dict[str, Any]:
 
 
 def parse_frame(line: bytes) -> Frame:
-    obj = _fastjson.loads(line)
+    obj = fastjson.loads(line)
     if "gap" in obj:
         start, end = obj["gap"]
         return Frame("gap", obj.get("stream"), start, end=end)

@@ -333,19 +333,19 @@ _JSON_VALUES = st.recursive(
 
 @given(_JSON_VALUES, st.sampled_from(["", " ", "\n\t ", "\ufeff"]))
 def test_the_clients_json_is_jsons(value: Any, pad: str) -> None:
-    """The clients' JSON (``supervisor._fastjson``: the C scanner and encoder without the
+    """The clients' JSON (``supervisor.serve.fastjson``: the C scanner and encoder without the
     json module's start-up) encodes and decodes as json does, errors included."""
-    from supervisor import _fastjson
+    from supervisor.serve import fastjson
 
     text = json.dumps(value)
-    assert _fastjson.dumps(value) == text
+    assert fastjson.dumps(value) == text
     for data in (pad + text + pad.strip("\ufeff"), (pad + text).encode()):
         try:
             expected: Any = ("ok", json.loads(data))
         except ValueError as e:
             expected = ("error", type(e), str(e))
         try:
-            got: Any = ("ok", _fastjson.loads(data))
+            got: Any = ("ok", fastjson.loads(data))
         except ValueError as e:
             got = ("error", type(e), str(e))
         assert repr(got) == repr(expected), data
@@ -354,12 +354,12 @@ def test_the_clients_json_is_jsons(value: Any, pad: str) -> None:
 def test_the_clients_json_fails_as_json_does() -> None:
     import pytest
 
-    from supervisor import _fastjson
+    from supervisor.serve import fastjson
 
     for bad in (b'{"a": }', b"[1,]", b'{"a": 1} x', b"", b"   ", b'"\xff"', b"[" * 100000,
                 b'{"a": 1}{}', "\ud800"):
         with pytest.raises((ValueError, RecursionError)) as theirs:
             json.loads(bad)
         with pytest.raises((ValueError, RecursionError)) as ours:
-            _fastjson.loads(bad)
+            fastjson.loads(bad)
         assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
