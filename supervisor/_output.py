@@ -13,6 +13,12 @@ so any writer left is outside it), then removes it: what is buffered is read, th
 Streams are registered and removed by identity (a :class:`Stream`), never by fd number: by the
 time a task's cleanup removes its stream, the reactor may have closed the fd at EOF and the
 kernel handed the same number to a newer task's pipe.
+
+A program that shares the reactor between owners (the daemon: a uid per task) tags streams
+with one (:meth:`IoReactor.own`) and gives the reactor ``pace`` and ``charge`` hooks: an
+owner's pipes then rest unread while ``pace`` says so (out of the epoll set for
+:attr:`IoReactor.REST` at a time: their writers block on full pipes, nothing is lost), and
+each read of them is charged to it.
 """
 
 from __future__ import annotations
