@@ -364,6 +364,9 @@ async def write_end(d: Daemon, t: DaemonTask,
             await d.records.ended(t.id, values, session)
             t.recorded = True
         except RecordsError as e:
+            if t.state == "queued" and d.draining:
+                _stays_queued(d, t, e)
+                return
             log.error("task %s: its end record could not be written: %s; retrying, and "
                       "answering from memory meanwhile", t.id, e)
             d.unrecorded.add(t.id)
@@ -377,6 +380,17 @@ async def write_end(d: Daemon, t: DaemonTask,
     d.task_finished(t)
     if t.recorded:
         d.hooks.finished(t.id)
+
+
+def _stays_queued(d: Daemon, t: DaemonTask, error: RecordsError) -> None:
+    """A queued task the drain ends unstarted whose end cannot be written: nothing is said
+    of it (no waiter, follower or subscriber is told it ended), and its row, still queued,
+    is queued again by the next start, which runs it.  (Answered "cancelled" from memory, it
+    ran all the same after the restart: an independent attack, on a full state disk.)"""
+    log.error("task %s: its end (never started, the daemon stopping) cannot be written: %s; "
+              "it stays queued, and the next start runs it", t.id, error)
+    t.result_json = t.outcome = t.exit_status = t.ended_at = None
+    d.task_left()
 
 
 def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:

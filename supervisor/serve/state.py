@@ -321,8 +321,13 @@ class Daemon:
         if t.size > BIG_REQUEST and t.recorded:
             self.forget(t.id)  # (answered from its record: a MiB of request held 5 MiB)
         self.evict()
-        self.live -= 1
+        self.task_left()
         self.retention_due.set()
+
+    def task_left(self) -> None:
+        """A task's life in this process is over (finished, or left queued for the next run
+        at a drain: ``dispatch._stays_queued``)."""
+        self.live -= 1
         if self.live == 0 and (self.draining or self.handing_over):
             self.all_ended.set()
 

@@ -336,3 +336,55 @@ async def test_an_end_record_failing_once_the_daemon_gave_up_is_logged_whole_not
     assert "task 7: its end record could not be written before the daemon exited (the next " \
            "start queues it again if its start was never marked, else records it lost); its " \
            "result: {" in caplog.text
+
+
+def test_a_queue_a_shutdown_cannot_end_on_a_full_disk_is_never_said_to_end_and_runs_next(
+        start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """Found by an independent attack: on a full state disk, the drain ended the queue
+    unstarted in memory (waiters and event streams told "cancelled"), its ends could not be
+    written, and the next start queued those tasks again and ran them: a command said to be
+    cancelled ran.  A queued task whose end cannot be written at the drain is said nothing
+    of; the next start runs it, and it has one final record, its own."""
+    import socket
+    import time
+
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "3m")
+    d = start_daemon("--max-running", "1", state_dir=str(state), wrap=disk.wrap)
+    with d.client() as c:
+        gate = c.submit(["sleep", "600"])
+        wait_for(lambda: c.show(gate.id).state == "running", "the gate to run")
+        queued = [c.submit(["echo", f"queued-{i}"]).id for i in range(5)]
+    waiter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    waiter.connect(d.socket)
+    waiter.sendall(f"GET /v1/tasks/{queued[0]}/wait HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+    (disk.inside / "reserve").unlink()
+    fill(disk.inside / "filler")
+    began = time.monotonic()
+    assert d.stop() == 0
+    assert time.monotonic() - began < 20
+    waiter.settimeout(10)
+    told = b"".join(iter(lambda: waiter.recv(65536), b""))
+    waiter.close()
+    assert b"cancelled" not in told and b"outcome" not in told, told
+    assert d.log_text().count("it stays queued, and the next start runs it") == 5, \
+        d.log_text()[-3000:]
+    (disk.inside / "filler").unlink()
+    again = start_daemon(like=d, wrap=disk.wrap)
+    with again.client() as c:
+        for task_id in queued:
+            done = c.wait(task_id)
+            assert done.outcome == "succeeded", done
+    assert again.stop() == 0
+    rows = {str(r["seq"]): r for r in _rows_copy(disk, tmp_path)}
+    assert all(rows[i]["state"] == "finished" and rows[i]["outcome"] == "succeeded"
+               for i in queued), [rows[i] for i in queued]
+
+
+def _rows_copy(disk: SmallDisk, tmp_path: Path) -> list[dict[str, Any]]:
+    copy = tmp_path / "copy"  # (SQLite resolves /proc/PID/root to "/": read a copy)
+    copy.mkdir()
+    for name in ("state.db", "state.db-wal"):
+        if (disk.inside / name).exists():
+            shutil.copy(disk.inside / name, copy / name)
+    return read_rows(copy)
