@@ -358,6 +358,17 @@ class SmallDisk(NamedTuple):
         return st.f_blocks * st.f_frsize
 
 
+def rows_on(disk: SmallDisk, tmp_path: Path) -> list[dict[str, Any]]:
+    """The task rows on a small disk, read from a copy (SQLite resolves /proc/PID/root to
+    "/")."""
+    copy = tmp_path / f"copy-{time.monotonic_ns()}"
+    copy.mkdir()
+    for name in ("state.db", "state.db-wal"):
+        if (disk.inside / name).exists():
+            shutil.copy(disk.inside / name, copy / name)
+    return read_rows(copy)
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Callable[[Path, str], SmallDisk]]:
     """``small_disk(path, size)``: a tmpfs of ``size`` on ``path``, in a private mount

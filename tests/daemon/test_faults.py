@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_util import CORRAL, RunningDaemon, SmallDisk, fill, on_tmpfs, read_rows, wait_for
+from daemon_util import (
+    CORRAL,
+    RunningDaemon,
+    SmallDisk,
+    fill,
+    on_tmpfs,
+    read_rows,
+    rows_on,
+    wait_for,
+)
 
 from supervisor.client import ApiError, Call
 from supervisor.serve.records import RecordsError
@@ -376,15 +385,37 @@ def test_a_queue_a_shutdown_cannot_end_on_a_full_disk_is_never_said_to_end_and_r
             done = c.wait(task_id)
             assert done.outcome == "succeeded", done
     assert again.stop() == 0
-    rows = {str(r["seq"]): r for r in _rows_copy(disk, tmp_path)}
+    rows = {str(r["seq"]): r for r in rows_on(disk, tmp_path)}
     assert all(rows[i]["state"] == "finished" and rows[i]["outcome"] == "succeeded"
                for i in queued), [rows[i] for i in queued]
 
 
-def _rows_copy(disk: SmallDisk, tmp_path: Path) -> list[dict[str, Any]]:
-    copy = tmp_path / "copy"  # (SQLite resolves /proc/PID/root to "/": read a copy)
-    copy.mkdir()
-    for name in ("state.db", "state.db-wal"):
-        if (disk.inside / name).exists():
-            shutil.copy(disk.inside / name, copy / name)
-    return read_rows(copy)
+def test_a_stop_on_a_filling_disk_writes_the_running_tasks_ends_before_the_queues(
+        start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """Found by an independent attack: on a disk another program filled, a stop wrote the
+    queue's ends first (226 tasks of one tenant), they spent the records' reserve, and the
+    other tenant's running tasks were recorded lost by the next start.  The running tasks'
+    ends go first now; the queue's that do not fit leave their tasks queued for the next
+    start (said nothing of)."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "3m")
+    d = start_daemon("--max-running", "2", state_dir=str(state), wrap=disk.wrap)
+    with d.client() as c:
+        running = [c.submit(["sleep", "600"]).id]  # (a uid runs one at a time here)
+        wait_for(lambda: c.show(running[0]).state == "running", "the sleep to run")
+        queued = []
+        for i in range(400):
+            try:
+                queued.append(c.submit(["echo", f"q{i}", "x" * 3000], name="n" * 200).id)
+            except ApiError as e:
+                assert e.code == "queue_full", e
+                break
+    assert len(queued) > 20, len(queued)
+    fill(disk.inside / "filler")  # (the reserve stays: the stop's first failure releases it)
+    assert d.stop() == 0
+    said = d.log_text()
+    (disk.inside / "filler").unlink()
+    rows = {str(r["seq"]): r for r in rows_on(disk, tmp_path)}
+    assert [rows[i]["outcome"] for i in running] == ["cancelled"], said[-3000:]
+    left = [i for i in queued if rows[i]["state"] == "queued"]
+    assert left and said.count("it stays queued, and the next start runs it") == len(left)

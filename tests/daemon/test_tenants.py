@@ -33,7 +33,7 @@ from daemon_util import (
     as_users,
     fill,
     raw,
-    read_rows,
+    rows_on,
     wait_for,
 )
 
@@ -541,16 +541,6 @@ def test_a_socket_directory_others_could_write_is_made_the_daemon_s(start_daemon
     assert d.client().limits()["uid"] == 0
 
 
-def _rows_of(disk: SmallDisk, state: Path, tmp_path: Path) -> list[dict[str, Any]]:
-    """The records on a small disk (a copy: SQLite resolves /proc/PID/root to "/")."""
-    copy = tmp_path / f"copy-{time.monotonic_ns()}"
-    copy.mkdir()
-    for name in ("state.db", "state.db-wal"):
-        if (disk.inside / name).exists():
-            shutil.copy(disk.inside / name, copy / name)
-    return read_rows(copy)
-
-
 def test_a_tenants_output_flood_fills_the_disk_and_stops_nothing_nor_falsifies_a_record(
         start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
         tmp_path: Path) -> None:
@@ -603,7 +593,7 @@ def test_a_tenants_output_flood_fills_the_disk_and_stops_nothing_nor_falsifies_a
         assert c.wait(late.id).outcome == "succeeded"
         assert "record" not in c._do(Call("GET", f"/v1/tasks/{late.id}"))  # on disk already
     everything = flooded + [(t, o) for t, o, _ in served] + [(late.id, "succeeded")]
-    rows = {str(r["seq"]): r for r in _rows_of(disk, state, tmp_path)}
+    rows = {str(r["seq"]): r for r in rows_on(disk, tmp_path)}
     for task_id, outcome in everything:
         assert rows[task_id]["state"] == "finished" and rows[task_id]["outcome"] == outcome
     # a crash now, and a start on the disk still full: it starts and answers (no record
@@ -804,7 +794,7 @@ def test_a_tenants_queue_ended_by_a_shutdown_fits_the_records_disk(
     assert d.stop() == 0
     took = time.monotonic() - began
     _log_says_no_full_disk(d)
-    rows = _rows_of(disk, state, tmp_path)
+    rows = rows_on(disk, tmp_path)
     assert all(r["outcome"] is not None for r in rows), [r for r in rows if not r["outcome"]]
     assert [r["outcome"] for r in rows if str(r["seq"]) == kept] == ["succeeded"]
     assert took < 20, took
