@@ -34,8 +34,8 @@ def add_socket(p: Any) -> None:
                         "/run/corral/corral.sock)")
 
 
-def fast_client_args(words: list[str], flags: dict[str, str], operands: tuple[str, ...],
-                     **defaults: object) -> Any:
+def fast_client_args(words: list[str], flags: dict[str, str], operands: tuple[str, ...]
+                     ) -> Any:
     """A client verb's words (``flags``: option -> attribute, ``--socket``, the ``operands``
     by name) read without argparse, as argparse would (``fast_options``); None for anything
     else (argparse then reads them, its help and errors included)."""
@@ -47,7 +47,7 @@ def fast_client_args(words: list[str], flags: dict[str, str], operands: tuple[st
     values: dict[str, object] = {attr: False for attr in flags.values()}
     values.update({attr: True for flag, attr in flags.items() if found.get(flag)})
     values.update({name: found[str(i)] for i, name in enumerate(operands)})
-    return types.SimpleNamespace(socket=found.get("--socket"), **values, **defaults)
+    return types.SimpleNamespace(socket=found.get("--socket"), **values)
 
 
 def run_client(args: argparse.Namespace, body: Callable[[Client], int]) -> int:

@@ -290,8 +290,7 @@ class LoopShare(trio.abc.Instrument):
             return
         now = self._clock()
         _add(self.busy, seconds, now)
-        used = self.used.setdefault(uid, [0.0, now])
-        _add(used, seconds, now)
+        self._use(uid, seconds, now)
 
     def task_spawned(self, task: trio.lowlevel.Task) -> None:
         try:
@@ -314,20 +313,20 @@ class LoopShare(trio.abc.Instrument):
         _add(self.busy, took, now)
         uid = self.owner.get(task)
         if uid is not None:
-            used = self.used.get(uid)
-            if used is None:
-                self.used[uid] = [took, now]
-            else:
-                _add(used, took, now)
+            self._use(uid, took, now)
 
     def charge_step(self, uid: int, seconds: float) -> None:
         """``seconds`` of a step of the loop that is no task's (the I/O reactor's reads of
         ``uid``'s tasks' pipes) count as ``uid``'s (the loop's counted them already)."""
-        if not self.on or uid == 0:
-            return
-        now = self._clock()
-        used = self.used.setdefault(uid, [0.0, now])
-        _add(used, seconds, now)
+        if self.on and uid != 0:
+            self._use(uid, seconds, self._clock())
+
+    def _use(self, uid: int, seconds: float, now: float) -> None:
+        used = self.used.get(uid)
+        if used is None:
+            self.used[uid] = [seconds, now]
+        else:
+            _add(used, seconds, now)
 
     def output_over(self, uid: int) -> bool:
         """Whether ``uid``'s tasks' output rests now, unread (``Supervisor.pace_output``):
@@ -342,11 +341,8 @@ class LoopShare(trio.abc.Instrument):
         benchmarks/bench_tenants.py, two pairs of runs alternated.)"""
         if not self.on or uid == 0:
             return False
-        now = self._clock()
-        shares = {u: _share(v, now) for u, v in self.used.items()}
-        mine = shares.get(uid, 0.0)
-        using = sum(1 for v in shares.values() if v > 0.02)
-        return using >= 2 and mine > OUTPUT_SHARE / using and mine >= max(shares.values())
+        mine, using, top = self._standing(uid, self._clock())
+        return using >= 2 and mine > OUTPUT_SHARE / using and mine >= top
 
     async def wait(self, uid: int) -> None:
         wait = self._over_by(uid)
@@ -361,15 +357,20 @@ class LoopShare(trio.abc.Instrument):
         now = self._clock()
         if _share(self.busy, now) < CONTENDED:
             return 0.0
-        shares = {u: _share(v, now) for u, v in self.used.items()}
-        mine = shares.get(uid, 0.0)
-        active = sum(1 for v in shares.values() if v > 0.02)
-        if len(shares) > 4096:  # (forget the uids that have not used it for a while)
-            self.used = {u: v for u, v in self.used.items() if shares[u] > 1e-4}
+        mine, active, top = self._standing(uid, now)
         fair = 1.0 / max(1, active)
-        if active < 2 or mine <= fair or mine < max(shares.values()):
+        if active < 2 or mine <= fair or mine < top:
             return 0.0  # (only the uid using the most waits)
         return min(LONGEST, WINDOW * math.log(mine / fair))
+
+    def _standing(self, uid: int, now: float) -> tuple[float, int, float]:
+        """``uid``'s share of the loop now, how many uids use it (above 2%), and the largest
+        share."""
+        shares = {u: _share(v, now) for u, v in self.used.items()}
+        if len(shares) > 4096:  # (forget the uids that have not used it for a while)
+            self.used = {u: v for u, v in self.used.items() if shares[u] > 1e-4}
+        using = sum(1 for v in shares.values() if v > 0.02)
+        return shares.get(uid, 0.0), using, max(shares.values(), default=0.0)
 
 
 def _add(acc: list[float], took: float, now: float) -> None:
