@@ -48,7 +48,7 @@ from . import fdstore
 from .dispatch import stop_queued
 from .hooks import Hooks
 from .records import LAZY_DELAY, Records, RecordsError
-from .recover import recover
+from .recover import recover, write_kept_ends
 from .retention import retention_loop
 from .sdjob import restart_queued
 from .sdnotify import Notifier, listen_fds
@@ -105,6 +105,7 @@ async def serve(config: Config, *,
                           output_dir=os.path.join(config.state_dir, "output"))
             with bind_listeners(config, passed.listeners, passed.own) as bound:
                 async with trio.open_nursery() as tasks_nursery:
+                    await write_kept_ends(records, adopted)
                     held = await records.held_bytes()
                     disk = OutputDisk.measure(config, held)
                     d = Daemon(config, sup, records, tasks_nursery, notifier, hooks, run, disk,

@@ -364,7 +364,7 @@ async def write_end(d: Daemon, t: DaemonTask,
             await d.records.ended(t.id, values, session)
             t.recorded = True
         except RecordsError as e:
-            if t.state == "queued" and d.draining:
+            if t.state == "queued" and _ended_by_the_stop(t):
                 _stays_queued(d, t, e)
                 return
             log.error("task %s: its end record could not be written: %s; retrying, and "
@@ -380,6 +380,13 @@ async def write_end(d: Daemon, t: DaemonTask,
     d.task_finished(t)
     if t.recorded:
         d.hooks.finished(t.id)
+
+
+def _ended_by_the_stop(t: DaemonTask) -> bool:
+    """Whether the daemon's stop ended ``t`` (not its user: a user's stop of a queued task is
+    answered "cancelled" at once, and may be written after the stop began)."""
+    stop = (t.result_json or {}).get("stop") or {}
+    return bool(stop.get("reason") == "shutdown")
 
 
 def _stays_queued(d: Daemon, t: DaemonTask, error: RecordsError) -> None:
@@ -409,10 +416,11 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
 async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any],
                      session: tuple[str, dict[str, Any]] | None) -> None:
     """Retry an end row until it is written (doubling waits up to 30 s), or the daemon gives
-    up on it at exit (``d.gave_up``, its scope in ``d.retrying`` cancelled): then its result
-    is logged whole, never dropped silently.  (A retry that began after the exit's last
-    chance, of an end written late in the drain, used to go on for ever: the daemon never
-    exited.)"""
+    up on it at exit (``d.gave_up``, its scope in ``d.retrying`` cancelled): then it is kept
+    for the next start in room of the daemon's own (``pendingends``), or, if it does not fit
+    there, its result is logged whole, never dropped silently.  (A retry that began after the
+    exit's last chance, of an end written late in the drain, used to go on for ever: the
+    daemon never exited.)"""
     with trio.CancelScope() as scope:
         d.retrying.add(scope)
         try:
@@ -420,11 +428,16 @@ async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any],
                 await _retry_end_loop(d, t, values, session)
         finally:
             d.retrying.discard(scope)
-    if not t.recorded:
-        log.error("task %s: its end record could not be written before the daemon exited "
-                  "(the next start queues it again if its start was never marked, else "
-                  "records it lost); its result: %s", t.id,
-                  json.dumps(served_result(t.result_json, t.output, t.request.argv)))
+    if t.recorded:
+        return
+    if d.records.pending.keep(t.id, values, session):
+        log.error("task %s: its end record could not be written before the daemon exited: "
+                  "kept in %s, the next start writes it", t.id, d.records.pending.path)
+        return
+    log.error("task %s: its end record could not be written before the daemon exited "
+              "(the next start queues it again if its start was never marked, else "
+              "records it lost); its result: %s", t.id,
+              json.dumps(served_result(t.result_json, t.output, t.request.argv)))
 
 
 async def _retry_end_loop(d: Daemon, t: DaemonTask, values: dict[str, Any],

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import trio
 
 from . import rows
+from .pendingends import PendingEnds
 from .rows import Retention
 from .schema import SCHEMA_VERSION, SchemaError, migrate
 from .statedir import StateDirError, make_private
@@ -189,11 +190,12 @@ class Records:
     that runs SQLite in the records' worker thread."""
 
     def __init__(self, path: str, db: sqlite3.Connection, lock_fd: int,
-                 reserve: Reserve) -> None:
+                 reserve: Reserve, pending: PendingEnds) -> None:
         self.path = path
         self._db = db
         self._lock_fd = lock_fd
         self.reserve = reserve
+        self.pending = pending  # ends kept at a stop the records could not take
         self._worker = _Worker()  # writes (and the connection that makes them)
         self._reader = _Worker()  # reads, on a connection of their own
         self._rdb: sqlite3.Connection | None = None
@@ -211,13 +213,16 @@ class Records:
         path = os.path.join(state_dir, "state.db")
         lock_fd = await trio.to_thread.run_sync(lock_state_dir, state_dir)
         reserve = Reserve(state_dir)
+        pending = PendingEnds(state_dir, reserve.size // 4)
         try:
+            await trio.to_thread.run_sync(_open_pending, pending, path)
             db = await trio.to_thread.run_sync(_connect_with_room, path, state_dir, synchronous,
                                                reserve)
         except BaseException:
+            pending.close()
             os.close(lock_fd)
             raise
-        return cls(path, db, lock_fd, reserve)
+        return cls(path, db, lock_fd, reserve, pending)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """A read: ``fn(connection, *args)`` on the readers' own connection, in their own
@@ -464,6 +469,7 @@ class Records:
             finally:
                 self._worker.stop()
                 self._reader.stop()
+                self.pending.close()
                 os.close(self._lock_fd)
 
 
@@ -623,6 +629,14 @@ def lock_state_dir(state_dir: str) -> int:
 def _for_lack_of_room(e: BaseException, state_dir: str) -> bool:
     return "full" in str(e).lower() or getattr(e, "errno", None) == errno.ENOSPC or \
         out_of_space(state_dir)
+
+
+def _open_pending(pending: PendingEnds, path: str) -> None:
+    try:
+        pending.open()
+    except OSError as e:
+        raise explain(e, path, f"opening {os.path.basename(pending.path)} (ends kept at a "
+                      f"stop) beside") from e
 
 
 def _connect_with_room(path: str, state_dir: str, synchronous: str,

@@ -1,7 +1,9 @@
 """Start-up: what earlier runs left unfinished becomes final, runs, or goes on.
 
 Every accepted task ends with exactly one final record.  At start-up, before the socket
-listens, each row without an end (oldest first) is settled by its state:
+listens, the ends the last run kept because the records could not take them (a stop on a full
+disk: ``pendingends``) are written (:func:`write_kept_ends`); then each row without an end
+(oldest first) is settled by its state:
 
 - ``queued`` (accepted, never dispatched): queued again, and runs in this run, with its
   request as accepted and as its submitter (uid, gid, groups from the row).
@@ -25,6 +27,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
@@ -39,9 +42,10 @@ from .sessions import Session, env_weight
 
 if TYPE_CHECKING:
     from .. import TaskHandle
+    from .records import Records
     from .state import Daemon
 
-__all__ = ["Recovered", "recover", "root_cleanup"]
+__all__ = ["Recovered", "recover", "root_cleanup", "write_kept_ends"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,26 @@ class Recovered(NamedTuple):
 class _Cleanup(NamedTuple):
     state: str  # clean | incomplete
     detail: str
+
+
+async def write_kept_ends(records: Records, adopted: Mapping[str, TaskHandle]) -> int:
+    """Write the ends the last run kept in ``pending-ends`` to the rows still without one
+    (not a task handed over to this run: it is alive), then clear the file; how many.
+    RecordsError if they cannot be written (the start fails, saying why; the file keeps
+    them)."""
+    kept = records.pending.found
+    if not kept:
+        return 0
+    written = 0
+    for row in await records.unfinished():
+        end = kept.get(row["id"])
+        if end is not None and row["id"] not in adopted:
+            await records.ended(row["id"], *end)
+            written += 1
+    await trio.to_thread.run_sync(records.pending.clear)
+    log.info("%d end(s) kept at the last stop (the records could not take them then) "
+             "written", written)
+    return written
 
 
 async def recover(d: Daemon, runs: dict[int, dict[str, Any]],

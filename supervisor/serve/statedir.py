@@ -11,11 +11,11 @@ anything is opened (:func:`make_private`):
   owner may write it, unless it is sticky (``/tmp``); else the daemon refuses to start;
 - the state directory and ``output/`` in it are made ours and 0700 first (nobody else can
   add an entry after that; an ``output/`` of someone else's is removed and made anew), then
-  what is in them is checked: the records' files (``state.db``
-  and its ``-wal``, ``-shm``, ``-journal``, ``lock``) must be plain files of ours with one
-  link, else the daemon refuses to start (their content cannot be trusted), naming the file and
-  the fix; each is made 0600.  Anything else in ``output/`` that is not a plain file of ours
-  with one link was put there by someone else and is removed (never followed).
+  what is in them is checked: the records' files (``state.db`` and its ``-wal``, ``-shm``,
+  ``-journal``, ``lock``, ``pending-ends``) must be plain files of ours with one link, else the
+  daemon refuses to start (their content cannot be trusted), naming the file and the fix;
+  each is made 0600.  Anything else in ``output/`` that is not a plain file of ours with one
+  link was put there by someone else and is removed (never followed).
 
 ``state.db`` is made 0600 by the daemon before SQLite opens it: SQLite gives ``-wal`` and
 ``-shm`` the database's mode.  What the daemon writes later (output files, their tails) is made
@@ -33,7 +33,8 @@ __all__ = ["RECORD_FILES", "StateDirError", "check_ancestors", "make_private"]
 
 log = logging.getLogger(__name__)
 
-RECORD_FILES = ("state.db", "state.db-wal", "state.db-shm", "state.db-journal", "lock")
+RECORD_FILES = ("state.db", "state.db-wal", "state.db-shm", "state.db-journal", "lock",
+                "pending-ends")
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 
 

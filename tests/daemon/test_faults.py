@@ -287,7 +287,10 @@ class _FailingRecords:
     """Records whose every write fails, as on a full disk with the reserve spent."""
 
     def __init__(self) -> None:
+        from supervisor.serve.pendingends import PendingEnds
+
         self.writes = 0
+        self.pending = PendingEnds("/nonexistent", 0)  # (never opened: nothing fits)
 
     async def starting(self, task_id: str, run: int) -> None:
         self.writes += 1
@@ -329,22 +332,41 @@ async def test_a_start_that_cannot_be_marked_during_a_drain_is_not_queued_again(
     assert "the daemon drains: it ends unstarted" in caplog.text
 
 
-async def test_an_end_record_failing_once_the_daemon_gave_up_is_logged_whole_not_retried(
-        caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_end_record_failing_once_the_daemon_gave_up_is_kept_or_logged_not_retried(
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     """An end record that first fails after the drain's last chance for the rest (and so
     after their retries were cancelled) used to be retried for ever, doubling to 30 s: the
-    daemon never exited.  Once the daemon has given up, the result is logged whole at once."""
+    daemon never exited.  Once the daemon has given up, the end is kept at once for the next
+    start (``pending-ends``, read back whole by the next open); if it does not fit there, the
+    result is logged whole."""
     import trio
 
     from supervisor.serve import dispatch
+    from supervisor.serve.pendingends import PendingEnds
 
-    d = _failing_daemon(gave_up=True)
-    with trio.fail_after(5):
-        await dispatch._retry_end(d, _finished_task(), {}, None)
-    assert d.records.writes == 0 and d.retrying == set()
+    values = {"outcome": "cancelled", "exit_status": None, "result": "{}", "bytes": 9,
+              "not_a_column": 1}
+    for size in (64 << 10, 100):
+        d = _failing_daemon(gave_up=True)
+        d.records.pending = PendingEnds(str(tmp_path), size)
+        d.records.pending.open()
+        with trio.fail_after(5):
+            await dispatch._retry_end(d, _finished_task(), values, ("s1", {"cwd": "/"}))
+        d.records.pending.close()
+        assert d.records.writes == 0 and d.retrying == set()
+    said = caplog.text
+    assert said.count("task 7: its end record could not be written before the daemon exited: "
+                      "kept in ") == 1, said
     assert "task 7: its end record could not be written before the daemon exited (the next " \
            "start queues it again if its start was never marked, else records it lost); its " \
-           "result: {" in caplog.text
+           "result: {" in said
+    again = PendingEnds(str(tmp_path), 64 << 10)
+    again.open()
+    del values["not_a_column"]
+    assert again.found == {"7": (values, ("s1", {"cwd": "/"}))}
+    again.clear()
+    again.close()
+    assert (tmp_path / "pending-ends").read_bytes() == bytes(64 << 10)
 
 
 def test_a_queue_a_shutdown_cannot_end_on_a_full_disk_is_never_said_to_end_and_runs_next(
@@ -419,3 +441,105 @@ def test_a_stop_on_a_filling_disk_writes_the_running_tasks_ends_before_the_queue
     assert [rows[i]["outcome"] for i in running] == ["cancelled"], said[-3000:]
     left = [i for i in queued if rows[i]["state"] == "queued"]
     assert left and said.count("it stays queued, and the next start runs it") == len(left)
+
+
+def test_ends_a_stop_cannot_write_on_a_disk_full_to_the_byte_are_kept_for_the_next_start(
+        start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """Found by an independent attack: on a state disk full to the byte with the records'
+    reserve already spent, a stop could not write the running tasks' ends, and the next start
+    recorded them lost (their results known, logged only); a queued task its user had
+    stopped (answered "cancelled" from memory) was queued again and ran.  Both ends are kept
+    in room of the daemon's own (``pending-ends``); a start on the still full disk is
+    refused, saying so, and keeps them; the start after space is freed writes them."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "3m")
+    d = start_daemon("--max-running", "2", state_dir=str(state), wrap=disk.wrap)
+    with d.client() as c:
+        running = c.submit(["sleep", "600"]).id
+        wait_for(lambda: c.show(running).state == "running", "the sleep to run")
+        queued = c.submit(["sh", "-c", f"echo ran > {disk.inside}/ran"]).id  # (one a uid)
+        assert c.show(queued).state == "queued"
+        (disk.inside / "reserve").unlink()
+        fill(disk.inside / "filler")
+        assert c.stop(queued)
+        assert c.show(queued).outcome == "cancelled"
+    assert d.stop() == 0
+    said = d.log_text()
+    for task_id in (running, queued):
+        assert f"task {task_id}: its end record could not be written before the daemon " \
+               f"exited: kept in " in said, said[-3000:]
+    line = _fails_at_start(start_daemon, like=d, wrap=disk.wrap)
+    assert "full" in line, line
+    (disk.inside / "filler").unlink()
+    again = start_daemon(like=d, wrap=disk.wrap)
+    with again.client() as c:
+        assert c.show(running).outcome == "cancelled"
+        assert c.show(queued).outcome == "cancelled"
+    assert again.stop() == 0
+    assert "2 end(s) kept at the last stop" in again.log_text(), again.log_text()[-3000:]
+    assert not (disk.inside / "ran").exists()
+    rows = {str(r["seq"]): r for r in rows_on(disk, tmp_path)}
+    assert [rows[i]["outcome"] for i in (running, queued)] == ["cancelled", "cancelled"]
+    assert (disk.inside / "pending-ends").read_bytes().strip(b"\0") == b""
+
+
+def test_kept_ends_a_crash_cut_short_or_that_are_not_ends_are_skipped(tmp_path: Path) -> None:
+    """What the next start reads of ``pending-ends``: whole lines that are ends, the end's
+    own columns of each; a line a crash cut short, or anything else, is skipped, never an
+    error (the start goes on, and those tasks are recorded lost as before)."""
+    from supervisor.serve.pendingends import PendingEnds
+
+    good = b'{"id":"3","values":{"outcome":"succeeded","state":"queued"},"session":null}\n'
+    lines = [b'{"id":"1","values":{"outcome":', b"[]", b'{"id":2,"values":{},"session":null}',
+             b'{"id":"4","values":[],"session":null}', b'{"id":"5","values":{},"session":[1]}',
+             b"\xff\xfe", b'{"id":"6","values":{}}']
+    (tmp_path / "pending-ends").write_bytes(b"\n".join(lines) + b"\n" + good + bytes(100))
+    kept = PendingEnds(str(tmp_path), 4096)
+    kept.open()
+    assert kept.found == {"3": ({"outcome": "succeeded"}, None)}
+    assert kept.keep("8", {"outcome": "failed"}, None)  # (after what is there, not over it)
+    kept.close()
+    again = PendingEnds(str(tmp_path), 4096)
+    again.open()
+    assert set(again.found) == {"3", "8"}
+    again.close()
+
+
+async def test_a_users_stop_of_a_queued_task_written_once_the_drain_began_is_not_requeued(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found while writing the test above: a user's stop of a queued task is answered
+    "cancelled" at once; if its end then failed to be written after the daemon's stop began,
+    it was taken for one the drain ended (said nothing of, left queued), and the next start
+    ran a command its user had been told was cancelled.  Only the drain's own ends (reason
+    ``shutdown``) stay queued; the user's is retried, then kept for the next start."""
+    from types import SimpleNamespace
+
+    import trio
+
+    from supervisor.serve import dispatch
+
+    told: list[str] = []
+    async with trio.open_nursery() as nursery:
+        d = _failing_daemon(
+            draining=True, nursery=nursery, ending=0,
+            hooks=SimpleNamespace(enabled=False, finished=told.append),
+            room=SimpleNamespace(settle=lambda *a: None, wanted=None),
+            task_finished=lambda t: told.append(f"finished {t.id}"),
+            task_left=lambda: told.append("left"))
+        for reason in ("cancel", "shutdown"):
+            t = SimpleNamespace(
+                id=reason, uid=1, holds=0, state="queued", outcome="cancelled",
+                exit_status=None, started_at=None, ended_at=1.0, pid=None, output="/nonexistent",
+                size=10, listed="", carried=None, recorded=False, handle=None, spec=None,
+                done=trio.Event(), request=SimpleNamespace(idempotency_key=None, name=None,
+                                                           argv=["true"]),
+                result_json={"outcome": "cancelled", "stop": {"reason": reason}})
+            await dispatch.write_end(d, t)
+        d.gave_up = True
+        for scope in d.retrying:
+            scope.cancel()
+    assert told == ["finished cancel", "left"], told
+    assert "task shutdown: its end (never started, the daemon stopping) cannot be written" \
+        in caplog.text
+    assert "task cancel: its end record could not be written before the daemon exited" \
+        in caplog.text
