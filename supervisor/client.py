@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Iterator
 from .serve import fastjson
 from .serve.protocol import (
     DEFAULT_SOCKET,
+    OWN_SUFFIX,
     SOCKET_ENV,
     ApiError,
     Frame,
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
     import trio
 
 __all__ = ["Api", "ApiError", "AsyncClient", "AsyncSession", "Call", "Client",
-           "DaemonUnavailable", "Frame", "Session", "TaskInfo", "default_socket"]
+           "DaemonUnavailable", "Frame", "Session", "TaskInfo", "default_socket",
+           "own_socket_of"]
 
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -74,6 +76,26 @@ class DaemonUnavailable(ConnectionError):
 
 def default_socket() -> str:
     return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+def own_socket_of(path: str) -> str | None:
+    """Our uid's own socket beside the daemon's shared one at ``path``, which the daemon
+    makes once our uid has connected (serve/ownsockets.py: another uid's flood of connections
+    fills the shared socket's backlog, never this one's), if only the daemon could have made
+    it: in a directory of root's or of the shared socket's directory's owner, writable by
+    its owner alone.  None for root (served on the shared socket) or if it is not there."""
+    uid = os.getuid()
+    if uid == 0 or not path.startswith("/"):
+        return None
+    directory = path + OWN_SUFFIX
+    try:
+        st = os.lstat(directory)
+        if st.st_mode & 0o170022 != 0o040000 or (
+                st.st_uid != 0 and st.st_uid != os.stat(os.path.dirname(path)).st_uid):
+            return None  # (not a directory, writable by others, or someone else's)
+    except OSError:
+        return None
+    return f"{directory}/{uid}"
 
 
 class _Response:
@@ -305,6 +327,18 @@ class Client:
         one has answered); DaemonUnavailable naming the socket and the fix."""
         import time
 
+        own = own_socket_of(self.socket_path)
+        if own is not None:
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(own)
+            except OSError:
+                sock.close()  # (not made yet, or gone: the shared socket)
+            else:
+                self._sock = sock
+                self._reader = io.BufferedReader(_SocketReader(sock))
+                return
         give_up = time.monotonic() + (0.0 if self._reached else self.start_wait)
         pause = 0.02
         while True:
@@ -724,6 +758,13 @@ class AsyncClient:
     async def _connect(self) -> trio.SocketStream:
         import trio
 
+        own = own_socket_of(self.socket_path)
+        if own is not None:
+            try:
+                self._stream = await trio.open_unix_socket(own)
+                return self._stream
+            except OSError:
+                pass  # (not made yet, or gone: the shared socket)
         try:
             self._stream = await trio.open_unix_socket(self.socket_path)
         except OSError as e:

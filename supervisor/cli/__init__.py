@@ -84,10 +84,11 @@ def fast_options(words: Sequence[str], flags: Sequence[str], valued: Sequence[st
                  operands: int = 0) -> dict[str, str | bool] | None:
     """``words`` read as options and ``operands`` operands, in any order: each of ``flags``
     (``--json``), each of ``valued`` with its value (``--limit 5``, ``--limit=5``, ``-n 5``,
-    ``-n5``), the last one counting; keyed by the option as written in ``flags`` and
-    ``valued``, the operands by their place (``"0"``...).  None for anything else (an
-    abbreviation, ``--help``, a word or value that looks like an option, ``--``, too few or
-    too many operands): the verb's ``fast_args`` then leaves the words to argparse."""
+    ``-n5``); keyed by the option as written in ``flags`` and ``valued``, the operands by
+    their place (``"0"``...).  None for anything else (an abbreviation, ``--help``, a word or
+    value that looks like an option, ``--``, too few or too many operands, a valued option
+    given twice: argparse checks each value, ``--limit=x --limit=0`` is an error): the verb's
+    ``fast_args`` then leaves the words to argparse."""
     found: dict[str, str | bool] = {}
     given = 0
     i = 0
@@ -111,7 +112,7 @@ def fast_options(words: Sequence[str], flags: Sequence[str], valued: Sequence[st
                 return None
             value = words[i]
             i += 1
-        if not value or value.startswith("-"):
+        if not value or value.startswith("-") or name in found:
             return None
         found[name] = value
     return found if given == operands else None

@@ -197,7 +197,7 @@ async def _accept(d: Daemon, bound: Bound, server: trio.Nursery,
     with accepting:
         async with trio.open_nursery() as loops:
             for listener in bound.listeners:
-                loops.start_soon(accept_loop, d, listener, server)
+                loops.start_soon(accept_loop, d, listener, server, loops)
 
 
 async def _watch_signals(d: Daemon, server: trio.CancelScope, accepting: trio.CancelScope,

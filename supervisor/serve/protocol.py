@@ -28,6 +28,7 @@ __all__ = [
     "API",
     "DEFAULT_SOCKET",
     "MAX_KEY",
+    "OWN_SUFFIX",
     "SOCKET_ENV",
     "STATES",
     "ApiError",
@@ -75,6 +76,9 @@ if not TYPE_CHECKING:
 API = "/v1"
 DEFAULT_SOCKET = "/run/corral/corral.sock"
 SOCKET_ENV = "CORRAL_SOCKET"
+# a uid's own socket beside the shared one at PATH: PATH + OWN_SUFFIX + "/" + str(uid)
+# (serve/ownsockets.py; the clients use it when it is there: client.own_socket_of)
+OWN_SUFFIX = ".uid"
 STATES = ("queued", "starting", "running", "stopping", "finished")
 MAX_TEXT = 4096  # a name: a sane bound for a label
 # An idempotency key is kept in the task's row, its index, and after the task expires in its

@@ -22,13 +22,14 @@ from typing import Any
 import trio
 
 from .http import serve_connection
+from .ownsockets import OwnSockets
 from .peers import Peer, allowed, peer_of_fd, uid_of_fd
 from .routes import body_limit, make_router
 from .shares import LINGERING, RATE, Held
 from .state import Config, Daemon
 from .statedir import StateDirError, check_ancestors
 
-__all__ = ["Bound", "accept_loop", "bind_listeners"]
+__all__ = ["Bound", "accept_loop", "bind_listeners", "own_accept_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +141,26 @@ ACCEPT_BATCH = 64  # connections accepted per wake-up, with no checkpoint betwee
 FLOOD_BATCH = 128
 
 
-async def accept_loop(d: Daemon, listener: socket.socket, connections: trio.Nursery) -> None:
-    """Accept on ``listener`` (non-blocking) until cancelled; each admitted connection runs
-    in ``connections``.  What the backlog holds is taken in batches, without a scheduling
-    round each, and a refused connection costs no socket object unless it is answered: a
-    uid re-making thousands of connections a second is refused at the cost of the accepts
-    alone, and the other uids' connections behind them in the backlog wait less."""
+async def accept_loop(d: Daemon, listener: socket.socket, connections: trio.Nursery,
+                      loops: trio.Nursery) -> None:
+    """Accept on ``listener`` (non-blocking, shared by every uid it admits) until cancelled;
+    each admitted connection runs in ``connections``.  What the backlog holds is taken in
+    batches, without a scheduling round each, and a refused connection costs no socket object
+    unless it is answered: a uid re-making thousands of connections a second is refused at
+    the cost of the accepts alone, and the other uids' connections behind them in the backlog
+    wait less.  A uid admitted here gets a socket of its own (``ownsockets``), accepted on in
+    ``loops`` (:func:`own_accept_loop`)."""
     router = make_router(d)
+
+    def serve(uid: int, sock: socket.socket) -> None:
+        loops.start_soon(own_accept_loop, d, uid, sock, connections, router)
+
+    with OwnSockets(listener, serve) as own:
+        await _accept_shared(d, listener, connections, router, own)
+
+
+async def _accept_shared(d: Daemon, listener: socket.socket, connections: trio.Nursery,
+                         router: Any, own: OwnSockets) -> None:
     while True:
         await trio.lowlevel.wait_readable(listener)
         admitted_now, taken = 0, 0
@@ -154,20 +168,64 @@ async def accept_loop(d: Daemon, listener: socket.socket, connections: trio.Nurs
         # cost microseconds each: a flood is taken off the backlog, every uid shares, whole)
         while admitted_now < ACCEPT_BATCH and taken < FLOOD_BATCH:
             taken += 1
-            try:
-                fd, _ = listener._accept()  # type: ignore[attr-defined]  # (a bare fd)
-            except BlockingIOError:
+            fd = _take(d, listener)
+            if fd is None:
                 break
-            except OSError as e:
-                if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    raise
-                d.metrics.shed.labels(reason="no_fds").inc()
+            if fd < 0:
                 await trio.sleep(0.1)  # out of descriptors: let some connections end
                 break
             admitted = _admit(d, fd, connections)
             if admitted is not None:
                 admitted_now += 1
                 connections.start_soon(_connection, d, _trio_socket(fd), router, *admitted)
+                own.offer(admitted[0].uid)
+
+
+async def own_accept_loop(d: Daemon, uid: int, listener: socket.socket,
+                          connections: trio.Nursery, router: Any) -> None:
+    """Accept on ``uid``'s own socket, no faster than its connection rate: past it, its
+    connections wait in its own backlog (a connect blocks, or fails EAGAIN), and the daemon
+    spends nothing on them.  Another uid's connection here is closed (root's is served)."""
+    with listener:
+        while True:
+            await trio.lowlevel.wait_readable(listener)
+            wait = d.shares.rate_wait(uid)
+            if wait > 0:
+                await trio.sleep(wait)
+                continue
+            fd = _take(d, listener)
+            if fd is None:
+                continue
+            if fd < 0:
+                await trio.sleep(0.1)
+                continue
+            try:
+                who = uid_of_fd(fd)
+            except OSError:
+                who = -1
+            if who not in (uid, 0):
+                os.close(fd)
+                d.metrics.shed.labels(reason="not_allowed").inc()
+                continue
+            admitted = _admit(d, fd, connections)
+            if admitted is not None:
+                connections.start_soon(_connection, d, _trio_socket(fd), router, *admitted)
+
+
+def _take(d: Daemon, listener: socket.socket) -> int | None:
+    """One connection off ``listener``'s backlog: its fd (a bare one: no socket object unless
+    it is served or answered); None if there is none; -1 if the daemon is out of descriptors
+    (counted; the caller pauses, so that some connections end)."""
+    try:
+        fd: int = listener._accept()[0]  # type: ignore[attr-defined]
+    except BlockingIOError:
+        return None
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            raise
+        d.metrics.shed.labels(reason="no_fds").inc()
+        return -1
+    return fd
 
 
 def _trio_socket(fd: int) -> trio.socket.SocketType:

@@ -115,6 +115,13 @@ class Shares:
                           if n + (now - t) * RATE < RATE}
         return over
 
+    def rate_wait(self, uid: int) -> float:
+        """Seconds until ``uid`` may open a connection within :data:`RATE` (0: now); counts
+        nothing (:meth:`over_rate` does, at the accept)."""
+        left, then = self._rate.get(uid, (RATE, 0.0))
+        left += (trio.current_time() - then) * RATE
+        return 0.0 if left >= 1.0 else (1.0 - left) / RATE
+
     def _shed_for(self, uid: int, holds: int) -> bool:
         """Shed one connection of the uid that holds the most, if it holds more than
         ``uid`` does (``holds``); whether one was."""

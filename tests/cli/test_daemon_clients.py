@@ -270,9 +270,15 @@ def test_a_client_verb_read_without_argparse_is_what_argparse_reads(
     if fast is not None:
         assert vars(fast) == slow, words
     operands = [w for w in words if w.isdigit()]
+    # (a valued option given twice is argparse's: it checks each value, the last one counts)
+    valued = [_OPTION_OF[w] for w in words if w in _OPTION_OF]
     plain = all(w in _PLAIN or w.isdigit() for w in words) and \
-        len(operands) == (0 if verb == "ps" else 1)
+        len(operands) == (0 if verb == "ps" else 1) and len(valued) == len(set(valued))
     assert fast is not None or not plain, words
+
+
+_OPTION_OF = {"-n7": "limit", "--limit=0": "limit", "--state=running": "state",
+              "--socket=/t": "socket"}
 
 
 def test_ps_starts_without_argparse_or_json(start_daemon: Callable[..., RunningDaemon]) -> None:

@@ -1266,6 +1266,96 @@ def test_a_tenants_flood_of_connections_never_shuts_out_another_on_its_own_socke
         shutil.rmtree(sockdir, ignore_errors=True)
 
 
+def _flood_then_requests(d: RunningDaemon, flooder: User, victim: User,
+                         through: Callable[[], str]) -> list[Any]:
+    """Two threads of ``flooder`` connect and close on the shared socket for 8 s; meanwhile
+    ``victim`` makes 30 requests with a 1 s timeout each on the socket ``through()`` names."""
+    def flood() -> int:
+        made: list[int] = []
+        threads = [threading.Thread(target=lambda: made.append(_connect_and_close(d.socket, 8)))
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(made)
+
+    def requests() -> list[Any]:
+        with Client(d.socket) as c:
+            c.limits()  # (its first contact: the daemon makes its own socket)
+        time.sleep(1.5)
+        return _requests_with_a_timeout(through(), 30, 1.0)
+
+    flooded, answers = as_users([(flooder, flood), (victim, requests)], timeout=90)
+    assert flooded > 1000  # (the flood was one)
+    return list(answers)
+
+
+def test_a_tenants_flood_of_connections_on_the_shared_socket_never_shuts_out_another(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: two threads of one tenant connecting and closing in a
+    loop kept the shared socket's listen backlog full, and another uid's connections with a
+    timeout failed (EAGAIN: 10 of 30; no accept loop drains a backlog faster than a tenant's
+    threads fill it).  Each uid admitted once gets a socket of its own beside the shared one,
+    which the project's clients use (``own_socket_of``): none of 30 fails."""
+    from supervisor.client import own_socket_of
+
+    d = start_daemon()
+    victim = users[1]
+    answers = _flood_then_requests(d, users[0], victim,
+                                   lambda: own_socket_of(d.socket) or "(no socket of its own)")
+    failed = [a for a in answers if not isinstance(a, float)]
+    assert not failed, f"{len(failed)} of {len(answers)} failed: {failed[:5]}"
+    assert sorted(answers)[len(answers) // 2] < 0.5, sorted(answers)
+    own = os.path.join(d.socket + ".uid", str(victim.uid))
+    st = os.lstat(own)
+    assert stat.S_ISSOCK(st.st_mode) and st.st_uid == victim.uid, st
+    assert stat.S_IMODE(st.st_mode) == 0o600, oct(st.st_mode)
+
+
+def _limits_on(path: str, timeout: float = 10) -> str:
+    """GET /v1/limits on a new connection to ``path``: the answer's first bytes, or the
+    error."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(b"GET /v1/limits HTTP/1.1\r\nhost: x\r\n\r\n")
+            return repr(s.recv(12))
+    except OSError as e:
+        return repr(e)
+
+
+def test_a_uids_own_socket_serves_it_alone_and_goes_with_the_daemon(
+        start_daemon: Start, users: list[User]) -> None:
+    """A uid's own socket is 0600 and its own: another uid cannot connect, and if the owner
+    opens it to others (chmod), the daemon closes their connections unanswered; root is
+    served there.  A uid connecting in a loop on its own socket is accepted no faster than
+    its connection rate (100 a second): its connects wait in its own backlog (not thousands a
+    second, each a refusal the daemon's loop pays for).  The directory goes at the stop."""
+    d = start_daemon()
+    owner, other = users[0], users[1]
+    own = os.path.join(d.socket + ".uid", str(owner.uid))
+
+    def first_contact_then_loop_and_open_it() -> list[Any]:
+        with Client(d.socket) as c:
+            c.limits()
+        wait_for(lambda: os.path.exists(own), "the socket of its own")
+        made = _connect_and_close(own, 2.0)
+        os.chmod(own, 0o666)
+        time.sleep(2.0)  # (its backlog, full of its loop's connections, drains at its rate)
+        return [made, _limits_on(own)]
+
+    made, answer = as_user(owner, first_contact_then_loop_and_open_it)
+    assert answer == repr(b"HTTP/1.1 200"), answer
+    assert 0 < made < 1000, made  # (a backlog of 128, and 100 a second: ~430)
+    assert as_user(other, lambda: _limits_on(own)) in (repr(b""), repr(ConnectionResetError(
+        104, "Connection reset by peer"))), "another uid was served on the owner's socket"
+    assert _limits_on(own) == repr(b"HTTP/1.1 200")  # (root)
+    assert d.stop() == 0
+    assert not os.path.exists(d.socket + ".uid")
+
+
 def test_a_tenants_own_expiries_never_push_out_anothers_tombstones(tmp_path: Path) -> None:
     """Tombstones (an expired id answers 410; an expired idempotency key never starts a task
     again) were trimmed oldest first for every uid together: a tenant that expired 100,000
