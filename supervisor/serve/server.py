@@ -204,6 +204,8 @@ async def own_accept_loop(d: Daemon, uid: int, listener: socket.socket,
             except OSError:
                 who = -1
             if who not in (uid, 0):
+                # (counted as the owner's: others let in by a chmod are paced with it)
+                d.shares.over_rate(uid)
                 os.close(fd)
                 d.metrics.shed.labels(reason="not_allowed").inc()
                 continue

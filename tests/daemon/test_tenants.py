@@ -1351,6 +1351,9 @@ def test_a_uids_own_socket_serves_it_alone_and_goes_with_the_daemon(
     assert 0 < made < 1000, made  # (a backlog of 128, and 100 a second: ~430)
     assert as_user(other, lambda: _limits_on(own)) in (repr(b""), repr(ConnectionResetError(
         104, "Connection reset by peer"))), "another uid was served on the owner's socket"
+    # (another uid's loop there is paced as the owner's: closed, and no faster)
+    assert as_user(other, lambda: _connect_and_close(own, 2.0)) < 1000
+    time.sleep(2.0)
     assert _limits_on(own) == repr(b"HTTP/1.1 200")  # (root)
     assert d.stop() == 0
     assert not os.path.exists(d.socket + ".uid")
