@@ -9,7 +9,8 @@ uid alone beside it (:func:`protocol.own_socket`: ``PATH.uid/UID``; the director
 daemon's, 0755; the socket the uid's, 0600), and serves it with a loop of its own that accepts
 no faster than the uid's connection rate (``Shares.rate_wait``): a flood there fills that
 uid's own backlog, costs the daemon at most its rate, and no one else waits behind it.  The
-project's clients connect to their uid's socket when it is there and trusted, else to the
+members ``/etc/group`` lists for ``--allow-group`` get theirs at the start (:func:`members`),
+before any contact.  The project's clients connect to their uid's socket when it is there and trusted, else to the
 shared one (``client.own_socket_of``).  On the shared socket a flood is refused as before;
 there it delays only first contacts and clients that do not use their own socket.
 
@@ -31,7 +32,7 @@ from collections.abc import Callable
 
 from .protocol import OWN_SUFFIX
 
-__all__ = ["MAX_OWN", "OwnSockets"]
+__all__ = ["MAX_OWN", "OwnSockets", "members"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,29 @@ class OwnSockets:
             return
         self.sockets[uid] = sock
         self.serve(uid, sock)
+
+
+def members(gid: int | None) -> list[int]:
+    """The uids ``/etc/group`` (NSS) lists as members of ``gid`` (``--allow-group``): their
+    sockets are made at the start, so that even a first contact never waits behind another
+    uid's flood on the shared socket.  (Users whose primary group it is are not listed there:
+    theirs come at their first contact.)"""
+    import grp
+    import pwd
+
+    if gid is None:
+        return []
+    uids = []
+    try:
+        names = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return []
+    for name in names[:MAX_OWN]:
+        try:
+            uids.append(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            continue
+    return uids
 
 
 def _path_of(listener: socket.socket) -> str | None:

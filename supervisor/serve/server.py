@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from .http import serve_connection
-from .ownsockets import OwnSockets
+from .ownsockets import OwnSockets, members
 from .peers import Peer, allowed, peer_of_fd, uid_of_fd
 from .routes import body_limit, make_router
 from .shares import LINGERING, RATE, Held
@@ -156,6 +156,8 @@ async def accept_loop(d: Daemon, listener: socket.socket, connections: trio.Nurs
         loops.start_soon(own_accept_loop, d, uid, sock, connections, router)
 
     with OwnSockets(listener, serve) as own:
+        for uid in await trio.to_thread.run_sync(members, d.config.allow_gid):
+            own.offer(uid)
         await _accept_shared(d, listener, connections, router, own)
 
 

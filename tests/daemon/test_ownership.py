@@ -107,6 +107,10 @@ def test_allow_group_admits_members_and_root_only(start_daemon: Start, users: li
     d = start_daemon("--allow-group", group)
     gid = grp.getgrnam(group).gr_gid
     member, stranger = users[2], users[3]
+    # a member has a socket of its own from the start, before any contact (a first contact
+    # never waits behind another uid's flood on the shared socket), its own and 0600
+    own = os.lstat(os.path.join(d.socket + ".uid", str(member.uid)))
+    assert (own.st_uid, own.st_mode & 0o777) == (member.uid, 0o600)
 
     def my_uid() -> Any:
         with Client(d.socket) as c:
@@ -127,6 +131,7 @@ def test_allow_group_admits_members_and_root_only(start_daemon: Start, users: li
         as_user(stranger, my_uid)
     assert caught.value.status == 403 and "--allow-group" in caught.value.message
     assert as_user(None, lambda: _drop_then(member, gid, my_uid)) == member.uid
+    assert os.listdir(d.socket + ".uid") == [str(member.uid)]  # (a stranger never gets one)
 
 
 def _drop_then(user: User, extra_gid: int, fn: Callable[[], Any]) -> Any:
