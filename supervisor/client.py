@@ -26,7 +26,6 @@ import builtins
 import errno
 import io
 import os
-from collections.abc import AsyncIterator, Iterator
 
 from .serve import fastjson
 from .serve.protocol import (
@@ -42,6 +41,7 @@ from .serve.protocol import (
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every client's start-up
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
     from typing import Any
 
     import trio

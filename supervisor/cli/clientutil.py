@@ -11,7 +11,6 @@ No trio and no core import here: ``corral ps`` must start about as fast as Pytho
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 
 from ..client import ApiError, Client, DaemonUnavailable
 from . import EXIT_FAILURE, fast_options
@@ -19,6 +18,7 @@ from . import EXIT_FAILURE, fast_options
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
     from typing import Any
 
     from .printable import TerminalFilter

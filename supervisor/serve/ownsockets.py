@@ -10,9 +10,10 @@ daemon's, 0755; the socket the uid's, 0600), and serves it with a loop of its ow
 no faster than the uid's connection rate (``Shares.rate_wait``): a flood there fills that
 uid's own backlog, costs the daemon at most its rate, and no one else waits behind it.  The
 members ``/etc/group`` lists for ``--allow-group`` get theirs at the start (:func:`members`),
-before any contact.  The project's clients connect to their uid's socket when it is there and trusted, else to the
-shared one (``client.own_socket_of``).  On the shared socket a flood is refused as before;
-there it delays only first contacts and clients that do not use their own socket.
+before any contact.  The project's clients connect to their uid's socket when it is there
+and trusted, else to the shared one (``client.own_socket_of``).  On the shared socket a flood
+is refused as before; there it delays only first contacts and clients that do not use their
+own socket.
 
 A connection of another uid on a uid's socket (its owner may chmod it) is closed; root's is
 served.  At most :data:`MAX_OWN` such sockets; the directory is emptied when the daemon
