@@ -83,10 +83,10 @@ def own_socket_of(path: str) -> str | None:
     makes once our uid has connected (serve/ownsockets.py: another uid's flood of connections
     fills the shared socket's backlog, never this one's), if only the daemon could have made
     it: in a directory of root's or of the shared socket's directory's owner, writable by
-    its owner alone.  None for root (served on the shared socket) or if it is not there."""
-    uid = os.getuid()
-    if uid == 0 or not path.startswith("/"):
+    its owner alone.  None if it is not there."""
+    if not path.startswith("/"):
         return None
+    uid = os.getuid()
     directory = path + OWN_SUFFIX
     try:
         st = os.lstat(directory)

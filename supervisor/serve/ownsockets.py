@@ -4,16 +4,17 @@ A listening socket's kernel backlog is shared by every uid that connects to it: 
 connecting and closing in a loop kept the daemon's backlog of 4096 nearly full, and another
 uid's non-blocking connect failed (EAGAIN) for 10 of 30 requests (an independent attack): no
 accept loop drains a backlog faster than a tenant's threads fill it.  So the first time a uid
-other than root is admitted on a listener bound to a path, the daemon binds a socket for that
-uid alone beside it (:func:`protocol.own_socket`: ``PATH.uid/UID``; the directory the
-daemon's, 0755; the socket the uid's, 0600), and serves it with a loop of its own that accepts
-no faster than the uid's connection rate (``Shares.rate_wait``): a flood there fills that
-uid's own backlog, costs the daemon at most its rate, and no one else waits behind it.  The
-members ``/etc/group`` lists for ``--allow-group`` get theirs at the start (:func:`members`),
-before any contact.  The project's clients connect to their uid's socket when it is there
-and trusted, else to the shared one (``client.own_socket_of``).  On the shared socket a flood
-is refused as before; there it delays only first contacts and clients that do not use their
-own socket.
+is admitted on a listener bound to a path, the daemon binds a socket for that uid alone beside
+it, ``PATH.uid/UID`` (``protocol.OWN_SUFFIX``; the directory the daemon's, 0755; the socket
+the uid's, 0600), and serves it with a loop of its own that accepts no faster than the uid's
+connection rate (``Shares.rate_wait``): a flood there fills that uid's own backlog, costs the
+daemon at most its rate, and no one else waits behind it.  Root's, and those of the members
+``/etc/group`` lists for ``--allow-group`` (:func:`members`), are made at the start, before
+any contact: the operator's ``corral ps`` and a member's first request never wait behind a
+flood either.  The project's clients connect to their uid's socket when it is there and
+trusted, else to the shared one (``client.own_socket_of``).  On the shared socket a flood is
+refused as before; there it delays only first contacts and clients that do not use their own
+socket.
 
 A connection of another uid on a uid's socket (its owner may chmod it) is closed; root's is
 served.  At most :data:`MAX_OWN` such sockets; the directory is emptied when the daemon
@@ -73,8 +74,7 @@ class OwnSockets:
     def offer(self, uid: int) -> None:
         """A connection of ``uid`` was admitted on the shared socket: make its own, if it has
         none yet and may."""
-        if uid == 0 or uid in self.sockets or self.dir is None or \
-                len(self.sockets) >= MAX_OWN:
+        if uid in self.sockets or self.dir is None or len(self.sockets) >= MAX_OWN:
             return
         path = os.path.join(self.dir, str(uid))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)

@@ -156,7 +156,7 @@ async def accept_loop(d: Daemon, listener: socket.socket, connections: trio.Nurs
         loops.start_soon(own_accept_loop, d, uid, sock, connections, router)
 
     with OwnSockets(listener, serve) as own:
-        for uid in await trio.to_thread.run_sync(members, d.config.allow_gid):
+        for uid in [0, *await trio.to_thread.run_sync(members, d.config.allow_gid)]:
             own.offer(uid)
         await _accept_shared(d, listener, connections, router, own)
 

@@ -1349,8 +1349,8 @@ def test_a_uids_own_socket_serves_it_alone_and_goes_with_the_daemon(
     made, answer = as_user(owner, first_contact_then_loop_and_open_it)
     assert answer == repr(b"HTTP/1.1 200"), answer
     assert 0 < made < 1000, made  # (a backlog of 128, and 100 a second: ~430)
-    assert as_user(other, lambda: _limits_on(own)) in (repr(b""), repr(ConnectionResetError(
-        104, "Connection reset by peer"))), "another uid was served on the owner's socket"
+    theirs = as_user(other, lambda: _limits_on(own))  # (closed: b"", a reset, a broken pipe)
+    assert theirs == repr(b"") or "Error" in theirs, f"another uid was answered: {theirs}"
     # (another uid's loop there is paced as the owner's: closed, and no faster)
     assert as_user(other, lambda: _connect_and_close(own, 2.0)) < 1000
     time.sleep(2.0)
