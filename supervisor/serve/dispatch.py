@@ -417,10 +417,10 @@ async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any],
                      session: tuple[str, dict[str, Any]] | None) -> None:
     """Retry an end row until it is written (doubling waits up to 30 s), or the daemon gives
     up on it at exit (``d.gave_up``, its scope in ``d.retrying`` cancelled): then it is kept
-    for the next start in room of the daemon's own (``pendingends``), or, if it does not fit
-    there, its result is logged whole, never dropped silently.  (A retry that began after the
-    exit's last chance, of an end written late in the drain, used to go on for ever: the
-    daemon never exited.)"""
+    for the next start in room of the daemon's own when the records close (``pendingends``),
+    or, if it does not fit there, its result is logged whole, never dropped silently.  (A
+    retry that began after the exit's last chance, of an end written late in the drain, used
+    to go on for ever: the daemon never exited.)"""
     with trio.CancelScope() as scope:
         d.retrying.add(scope)
         try:
@@ -428,16 +428,9 @@ async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any],
                 await _retry_end_loop(d, t, values, session)
         finally:
             d.retrying.discard(scope)
-    if t.recorded:
-        return
-    if d.records.pending.keep(t.id, values, session):
-        log.error("task %s: its end record could not be written before the daemon exited: "
-                  "kept in %s, the next start writes it", t.id, d.records.pending.path)
-        return
-    log.error("task %s: its end record could not be written before the daemon exited "
-              "(the next start queues it again if its start was never marked, else "
-              "records it lost); its result: %s", t.id,
-              json.dumps(served_result(t.result_json, t.output, t.request.argv)))
+    if not t.recorded:
+        d.records.pending.add(t.uid, t.id, values, session, lambda: json.dumps(
+            served_result(t.result_json, t.output, t.request.argv)))
 
 
 async def _retry_end_loop(d: Daemon, t: DaemonTask, values: dict[str, Any],

@@ -5,10 +5,12 @@ was spent) cannot write the running tasks' ends to SQLite, and the next start co
 record them ``lost``: a false record of a task whose result was known.  So the daemon keeps a
 file of its own in the state directory, ``pending-ends``, allocated while there is room (a
 quarter of the reserve's size: 16 KiB to 1 MiB) and only ever written in place, which needs no
-new room.  When the daemon gives up on an end at exit, the end is appended there as one JSON
-line and synced (:meth:`PendingEnds.keep`); the next start writes those ends to the records
-before it settles anything else (``recover``), then zeroes the file.  An end that does not fit
-is logged whole, as before, and recorded lost by the next start.
+new room.  The ends the daemon gives up on at exit are written there when the records close,
+one JSON line each, without their command lines (a tenant makes those as long as it likes:
+one end of an independent attack's took the whole file), each uid's smallest first and one of
+each uid's at a time (:meth:`PendingEnds.flush`), and synced; the next start writes those ends
+to the records before it settles anything else (``recover``), then zeroes the file.  An end
+past the file's room is logged whole, as before, and recorded lost by the next start.
 
 The file is one of the records' files (``statedir.RECORD_FILES``): root's, 0600, never
 followed, refused if someone else made it.  Its lines are applied only to rows without an end
@@ -21,7 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 __all__ = ["END_COLUMNS", "PendingEnds"]
 
@@ -35,6 +38,13 @@ END_COLUMNS = frozenset({"outcome", "exit_status", "started_at", "ended_at", "pi
 Session = tuple[str, dict[str, Any]] | None
 
 
+class _Waiting(NamedTuple):
+    uid: int
+    task_id: str
+    line: bytes
+    shown: Callable[[], str]
+
+
 class PendingEnds:
     """``pending-ends`` in ``state_dir`` (see the module docstring).  :meth:`open` before use;
     ``found``: the ends the last run kept, by task id."""
@@ -45,6 +55,7 @@ class PendingEnds:
         self.fd = -1
         self.used = 0  # bytes of kept lines from the start of the file
         self.found: dict[str, tuple[dict[str, Any], Session]] = {}
+        self.waiting: list[_Waiting] = []  # ends given at the exit, written at flush
 
     def open(self) -> None:
         """Open (make) the file, read what it holds, and allocate its room if there is any
@@ -61,17 +72,60 @@ class PendingEnds:
             log.warning("%s: its room (%d bytes) could not be allocated: %s; an end the records "
                         "cannot take at a stop may not fit there", self.path, self.size, e)
 
-    def keep(self, task_id: str, values: dict[str, Any], session: Session) -> bool:
-        """Append one end and sync it; whether it is kept (False: no room left in the file,
-        or it could not be written)."""
+    def add(self, uid: int, task_id: str, values: dict[str, Any], session: Session,
+            shown: Callable[[], str]) -> None:
+        """An end the records could not take at the exit, kept at :meth:`flush` (all of them
+        known by then: the fairest order is chosen among them).  Its result without the
+        command line (the row's request has it: ``served_result`` puts it back), which a
+        tenant makes as long as it likes; ``shown``: the result whole, for the log if it
+        does not fit."""
+        result = values.get("result")
+        if isinstance(result, str):
+            try:
+                parsed = json.loads(result)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict) and "argv" in parsed:
+                values = {**values, "result": json.dumps({**parsed, "argv": None})}
         line = json.dumps({"id": task_id, "values": values, "session": session},
                           separators=(",", ":")).encode() + b"\n"
+        self.waiting.append(_Waiting(uid, task_id, line, shown))
+
+    def flush(self) -> None:
+        """Write the ends :meth:`add` was given, fairly between uids: each uid's smallest
+        first, one of each uid's at a time, so that one tenant's large ends (a long name, a
+        session's environment) never take the room of another's; one sync for all.  Each is
+        logged: kept, or, past the room, its result whole (the next start records it lost)."""
+        ranked: dict[int, list[_Waiting]] = {}
+        for w in self.waiting:
+            ranked.setdefault(w.uid, []).append(w)
+        order = [w for _, w in sorted(
+            ((rank, w) for ends in ranked.values()
+             for rank, w in enumerate(sorted(ends, key=lambda w: len(w.line)))),
+            key=lambda rw: (rw[0], len(rw[1].line)))]
+        self.waiting = []
+        kept = {w.task_id for w in order if self._write(w.line)}
+        if kept:
+            try:
+                os.fdatasync(self.fd)
+            except OSError as e:
+                log.error("%s: the ends kept there could not be synced: %s", self.path, e)
+        for w in order:
+            if w.task_id in kept:
+                log.error("task %s: its end record could not be written before the daemon "
+                          "exited: kept in %s, the next start writes it", w.task_id, self.path)
+            else:
+                log.error("task %s: its end record could not be written before the daemon "
+                          "exited (the next start queues it again if its start was never "
+                          "marked, else records it lost); its result: %s", w.task_id,
+                          w.shown())
+
+    def _write(self, line: bytes) -> bool:
         if self.fd < 0 or self.used + len(line) > self.size:
             return False
         try:
             if os.pwrite(self.fd, line, self.used) != len(line):
                 return False
-            os.fdatasync(self.fd)
         except OSError as e:
             log.error("%s: an end could not be kept: %s", self.path, e)
             return False
@@ -87,6 +141,8 @@ class PendingEnds:
         self.found = {}
 
     def close(self) -> None:
+        if self.waiting:
+            self.flush()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

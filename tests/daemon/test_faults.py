@@ -312,7 +312,7 @@ def _failing_daemon(**state: object) -> Any:
 def _finished_task() -> Any:
     from types import SimpleNamespace
 
-    return SimpleNamespace(id="7", recorded=False, started_at=None, output="/nonexistent",
+    return SimpleNamespace(id="7", uid=1, recorded=False, started_at=None, output="/nonexistent",
                            result_json={"id": "7", "outcome": "cancelled", "argv": ["true"]},
                            request=SimpleNamespace(argv=["true"]))
 
@@ -497,7 +497,7 @@ def test_kept_ends_a_crash_cut_short_or_that_are_not_ends_are_skipped(tmp_path: 
     kept = PendingEnds(str(tmp_path), 4096)
     kept.open()
     assert kept.found == {"3": ({"outcome": "succeeded"}, None)}
-    assert kept.keep("8", {"outcome": "failed"}, None)  # (after what is there, not over it)
+    kept.add(0, "8", {"outcome": "failed"}, None, str)  # (after what is there, not over it)
     kept.close()
     again = PendingEnds(str(tmp_path), 4096)
     again.open()
@@ -538,8 +538,40 @@ async def test_a_users_stop_of_a_queued_task_written_once_the_drain_began_is_not
         d.gave_up = True
         for scope in d.retrying:
             scope.cancel()
+    d.records.pending.flush()  # (as the records' close does)
     assert told == ["finished cancel", "left"], told
     assert "task shutdown: its end (never started, the daemon stopping) cannot be written" \
         in caplog.text
     assert "task cancel: its end record could not be written before the daemon exited" \
         in caplog.text
+
+
+def test_kept_ends_are_shared_fairly_between_uids_and_without_their_command_lines(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by an independent attack: ``pending-ends`` was filled first come, first served,
+    and an end kept its command line, as long as a tenant made it (a 326 KB end took a whole
+    20 MiB disk's file).  The command lines are left out (the row's request has them), and
+    each uid's smallest ends go first, one of each uid's at a time: one tenant's large ends
+    (a long name) never take the room of another's."""
+    from supervisor.serve.pendingends import PendingEnds
+
+    def end(size: int, argv: list[str]) -> dict[str, Any]:
+        return {"outcome": "succeeded", "result": json.dumps(
+            {"argv": argv, "name": "n" * size, "outcome": "succeeded"})}
+
+    kept = PendingEnds(str(tmp_path), 10 << 10)
+    kept.open()
+    kept.add(1000, "1", end(0, ["x" * 300_000]), None, lambda: "(one)")  # (argv: left out)
+    for i in range(2, 6):
+        kept.add(1000, str(i), end(3000 + i, []), None, lambda: "(theirs)")
+    kept.add(2000, "6", end(100, ["true"]), None, lambda: "(mine)")
+    kept.add(2000, "7", end(2000, ["true"]), None, lambda: "(mine)")
+    kept.close()
+    again = PendingEnds(str(tmp_path), 10 << 10)
+    again.open()
+    assert set(again.found) == {"1", "6", "7", "2", "3"}, sorted(again.found)
+    assert json.loads(again.found["1"][0]["result"])["argv"] is None
+    assert json.loads(again.found["6"][0]["result"])["argv"] is None
+    again.close()
+    assert caplog.text.count("could not be written before the daemon exited: kept in") == 5
+    assert caplog.text.count("records it lost); its result: (theirs)") == 2
