@@ -172,11 +172,18 @@ class Scheduler(Generic[T]):
 
     def reserve(self, uid: int) -> bool:
         """Count a task of ``uid`` as running now, without queueing it, if it could start at
-        once: nothing of anyone's is waiting (fairness and FIFO hold) and the limits allow.
-        False (nothing counted) otherwise.  The caller must call :meth:`finished` later."""
+        once: the limits allow, ``uid`` has nothing waiting (FIFO holds), and no other uid's
+        waiting task could take the slot (each such uid holds its per-uid limit: fairness
+        holds).  False (nothing counted) otherwise.  The caller must call :meth:`finished`
+        later.  (Anything of anyone's waiting sent every task through the queue: one more
+        record and scheduling round each, and a tenant's queue standing behind its own stopped
+        tasks made every other uid's `true` three times as slow: an independent attack.)"""
         lim = self.limits
-        if self.total_queued or self.total_running >= lim.max_running or \
-                self._running[uid] >= lim.max_running_per_uid:
+        if self.total_running >= lim.max_running or \
+                self._running[uid] >= lim.max_running_per_uid or uid in self._waiting:
+            return False
+        if self.total_queued and any(self._running[u] < lim.max_running_per_uid
+                                     for u in self._turns):
             return False
         self._count(uid)
         return True

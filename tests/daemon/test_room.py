@@ -239,3 +239,24 @@ def test_a_uids_output_rests_above_half_an_equal_share_while_others_use_the_loop
     got = trio.run(main)
     assert got == {"flood": True, "other": False, "root": False, "others_idle": False,
                    "within": False, "charged": True, "alone": False}, got
+
+
+def test_a_task_starts_at_once_beside_a_queue_that_could_not_take_its_slot() -> None:
+    """Found by an independent attack: anything of anyone's queued sent every task through
+    the queue (one more record and scheduling round each): a tenant's queue standing behind
+    its own stopped tasks made every other uid's `true` three times as slow.  A task starts
+    at once when no waiting task could take its slot (each waiting uid at its own limit), and
+    never ahead of one that could, nor of its own uid's."""
+    class Task:
+        def __init__(self, uid: int) -> None:
+            self.uid, self.size = uid, 0
+
+    s: Scheduler[Task] = Scheduler(QueueLimits(max_running=4, max_running_per_uid=2))
+    assert s.reserve(1) and s.reserve(1)  # (uid 1 at its limit)
+    s.enqueue(Task(1))
+    assert s.reserve(2)  # (uid 1's waiting task could not take the slot)
+    s.enqueue(Task(2))
+    assert not s.reserve(2)  # (its own waits first)
+    assert not s.reserve(3)  # (uid 2's waiting task could take the slot: it goes first)
+    assert s.next_ready() is not None and s.total_running == 4
+    assert not s.reserve(3)  # (every slot taken)
