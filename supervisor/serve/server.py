@@ -139,6 +139,12 @@ ACCEPT_BATCH = 64  # connections accepted per wake-up, with no checkpoint betwee
 # the other tenant's p99 was 155-198 ms with batches of 4096, 57-76 ms with 128
 # (bench_tenants, connections and slow_headers)
 FLOOD_BATCH = 128
+# after a batch mostly refused, the shared socket rests this long: refusing a flood takes at
+# most ~10% of the loop (128 refusals, ~1.2 ms, every ~11 ms).  Every uid's clients use their
+# own sockets (ownsockets.py), so the rest delays only first contacts and other clients; a
+# tenant re-making connections as fast as it could had the daemon closing 100,000 a second,
+# its loop 91% busy, and another uid's p99 at 3.9x (bench_tenants, connections)
+FLOOD_PAUSE = 0.01
 
 
 async def accept_loop(d: Daemon, listener: socket.socket, connections: trio.Nursery,
@@ -181,6 +187,8 @@ async def _accept_shared(d: Daemon, listener: socket.socket, connections: trio.N
                 admitted_now += 1
                 connections.start_soon(_connection, d, _trio_socket(fd), router, *admitted)
                 own.offer(admitted[0].uid)
+        if taken >= FLOOD_BATCH and admitted_now < taken // 2:
+            await trio.sleep(FLOOD_PAUSE)  # (a flood: see FLOOD_PAUSE)
 
 
 async def own_accept_loop(d: Daemon, uid: int, listener: socket.socket,
