@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from daemon_util import RunningDaemon, wait_for
@@ -148,3 +149,32 @@ def test_a_stdin_write_whose_answer_was_lost_is_not_written_twice(
         c.wait(t.id)
         out = b"".join(f.data for f in c.output(t.id))
     assert out.strip() == b"1000"
+
+
+def test_a_client_uses_its_own_socket_only_where_only_the_daemon_could_have_made_it(
+        tmp_path: Path) -> None:
+    """``own_socket_of``: the uid's own socket beside the shared one, if its directory is a
+    real directory of root's (or of the shared socket's directory's owner) that nobody else
+    may write; else None (the shared socket), so that another user cannot plant a listener a
+    client would send its requests to."""
+    import stat as stat_
+
+    from supervisor.client import own_socket_of
+
+    shared = tmp_path / "corral.sock"
+    own_dir = tmp_path / "corral.sock.uid"
+    assert own_socket_of(str(shared)) is None  # (not there)
+    own_dir.mkdir(mode=0o755)
+    assert own_socket_of(str(shared)) == f"{own_dir}/{os.getuid()}"
+    assert own_socket_of("relative/corral.sock") is None
+    for mode in (0o775, 0o757, 0o777):
+        os.chmod(own_dir, mode)
+        assert own_socket_of(str(shared)) is None, oct(mode)
+    os.chmod(own_dir, 0o755)
+    os.chown(own_dir, 4321, -1)  # (someone else's, in a directory of ours)
+    assert own_socket_of(str(shared)) is None
+    own_dir.rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o755)
+    own_dir.symlink_to(tmp_path / "elsewhere")  # (a link, even to a good directory)
+    assert stat_.S_ISLNK(os.lstat(own_dir).st_mode)
+    assert own_socket_of(str(shared)) is None
