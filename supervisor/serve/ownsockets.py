@@ -51,6 +51,7 @@ class OwnSockets:
                  serve: Callable[[int, socket.socket], None]) -> None:
         self.serve = serve
         self.sockets: dict[int, socket.socket] = {}
+        self.failed: set[int] = set()  # uids whose socket could not be made (not tried again)
         self.dir: str | None = None
         path = _path_of(listener)
         if path is not None:
@@ -74,7 +75,8 @@ class OwnSockets:
     def offer(self, uid: int) -> None:
         """A connection of ``uid`` was admitted on the shared socket: make its own, if it has
         none yet and may."""
-        if uid in self.sockets or self.dir is None or len(self.sockets) >= MAX_OWN:
+        if uid in self.sockets or uid in self.failed or self.dir is None or \
+                len(self.sockets) + len(self.failed) >= MAX_OWN:
             return
         path = os.path.join(self.dir, str(uid))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -90,8 +92,10 @@ class OwnSockets:
             _unlink(path)
             log.warning("a socket of uid %d's own at %s could not be made: %s; its clients use "
                         "the shared one", uid, path, e)
-            if e.errno in (errno.ENAMETOOLONG, errno.EINVAL, errno.EROFS, errno.EACCES):
-                self.dir = None  # (the same for every uid: stop trying)
+            self.failed.add(uid)  # (tried once: a connection each would be a log line each)
+            if e.errno in (errno.ENAMETOOLONG, errno.EINVAL, errno.EROFS, errno.EACCES,
+                           errno.EPERM):
+                self.dir = None  # (the same for every uid, a daemon not root's: stop trying)
             return
         self.sockets[uid] = sock
         self.serve(uid, sock)

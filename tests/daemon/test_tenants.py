@@ -1313,6 +1313,28 @@ def test_a_tenants_flood_of_connections_on_the_shared_socket_never_shuts_out_ano
     assert stat.S_IMODE(st.st_mode) == 0o600, oct(st.st_mode)
 
 
+def test_a_uids_own_socket_that_cannot_be_made_is_tried_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A socket of a uid's own that cannot be made (here: its path too long for a socket
+    address) is said once and not tried again at each of the uid's connections (a log line
+    each); its clients use the shared socket."""
+    from supervisor.serve.ownsockets import OwnSockets
+
+    base = tempfile.mkdtemp(prefix="corral-test-own-")
+    try:
+        path = os.path.join(base, "s" * (100 - len(base) - 1))
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        served: list[int] = []
+        with listener, OwnSockets(listener, lambda uid, sock: served.append(uid)) as own:
+            for _ in range(5):
+                own.offer(4321)
+            assert served == [] and 4321 in own.failed
+        assert caplog.text.count("a socket of uid 4321's own") == 1, caplog.text
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def _shed_for_rate(d: RunningDaemon) -> float:
     with d.client() as c:
         text = c.metrics()
