@@ -124,6 +124,7 @@ def result_of(task: Task, e: Ending, ended_at: float) -> TaskResult:
         notes=(*task.notes, *notes), error=None if error is None else str(error),
         error_errno=getattr(error, "errno", None), error_step=step, name=task.spec.name,
         kill_snapshot=None if d is None else d.snapshot, signals=tuple(task.signals),
+        signals_omitted=task.signals_omitted,
     )
 
 

@@ -146,7 +146,8 @@ def export_task(into: HandOver, task: Task, leaf: Cgroup, main: MainProcess, dri
                                                                ("stderr", task.stderr))
                           if cap is not None},
              "driver": driver.export(clock), "stop": _stop_state(task, clock),
-             "signals": [[int(x.signal), x.after_s, x.to, x.by] for x in task.signals]}
+             "signals": [[int(x.signal), x.after_s, x.to, x.by] for x in task.signals],
+             "signals_omitted": task.signals_omitted}
     into.tasks.append(TaskState(task.id, state, fds))
     task.handed_over = True
     task.stage = HANDED_OVER
@@ -213,6 +214,7 @@ def adopt_task(rt: Runtime, state: TaskState, register_task: Callable[[Task], No
     task.stop.restore(s["stop"], clock)
     task.signals = [SignalSent(signal.Signals(sig), after, to, by)
                     for sig, after, to, by in s.get("signals", ())]
+    task.signals_omitted = int(s.get("signals_omitted", 0))
     task.io = _attach_io(task, state.fds, s["stop"])
     register_task(task)
     leaf = rt.root.child(state.id)

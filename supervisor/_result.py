@@ -289,6 +289,7 @@ class TaskResult:
     name: str | None = None
     kill_snapshot: KillSnapshot | None = None
     signals: tuple[SignalSent, ...] = ()  # what TaskHandle.signal() sent, in order
+    signals_omitted: int = 0  # sent between the first and the last 32 listed, not listed
 
     @property
     def stdout(self) -> bytes:
@@ -354,6 +355,7 @@ class TaskResult:
             "error": _error_dict(self),
             "kill_snapshot": _snapshot_dict(self.kill_snapshot),
             "signals": [x.to_dict() for x in self.signals],
+            **({"signals_omitted": self.signals_omitted} if self.signals_omitted else {}),
         }
 
 

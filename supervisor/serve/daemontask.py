@@ -130,6 +130,8 @@ class DaemonTask:
             out["carried"] = self.carried
         if self.handle is not None and self.handle.signals:  # (its result has them all)
             out["signals"] = [x.to_dict() for x in self.handle.signals]
+            if self.handle.signals_omitted:
+                out["signals_omitted"] = self.handle.signals_omitted
         if position is not None:
             out["queue_position"] = position
         if self.outcome is not None and not self.recorded:
