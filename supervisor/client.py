@@ -26,6 +26,7 @@ import builtins
 import errno
 import io
 import os
+import sys
 
 from .serve import fastjson
 from .serve.protocol import (
@@ -96,6 +97,24 @@ def own_socket_of(path: str) -> str | None:
     except OSError:
         return None
     return f"{directory}/{uid}"
+
+
+def _served_by_the_daemon(sock: Any, path: str) -> Any:
+    """``sock``, connected to ``path``, if root or our own uid listens there (the kernel's
+    ``SO_PEERCRED``); else closed, and DaemonUnavailable before anything is sent.  (A socket
+    in a directory others may write, /tmp, was taken by another user when the daemon was
+    not there, and clients sent it their requests, environments and all, and took its forged
+    answers: an independent attack.)"""
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    uid = int.from_bytes(creds[4:8], sys.byteorder)
+    if uid in (0, os.getuid()):
+        return sock
+    sock.close()
+    raise DaemonUnavailable(
+        f"the socket {path} is served by uid {uid}, neither root nor you: not the corral "
+        f"daemon's (another user's listener?); nothing was sent.  See who made it (ls -l "
+        f"{path}), and point {SOCKET_ENV} / --socket at the daemon's socket, in a directory "
+        f"only root may write")
 
 
 class _Response:
@@ -336,7 +355,7 @@ class Client:
             except OSError:
                 sock.close()  # (not made yet, or gone: the shared socket)
             else:
-                self._sock = sock
+                self._sock = _served_by_the_daemon(sock, own)
                 self._reader = io.BufferedReader(_SocketReader(sock))
                 return
         give_up = time.monotonic() + (0.0 if self._reached else self.start_wait)
@@ -360,7 +379,7 @@ class Client:
                     f"cannot reach the corral daemon at {self.socket_path}: "
                     f"{e.strerror or e}{waited}; start it (corral serve, or systemctl start "
                     f"corral) or point {SOCKET_ENV} / --socket at its socket") from None
-        self._sock = sock
+        self._sock = _served_by_the_daemon(sock, self.socket_path)
         self._reader = io.BufferedReader(_SocketReader(sock))
 
     def _request(self, method: str, path: str, body: bytes | None = None,
@@ -761,18 +780,23 @@ class AsyncClient:
         own = own_socket_of(self.socket_path)
         if own is not None:
             try:
-                self._stream = await trio.open_unix_socket(own)
-                return self._stream
+                stream = await trio.open_unix_socket(own)
             except OSError:
                 pass  # (not made yet, or gone: the shared socket)
+            else:
+                _served_by_the_daemon(stream.socket, own)
+                self._stream = stream
+                return stream
         try:
-            self._stream = await trio.open_unix_socket(self.socket_path)
+            stream = await trio.open_unix_socket(self.socket_path)
         except OSError as e:
             raise DaemonUnavailable(
                 f"cannot reach the corral daemon at {self.socket_path}: {e.strerror or e}; "
                 f"start it (corral serve, or systemctl start corral) or point "
                 f"{SOCKET_ENV} at its socket") from None
-        return self._stream
+        _served_by_the_daemon(stream.socket, self.socket_path)
+        self._stream = stream
+        return stream
 
     async def _fill(self) -> None:
         import trio

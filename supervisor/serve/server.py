@@ -104,8 +104,20 @@ def _bind(config: Config) -> socket.socket:
 
 def _no_other_writers(directory: str) -> None:
     """The socket's directory, if ours, writable by us alone (an emptyDir shared by a pod's
-    containers is 0777: another uid could replace the socket with its own listener)."""
+    containers is 0777: another uid could replace the socket with its own listener).  A
+    directory others may write though it is sticky (``/tmp``) is refused: another user
+    could bind the socket's path before the daemon, or after it stops, and receive every
+    client's requests (an independent attack did, with the socket in /tmp), or make the
+    directory of the uids' own sockets first."""
     st = os.stat(directory)
+    if st.st_mode & 0o022 and st.st_mode & stat.S_ISVTX:
+        raise StateDirError(
+            f"the socket's directory {directory} is writable by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}): another user could take the socket's path "
+            f"before the daemon binds it, or after it stops, and receive every client's "
+            f"requests; give --socket a path in a directory only root may write (the "
+            f"default, /run/corral/corral.sock, or e.g. /run/corral-ci/corral.sock: the "
+            f"daemon makes it)")
     if st.st_uid == os.geteuid() and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
         os.chmod(directory, stat.S_IMODE(st.st_mode) & ~0o022)
         log.warning("%s was writable by other users (mode %04o): made %04o, so that nobody "

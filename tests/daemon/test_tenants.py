@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from daemon_util import (
+    CORRAL,
     RunningDaemon,
     SmallDisk,
     User,
@@ -1311,6 +1312,65 @@ def test_a_tenants_flood_of_connections_on_the_shared_socket_never_shuts_out_ano
     st = os.lstat(own)
     assert stat.S_ISSOCK(st.st_mode) and st.st_uid == victim.uid, st
     assert stat.S_IMODE(st.st_mode) == 0o600, oct(st.st_mode)
+
+
+def test_a_client_sends_nothing_to_a_socket_another_user_listens_on(
+        users: list[User]) -> None:
+    """Found by an independent attack: with the daemon's socket in /tmp, another user bound
+    the path while the daemon was stopped, and clients sent it their requests (environments
+    and all) and took its forged answers.  A client checks who listens (``SO_PEERCRED``):
+    anyone but root or itself is refused before a byte is sent; and the daemon refuses a
+    socket in a directory others may write."""
+    squatter = users[0]
+    base = tempfile.mkdtemp(prefix="corral-test-squat-")
+    os.chmod(base, 0o755)
+    os.chown(base, squatter.uid, -1)
+    path = os.path.join(base, "corral.sock")
+    try:
+        def listen() -> str:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(path + ".new")
+            os.chmod(path + ".new", 0o777)
+            s.listen(8)
+            os.rename(path + ".new", path)  # (listening once it is there)
+            s.settimeout(1)
+            got, end = b"", time.monotonic() + 6
+            while time.monotonic() < end and not os.path.exists(path + ".done"):
+                with contextlib.suppress(OSError):
+                    c, _ = s.accept()
+                    c.settimeout(1)
+                    got += c.recv(65536)
+            return repr(got)
+
+        def ask() -> str:
+            wait_for(lambda: os.path.exists(path), "the other user's listener")
+            for who in (None, users[1]):
+                said = as_user(who, lambda: _refused_by_client(path))
+                assert "neither root nor you" in said, said
+            open(path + ".done", "w").close()
+            return "asked"
+
+        got, asked = as_users([(squatter, listen), (None, ask)], timeout=30)
+        assert asked == "asked" and got == repr(b""), got
+        sticky = tempfile.mkdtemp(prefix="corral-test-sticky-")
+        os.chmod(sticky, 0o1777)
+        r = subprocess.run([*CORRAL, "serve", "--socket", os.path.join(sticky, "s"),
+                            "--state-dir",
+                            os.path.join(sticky, "state")], capture_output=True, text=True,
+                           timeout=60)
+        shutil.rmtree(sticky, ignore_errors=True)
+        assert r.returncode == 125 and "writable by other users" in r.stderr, r.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _refused_by_client(path: str) -> str:
+    try:
+        with Client(path, timeout=5) as c:
+            c.limits()
+    except Exception as e:  # (DaemonUnavailable, expected)
+        return str(e)
+    return "answered"
 
 
 def test_a_uids_own_socket_that_cannot_be_made_is_tried_once(
