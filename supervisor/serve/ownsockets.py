@@ -44,8 +44,8 @@ BACKLOG = 128  # one uid's connections waiting to be accepted on its own socket
 
 class OwnSockets:
     """The uids' own sockets beside the shared ``listener`` (see the module docstring);
-    ``serve(uid, sock)`` is called for each one made, to accept on it.  A context manager:
-    leaving it closes them and removes their files."""
+    ``serve(uid, sock)`` is called for each one made, to accept on it and close it when it
+    ends.  A context manager: leaving it removes their files."""
 
     def __init__(self, listener: socket.socket,
                  serve: Callable[[int, socket.socket], None]) -> None:
@@ -61,8 +61,10 @@ class OwnSockets:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for uid, sock in self.sockets.items():
-            sock.close()
+        # (each socket is closed by its own loop, ``serve``'s, as it ends: closed here, a loop
+        # started but not yet run waited on a closed socket: -1, a crash at a stop that came
+        # while the daemon started)
+        for uid in self.sockets:
             assert self.dir is not None
             _unlink(os.path.join(self.dir, str(uid)))
         self.sockets.clear()
