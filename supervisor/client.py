@@ -81,10 +81,11 @@ def default_socket() -> str:
 
 def own_socket_of(path: str) -> str | None:
     """Our uid's own socket beside the daemon's shared one at ``path``, which the daemon
-    makes once our uid has connected (serve/ownsockets.py: another uid's flood of connections
-    fills the shared socket's backlog, never this one's), if only the daemon could have made
-    it: in a directory of root's or of the shared socket's directory's owner, writable by
-    its owner alone.  None if it is not there."""
+    makes for root and ``--allow-group``'s members at its start, for any other uid once it
+    has connected (serve/ownsockets.py: another uid's flood of connections fills the shared
+    socket's backlog, never this one's), if only the daemon could have made it: in a
+    directory of root's or of the shared socket's directory's owner, writable by its owner
+    alone.  None if it is not there."""
     if not path.startswith("/"):
         return None
     uid = os.getuid()
