@@ -52,6 +52,7 @@ class OwnSockets:
         self.serve = serve
         self.sockets: dict[int, socket.socket] = {}
         self.failed: set[int] = set()  # uids whose socket could not be made (not tried again)
+        self.trying = True  # (False: a failure that every uid's socket would meet)
         self.dir: str | None = None
         path = _path_of(listener)
         if path is not None:
@@ -77,8 +78,8 @@ class OwnSockets:
     def offer(self, uid: int) -> None:
         """A connection of ``uid`` was admitted on the shared socket: make its own, if it has
         none yet and may."""
-        if uid in self.sockets or uid in self.failed or self.dir is None or \
-                len(self.sockets) + len(self.failed) >= MAX_OWN:
+        if uid in self.sockets or uid in self.failed or self.dir is None or not self.trying \
+                or len(self.sockets) + len(self.failed) >= MAX_OWN:
             return
         path = os.path.join(self.dir, str(uid))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -97,7 +98,7 @@ class OwnSockets:
             self.failed.add(uid)  # (tried once: a connection each would be a log line each)
             if e.errno in (errno.ENAMETOOLONG, errno.EINVAL, errno.EROFS, errno.EACCES,
                            errno.EPERM):
-                self.dir = None  # (the same for every uid, a daemon not root's: stop trying)
+                self.trying = False  # (the same for every uid, a daemon not root's)
             return
         self.sockets[uid] = sock
         self.serve(uid, sock)
