@@ -231,7 +231,7 @@ async def own_accept_loop(d: Daemon, uid: int, listener: socket.socket,
                 os.close(fd)
                 d.metrics.shed.labels(reason="not_allowed").inc()
                 continue
-            admitted = _admit(d, fd, connections)
+            admitted = _admit(d, fd, connections, who)
             if admitted is not None:
                 connections.start_soon(_connection, d, _trio_socket(fd), router, *admitted)
 
@@ -257,12 +257,13 @@ def _trio_socket(fd: int) -> trio.socket.SocketType:
                                                         fileno=fd))
 
 
-def _admit(d: Daemon, fd: int, nursery: trio.Nursery) -> tuple[Peer, Held] | None:
-    """Who connected on ``fd``, and its place in its uid's share; None (the connection
-    refused: then answered in a task of its own, or closed at once in a flood) if it has
-    none.  No checkpoint."""
+def _admit(d: Daemon, fd: int, nursery: trio.Nursery,
+           uid: int | None = None) -> tuple[Peer, Held] | None:
+    """Who connected on ``fd`` (its ``uid`` if known already), and its place in its uid's
+    share; None (the connection refused: then answered in a task of its own, or closed at
+    once in a flood) if it has none.  No checkpoint."""
     try:
-        uid = uid_of_fd(fd)
+        uid = uid_of_fd(fd) if uid is None else uid
         if uid != 0 and d.shares.over_rate(uid):  # (first: a flood is refused cheaply)
             d.metrics.shed_rate.inc()
             _refuse(d, fd, _FAST, nursery, uid)
