@@ -60,6 +60,9 @@ async def expire_now(d: Daemon) -> int | None:
     """One pass; how many tasks expired (None: the records could not be written).  If a
     start waits for the disk's room (``room.py``), finished tasks also expire until it fits,
     and the queue is tried again."""
+    if d.regrow_disk():
+        log.info("the state filesystem has more room than at start: output may take %d "
+                 "bytes of it now, %d per stream of a task", d.disk.budget, d.disk.stream_cap)
     running = await trio.to_thread.run_sync(
         _running_bytes, [(t.uid, t.output) for t in d.tasks.values() if t.state != "finished"
                          and t.state != "queued"])

@@ -89,7 +89,8 @@ RECORDS_ROOM = 8 << 20
 
 
 class OutputDisk(NamedTuple):
-    """How much of the state filesystem the tasks' output may take, measured at start.
+    """How much of the state filesystem the tasks' output may take, measured at start (and
+    again by retention's passes: ``Daemon.regrow_disk``).
 
     ``room``: at most :data:`DISK_SHARE` of what the filesystem has room for (its free space
     and what the daemon holds already, less the records' own): a task starts only if what
@@ -275,6 +276,28 @@ class Daemon:
         if self.session_env[uid] <= 0:
             del self.session_env[uid]
         return None
+
+    def regrow_disk(self) -> bool:
+        """Measure the state filesystem again (retention's passes: at least once a minute):
+        if it has more room than at start (a daemon started on a disk something else had
+        filled, which was freed since), the output's room, budget, per-stream cap and queued
+        bytes grow to what it has now, and whether they did.  Nothing shrinks (what
+        ``Room.fits`` says of the room); running tasks keep the cap they started with."""
+        now = OutputDisk.measure(self.config, self.room.held)
+        was = self.disk
+        grown = OutputDisk(max(was.budget, now.budget), max(was.stream_cap, now.stream_cap),
+                           max(was.room, now.room, self.room.room))
+        if grown == was:
+            return False
+        self.disk = grown
+        self.room.room = max(self.room.room, grown.room)
+        queue = self.disk.queue_within(self.config.queue)
+        lim = self.scheduler.limits
+        self.scheduler.limits = lim._replace(
+            max_queued_bytes=max(lim.max_queued_bytes, queue.max_queued_bytes),
+            max_queued_bytes_per_uid=max(lim.max_queued_bytes_per_uid,
+                                         queue.max_queued_bytes_per_uid))
+        return True
 
     def fits(self, t: DaemonTask) -> bool | None:
         """Whether queued ``t``'s output fits the disk's room now (``room.py``); None if it

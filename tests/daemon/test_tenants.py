@@ -39,6 +39,7 @@ from daemon_util import (
 )
 
 from supervisor.client import ApiError, Call, Client
+from supervisor.serve.state import MIN_STREAM_CAP
 
 Start = Callable[..., RunningDaemon]
 
@@ -607,6 +608,32 @@ def test_a_tenants_output_flood_fills_the_disk_and_stops_nothing_nor_falsifies_a
         (disk.inside / "filler").unlink()
         assert c.wait(c.submit(["echo", "room"]).id).outcome == "succeeded"
     assert "Traceback" not in d.log_text() + again.log_text()
+
+
+def test_a_daemon_started_on_a_full_disk_takes_the_room_freed_since(
+        start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """Found by an independent attack: a daemon started on a state filesystem something else
+    had filled sized its output's room once, at start; after space was freed each stream's
+    cap stayed at the least (64 KiB: ``GET /v1/limits``) until a restart.  Now retention's
+    passes measure the filesystem again, and what the output may take grows with it (never
+    shrinks)."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "4m")
+    options = ("--max-running", "2")  # (each stream's cap then above the least, sized to fit)
+    d = start_daemon(*options, state_dir=str(state), wrap=disk.wrap)
+    with d.client() as c:
+        roomy = c.limits()["output_cap_bytes"]
+    assert roomy > MIN_STREAM_CAP, roomy
+    d.stop()
+    fill(disk.inside / "filler")
+    again = start_daemon(*options, like=d, wrap=disk.wrap)
+    with again.client() as c:
+        assert c.limits()["output_cap_bytes"] == MIN_STREAM_CAP  # (sized on the full disk)
+        (disk.inside / "filler").unlink()
+        assert c.wait(c.submit(["echo", "room"]).id).outcome == "succeeded"
+        wait_for(lambda: c.limits()["output_cap_bytes"] > roomy * 0.9,
+                 "each stream's cap to grow with the room freed")
+    assert "more room than at start" in again.log_text(), again.log_text()[-2000:]
 
 
 def _kept_an_eighth_free(seen: list[tuple[int, int]], size: int) -> None:
