@@ -56,8 +56,12 @@ def _age(t: float | None) -> str:
 
 
 def _how(t: Any) -> str:
+    """The outcome and exit status; a task that never started has no status of its own (its
+    record's is the conventional one of its outcome: 143 for a cancelled task)."""
     if t.outcome is None:
         return "-"
+    if t.started_at is None:
+        return f"{t.outcome} (not run)"
     return f"{t.outcome} ({t.exit_status})"
 
 

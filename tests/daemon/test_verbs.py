@@ -236,7 +236,7 @@ def test_stdin_pipe_or_a_clear_refusal(start_daemon: Start) -> None:
 
 
 def test_cli_clients(start_daemon: Start) -> None:
-    d = start_daemon()
+    d = start_daemon("--max-running", "1")
     task_id = d.corral("submit", "--", "sh", "-c", "echo hello; exit 4",
                        check=True).stdout.decode().strip()
     assert d.corral("wait", task_id).returncode == 4
@@ -250,6 +250,14 @@ def test_cli_clients(start_daemon: Start) -> None:
     timed = d.corral("submit", "--wait", "--time-limit", "0.2s", "--", "sleep", "30")
     assert timed.returncode == 124
     long_id = d.corral("submit", "--", "sleep", "30", check=True).stdout.decode().strip()
+    # a task stopped in the queue never ran: no exit status of its own in ps (attack 14: its
+    # record's conventional 143 read as a process's)
+    queued = d.corral("submit", "--", "true", check=True).stdout.decode().strip()
+    d.corral("stop", queued, check=True)
+    assert d.corral("wait", queued).returncode == 143
+    line = next(x for x in d.corral("ps", check=True).stdout.decode().splitlines()
+                if x.split()[0] == queued)
+    assert "cancelled (not run)" in line and "143" not in line, line
     d.corral("stop", "--force", long_id, check=True)
     # a stop request, as corral run's SIGTERM: 143 (from the record, the one rule)
     assert d.corral("wait", long_id).returncode == 143
