@@ -50,6 +50,8 @@ Attacks (``--only``):
                    the victim's result made just before each attack phase must still be there
                    after it (the victim makes at most 20 requests per phase here, to stay
                    within an equal share of the 50: its latency figures are few).
+  signals          4 connections send SIGWINCH to the attacker's task of 1,000 sleeping
+                   processes (made before the phase), as fast as the daemon answers.
   big_submissions  4 connections send 1 MiB submissions (argv of 65,000 strings) continuously.
   big_answers      4 connections each show their own finished task with a 1 MiB argv (a 2.5 MB
                    answer) as fast as the daemon answers.
@@ -436,10 +438,10 @@ def victim_lookup(sock: str, task_id: str) -> str:
 
 # ---- the attacks (each runs as the attacker, until ``until`` on the monotonic clock) ----------
 
-def post(body: dict[str, Any]) -> bytes:
+def post(body: dict[str, Any], path: str = "/v1/tasks") -> bytes:
     data = json.dumps(body).encode()
-    return (b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"content-length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return (f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\n\r\n").encode() + data
 
 
 def _ask(s: socket.socket, reader: Any, request: bytes) -> tuple[int, bool]:
@@ -712,6 +714,36 @@ def _start_listings(crew: Crew, env: Env, until: float) -> Started:
                     for i in range(8)])
 
 
+TREE = 1000  # the signals attack's task's processes
+
+
+def _make_tree(sock: str) -> dict[str, Any]:
+    """A task of ours with :data:`TREE` sleeping processes; its id once they all run."""
+    with Client(sock, timeout=ANSWER + 5) as c:
+        task_id = c.submit(["sh", "-c", f"i=0; while [ $i -lt {TREE} ]; do sleep 600 & "
+                                        f"i=$((i+1)); done; echo ready; wait"]).id
+        deadline = time.monotonic() + ANSWER * 2
+        while b"ready" not in b"".join(f.data for f in c.output(task_id)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{TREE} processes not made in {ANSWER * 2:g} s")
+            time.sleep(0.1)
+    return {"id": task_id}
+
+
+def _start_signals(crew: Crew, env: Env, until: float) -> Started:
+    """The tree made first (nobody measures meanwhile), then 4 connections sending it
+    SIGWINCH (every process ignores it), until as long after that as the phase was to last."""
+    a = env.attacker
+    t0 = time.monotonic()
+    made = crew.collect(crew.fork_as(a, "tree", _make_tree, env.sock), ANSWER * 3)
+    if "error" in made:
+        raise OSError(f"the signals attack's tree: {made['error']}")
+    until += time.monotonic() - t0
+    winch = post({"signal": "WINCH"}, f"/v1/tasks/{made['id']}/signal")
+    return Started([crew.fork_as(a, f"signaller {i}", request_loop, env.sock, until, [winch])
+                    for i in range(4)])
+
+
 def keyed_submissions(sock: str, until: float) -> dict[str, Any]:
     """``true`` with an idempotency key of the most bytes a key may have (128) and a name of
     200, a new key each, as fast as answered: rows and tombstones that each keep the key."""
@@ -880,6 +912,8 @@ ATTACKS = [
            _start_subscribers),
     Attack("listings", f"8 connections: a listing of {LISTED} of the attacker's tasks, each "
            f"command listed at its longest, as fast as answered", _start_listings),
+    Attack("signals", f"4 connections: SIGWINCH to the attacker's task of {TREE} sleeping "
+           f"processes, as fast as answered", _start_signals),
     Attack("big_submissions", "4 connections: 1 MiB submissions (argv of 65,000 strings)",
            _many(4, request_loop, [big_request()])),
     Attack("big_answers", "4 connections: each its own finished task with a 1 MiB argv shown "

@@ -49,7 +49,7 @@ from ._main import Exit, MainProcess
 from ._result import KillSnapshot, StopReason
 from ._sample import Sampled, Series, sample
 from ._snapshot import take_snapshot
-from ._stop import StopState, signal_tree
+from ._stop import StopState, signal_tree, signal_tree_in_steps
 from ._tracking import Tracker, leave_leaf
 from ._watch import CgroupWatcher
 
@@ -367,16 +367,29 @@ class Driver(Sampled):
 
     # ---- pause, resume, sample: called from outside the loop ------------------------------
 
-    def signal(self, sig: int) -> float:
+    def signal(self, sig: int, pgrp: int | None = None) -> None:
         """``sig`` to every process of the task's tree, and to the main process wherever it
-        is (a signal verb's: no stop, no SIGCONT); seconds since the spawn."""
+        is (a signal verb's: no stop, no SIGCONT); ``pgrp``: to that process group's
+        processes of the tree only."""
         try:
-            found = signal_tree(self.leaf, (sig,), self.main.pid, self.tracker.keep())
+            listed = signal_tree(self.leaf, (sig,), self.main.pid, self.tracker.keep(),
+                                 pgrp=pgrp).main_listed
         except CgroupNotFound:
-            found = None
-        if not self.exited and (found is None or not found.main_listed) and self._main_alive():
+            listed = False
+        self._signal_main_elsewhere(sig, pgrp, listed)
+
+    async def signal_in_steps(self, sig: int, pgrp: int | None = None) -> None:
+        """:meth:`signal`, the tree walked in steps (``signal_tree_in_steps``)."""
+        try:
+            listed = await signal_tree_in_steps(self.leaf, (sig,), self.main.pid,
+                                                self.tracker.keep(), pgrp=pgrp)
+        except CgroupNotFound:
+            listed = False
+        self._signal_main_elsewhere(sig, pgrp, listed)
+
+    def _signal_main_elsewhere(self, sig: int, pgrp: int | None, listed: bool) -> None:
+        if pgrp is None and not listed and self._main_alive():
             self.main.signal(sig)
-        return trio.current_time() - self.t0
 
     def pause(self) -> bool:
         """Freeze the task (cgroup.freeze); False unless it is running and not paused."""

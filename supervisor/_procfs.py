@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["read_cgroup", "read_cmdline", "read_comm", "read_start", "read_stat", "read_state"]
+__all__ = ["read_cgroup", "read_cmdline", "read_comm", "read_pgrp", "read_start", "read_stat",
+           "read_state"]
 
 
 def _read(path: str) -> bytes | None:
@@ -91,5 +92,17 @@ def read_start(pid: int) -> int | None:
     fields = data.rpartition(b")")[2].split()
     try:
         return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def read_pgrp(pid: int) -> int | None:
+    """The process's process group, or None if it is gone."""
+    data = _read(f"/proc/{pid}/stat")
+    if data is None:
+        return None
+    fields = data.rpartition(b")")[2].split()
+    try:
+        return int(fields[2])
     except (IndexError, ValueError):
         return None

@@ -50,6 +50,10 @@ __all__ = ["DRIVEN", "FINISHED", "HANDED_OVER", "PUBLIC_STATE", "QUEUED", "START
            "finish", "finish_unstarted", "request_stop"]
 
 _TIOCSIG = 0x40045436  # _IOW('T', 0x36, int): signal the terminal's foreground process group
+# what TIOCSIG sends (the kernel's pty_signal: a terminal's keys); any other signal to a tty
+# task goes to the foreground process group's processes of its tree (it answered EINVAL: a
+# 500 for HUP, TERM, USR1, USR2, WINCH and CONT, and a traceback in the log each: an attack)
+_TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP})
 
 
 class HandedOver(SupervisorError):
@@ -390,8 +394,8 @@ class TaskHandle:
 
     def terminal_signal(self, sig: int) -> bool:
         """Send ``sig`` to the foreground process group of a ``tty`` task's terminal, as its
-        keys would (Ctrl-C's SIGINT), without waiting behind queued input (TIOCSIG); False
-        once it ended."""
+        keys would (Ctrl-C's SIGINT), without waiting behind queued input (TIOCSIG: SIGINT,
+        SIGQUIT and SIGTSTP only, what a terminal's keys send); False once it ended."""
         master = self._master()
         if master is None:
             return False
@@ -416,7 +420,34 @@ class TaskHandle:
         would (SIGINT for Ctrl-C: a REPL interrupted this way goes on).  The record lists each
         signal sent (``signals``: which, when, to what, ``by`` whom).  False if it is not
         running.  SIGKILL and SIGSTOP are not for this: ``stop(force=True)`` kills the tree,
-        :meth:`pause` freezes it."""
+        :meth:`pause` freezes it.  The tree is walked in one go: a caller that serves others
+        on its event loop uses :meth:`deliver_signal`."""
+        aimed = self._aim_signal(sig, by)
+        if aimed is None:
+            return False
+        number, driver, pgrp = aimed
+        if pgrp is not None or not self._t.spec.tty:
+            driver.signal(number, pgrp)
+        return True
+
+    async def deliver_signal(self, sig: int | str, *, by: str | None = None) -> bool:
+        """:meth:`signal`, the task's tree walked with a checkpoint every few dozen
+        processes (a task may have thousands: one step of the event loop each would hold
+        everyone else's work on it)."""
+        aimed = self._aim_signal(sig, by)
+        if aimed is None:
+            return False
+        number, driver, pgrp = aimed
+        if pgrp is not None or not self._t.spec.tty:
+            await driver.signal_in_steps(number, pgrp)
+        return True
+
+    def _aim_signal(self, sig: int | str,
+                    by: str | None) -> tuple[int, Driver, int | None] | None:
+        """The signal's number, the driver and, for a ``tty`` task's signal that its terminal
+        cannot send (all but SIGINT, SIGQUIT and SIGTSTP, sent here at once: TIOCSIG), the
+        foreground process group to send it to; the signal recorded as sent now.  None if
+        the task is not running."""
         from ._units import parse_signal
 
         number = parse_signal(sig, "signal")
@@ -427,15 +458,21 @@ class TaskHandle:
         t = self._t
         driver = t.driver
         if driver is None or t.result is not None or t.state != "running":
-            return False
+            return None
+        pgrp = None
         if t.spec.tty:
-            if not self.terminal_signal(number):
-                return False
-            to, after = "foreground", trio.current_time() - driver.t0
+            if number in _TERMINAL_SIGNALS:
+                if not self.terminal_signal(number):
+                    return None
+            else:
+                pgrp = self.terminal_foreground()
+                if pgrp is None:
+                    return None
+            to = "foreground"
         else:
-            to, after = "tree", driver.signal(number)
-        keep_signal(t, SignalSent(number, round(after, 6), to, by))
-        return True
+            to = "tree"
+        keep_signal(t, SignalSent(number, round(trio.current_time() - driver.t0, 6), to, by))
+        return number, driver, pgrp
 
     def pause(self) -> bool:
         """Freeze the task where it stands (cgroup.freeze): its processes stop running until

@@ -322,9 +322,8 @@ class LocalBackend:
             raise Refused(f"signal must be one of {', '.join(SIGNALS)}, got {name!r} (KILL: "
                           f"stop with force)")
         assert cmd.handle is not None
-        sent = not cmd.ended.is_set() and cmd.handle.signal(getattr(signal, "SIG" + name),
-                                                            by="mcp client")
-        await trio.lowlevel.checkpoint()
+        sent = not cmd.ended.is_set() and await cmd.handle.deliver_signal(
+            getattr(signal, "SIG" + name), by="mcp client")
         if not sent:
             raise Refused(f"task {task_id} is not running ({state_of(cmd)}"
                           f"{', ' + str(cmd.result.outcome) if cmd.result else ''}): "

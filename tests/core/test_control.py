@@ -265,3 +265,75 @@ async def test_a_terminal_tasks_signal_goes_to_its_foreground_as_the_key_would(
             r = await task.wait()
     assert r.outcome == "succeeded"
     assert [s.to for s in r.signals] == ["foreground"]
+
+
+@pytest.mark.parametrize("deliver", [False, True], ids=["signal", "deliver_signal"])
+async def test_every_signal_a_terminal_task_may_get_reaches_its_foreground_group_only(
+        sup: supervisor.Supervisor, deliver: bool) -> None:
+    """Found by an independent attack: a terminal only sends SIGINT, SIGQUIT and SIGTSTP
+    (TIOCSIG); HUP, TERM, USR1, USR2, WINCH and CONT failed (EINVAL: a 500 from the daemon,
+    a traceback in its log each).  They now go to the foreground process group's processes
+    of the tree: a program the shell runs in the foreground gets them, the shell (in its own
+    group, waiting) does not."""
+    names = ("INT", "QUIT", "HUP", "TERM", "USR1", "USR2", "WINCH", "CONT")
+    traps = "; ".join(f"trap 'echo fg got {n}' {n}" for n in names)
+    shell_traps = "; ".join(f"trap 'echo shell got {n}' {n}" for n in names)
+    # an interactive shell runs its command in a foreground process group of its own
+    inner = f"{traps}; echo ready; i=0; while [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done"
+    script = f"{shell_traps}; sh -c \"$1\"; echo shell done"
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(
+            sup.start, ["sh", "-ic", script, "sh", inner], tty=True, stdin="pipe",
+            env={"PS1": "prompt> "}, time_limit="60s"))
+        await wait_for(lambda: b"ready" in task.output().data
+                       and task.terminal_foreground() not in (None, task.pid),
+                       what="the program to be ready in the foreground")
+        for name in names:
+            sent = await task.deliver_signal(name) if deliver else task.signal(name)
+            assert sent, name
+            await wait_for(lambda n=name: f"fg got {n}".encode() in task.output().data,
+                           what=f"SIG{name} to reach the foreground program")
+        task.stop(force=True)
+        with trio.fail_after(HANG):
+            r = await task.wait()
+    assert [s.to for s in r.signals] == ["foreground"] * len(names)
+    assert b"shell got" not in r.stdout, r.stdout
+
+
+async def test_a_signal_to_a_large_tree_lets_the_event_loop_run_between_its_chunks(
+        sup: supervisor.Supervisor) -> None:
+    """Found by an independent attack: a signal verb walked the task's whole tree in one step
+    of the event loop (two /proc reads per process, the tree listed again per 128): two
+    tenants flooding WINCH at 1,000 sleeping processes each made every other tenant's
+    request wait ~0.7 s.  ``deliver_signal`` walks it with a checkpoint every chunk."""
+    count = 600
+    script = (f"i=0; while [ $i -lt {count} ]; do sleep 60 & i=$((i+1)); done; echo ready; "
+              f"wait")
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as n:
+        task = await n.start(functools.partial(sup.start, ["sh", "-c", script]))
+        await wait_for(lambda: b"ready" in task.output().data, what="the tree to be made",
+                       timeout=60)
+        async with trio.open_nursery() as beside:
+            beside.start_soon(ticker)
+            await trio.lowlevel.checkpoint()
+            before = ticks
+            assert await task.deliver_signal("WINCH", by="corral-test")
+            during = ticks - before
+            before = ticks
+            assert task.signal("WINCH", by="corral-test")
+            in_one_step = ticks - before
+            beside.cancel_scope.cancel()
+        task.stop(force=True)
+        with trio.fail_after(HANG):
+            await task.wait()
+    # (600 processes: five chunks, a checkpoint after each but the last)
+    assert during >= 2 and in_one_step == 0, (during, in_one_step)
+    assert [s.to for s in task.signals] == ["tree", "tree"]

@@ -296,3 +296,27 @@ def test_records_are_sqlite_wal_with_a_schema_version(start_daemon: Start) -> No
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         db.close()
+
+
+def test_every_documented_signal_to_a_terminal_task_is_sent_never_a_500(
+        start_daemon: Start) -> None:
+    """Found by an independent attack: HUP, TERM, USR1, USR2, WINCH and CONT to a terminal
+    task answered 500 (the terminal sends SIGINT, SIGQUIT and SIGTSTP only) and wrote a
+    traceback to the daemon's log each: a tenant's loop grew it 500 KB a second.  Each now
+    reaches the foreground process group, 200, and the log stays quiet."""
+    d = start_daemon()
+    names = ("INT", "QUIT", "HUP", "TERM", "USR1", "USR2", "WINCH", "CONT")
+    traps = "; ".join(f"trap 'echo got {n}' {n}" for n in names)
+    with d.client() as c:
+        t = c.submit(["sh", "-c", f"{traps}; echo ready; while :; do sleep 0.05; done"],
+                     tty=True)
+        wait_for(lambda: b"ready" in b"".join(f.data for f in c.output(t.id)), "ready")
+        for name in names:
+            answer = c.signal(t.id, name)
+            assert answer["to"] == "foreground", answer
+            wait_for(lambda n=name: f"got {n}".encode() in b"".join(
+                f.data for f in c.output(t.id)), f"SIG{name} to reach the task")
+        c.stop(t.id, force=True)
+        done = c.wait(t.id)
+    assert [s["to"] for s in done.result["signals"]] == ["foreground"] * len(names)
+    assert "Traceback" not in d.log_text(), d.log_text()[-3000:]

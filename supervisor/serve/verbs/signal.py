@@ -2,8 +2,9 @@
 
 INT, QUIT, HUP, TERM, USR1, USR2, WINCH or CONT (KILL and STOP are ``stop {"force": true}``
 and pause), to every process of the task's tree, or, for a terminal task, to its terminal's
-foreground process group, as the key would.  The task's record lists every signal sent
-(``signals``: which, when, to what, by which uid).  409 ``not_running`` for a task that is
+foreground process group (INT and QUIT as the keys would, the others to that group's
+processes), the tree walked in steps.  The task's record lists every signal sent (``signals``:
+which, when, to what, by which uid).  409 ``not_running`` for a task that is
 queued or has ended.
 """
 
@@ -26,7 +27,9 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     if t is None:
         await d.find_row(req.peer, id, light=True)  # (404 / 410 if it is none of the caller's)
     handle = None if t is None else t.handle
-    if t is None or handle is None or not handle.signal(name, by=f"uid {req.peer.uid}"):
+    # (the tree walked in steps: a tenant's task may have thousands of processes)
+    if (t is None or handle is None
+            or not await handle.deliver_signal(name, by=f"uid {req.peer.uid}")):
         state = "finished" if t is None else t.live_state
         raise ApiError(409, "not_running", f"task {id} is {state}: a signal goes to a running "
                        f"task only (a queued one is stopped with POST /v1/tasks/{id}/stop)")
