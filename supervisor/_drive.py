@@ -36,7 +36,7 @@ import logging
 import math
 import os
 import signal
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -378,11 +378,12 @@ class Driver(Sampled):
             listed = False
         self._signal_main_elsewhere(sig, pgrp, listed)
 
-    async def signal_in_steps(self, sig: int, pgrp: int | None = None) -> None:
+    async def signal_in_steps(self, sig: int, pgrp: int | None = None,
+                              pause: Callable[[], Awaitable[None]] | None = None) -> None:
         """:meth:`signal`, the tree walked in steps (``signal_tree_in_steps``)."""
         try:
             listed = await signal_tree_in_steps(self.leaf, (sig,), self.main.pid,
-                                                self.tracker.keep(), pgrp=pgrp)
+                                                self.tracker.keep(), pgrp=pgrp, pause=pause)
         except CgroupNotFound:
             listed = False
         self._signal_main_elsewhere(sig, pgrp, listed)

@@ -20,7 +20,7 @@ import errno
 import logging
 import os
 import signal
-from collections.abc import Collection, Generator
+from collections.abc import Awaitable, Callable, Collection, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -188,11 +188,12 @@ def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = Non
 
 
 async def signal_tree_in_steps(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None,
-                               keep: dict[int, int] | None, *,
-                               pgrp: int | None = None) -> bool:
+                               keep: dict[int, int] | None, *, pgrp: int | None = None,
+                               pause: Callable[[], Awaitable[None]] | None = None) -> bool:
     """:func:`signal_tree` with a checkpoint after each chunk of :data:`_CHUNK` processes,
     the processes not named (no ``comm`` read); ``pgrp``: only the processes of that process
-    group.  Whether ``main_pid`` was listed.  For a signal a caller asks for while the task
+    group; ``pause``: awaited between chunks instead of a bare checkpoint (a caller's
+    pacing).  Whether ``main_pid`` was listed.  For a signal a caller asks for while the task
     runs (``TaskHandle.deliver_signal``): a tenant's task with thousands of processes and a
     flood of such signals made each one a step of the event loop of 10-20 ms (a /proc read
     or two per process, the tree listed again per chunk), and with two such tenants every
@@ -203,7 +204,7 @@ async def signal_tree_in_steps(cg: Cgroup, signals: tuple[int, ...], main_pid: i
     walk = _walk(cg, signals, main_pid, keep, (), found, names=False, pgrp=pgrp)
     with contextlib.closing(walk), trio.CancelScope(shield=True):
         for _ in walk:
-            await trio.lowlevel.checkpoint()
+            await (trio.lowlevel.checkpoint() if pause is None else pause())
     return found.main_listed
 
 

@@ -18,7 +18,7 @@ import os
 import signal
 import termios
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -430,16 +430,18 @@ class TaskHandle:
             driver.signal(number, pgrp)
         return True
 
-    async def deliver_signal(self, sig: int | str, *, by: str | None = None) -> bool:
-        """:meth:`signal`, the task's tree walked with a checkpoint every few dozen
-        processes (a task may have thousands: one step of the event loop each would hold
-        everyone else's work on it)."""
+    async def deliver_signal(self, sig: int | str, *, by: str | None = None,
+                             pause: Callable[[], Awaitable[None]] | None = None) -> bool:
+        """:meth:`signal`, the task's tree walked with a checkpoint every 128 processes (a
+        task may have thousands: one step of the event loop each would hold everyone else's
+        work on it); ``pause``, if given, is awaited there instead (a caller's pacing: the
+        daemon's, of the uid that asked)."""
         aimed = self._aim_signal(sig, by)
         if aimed is None:
             return False
         number, driver, pgrp = aimed
         if pgrp is not None or not self._t.spec.tty:
-            await driver.signal_in_steps(number, pgrp)
+            await driver.signal_in_steps(number, pgrp, pause)
         return True
 
     def _aim_signal(self, sig: int | str,
