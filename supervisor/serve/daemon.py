@@ -111,6 +111,7 @@ async def serve(config: Config, *,
                     d = Daemon(config, sup, records, tasks_nursery, notifier, hooks, run, disk,
                                held)
                     summary = await recover(d, runs, adopted)
+                    records.serving()
                     log.info("started (run %d, cgroup root %s): from earlier runs %d task(s) "
                              "queued again, %d adopted, %d recorded lost; %d orphan output "
                              "file(s) removed; output may take %d bytes of the state "

@@ -82,52 +82,57 @@ def out_of_space(directory: str) -> bool:
 
 
 class Reserve:
-    """Room kept for the records: a file of zeros in the state directory (``reserve``).
+    """Room kept for the records: files of zeros in the state directory.
 
     The state filesystem is shared with the tasks' output files (and, on a host, with whatever
     else lives there): a flood of output can fill it before retention catches up, and then
     an end record could not be written.  When a write of the records fails for lack of room,
-    the reserve goes and the write is tried again at once; the file is made again once the
-    filesystem has room for it several times over.  Methods run in the records' thread (or
-    before it exists)."""
+    the reserve (``reserve``) goes and the write is tried again at once.  A new task or
+    session is accepted only while the reserve is there (:meth:`kept`), and it is made again
+    as soon as the filesystem has room for it (and :data:`_NO_ROOM` more).
+
+    A second, smaller file (``reserve.start``) is given up only by a start that cannot open
+    or write the records for lack of room (the run's start, the ends the last stop kept): a
+    stop on a full disk spends ``reserve`` on the running tasks' ends, and a tenant that can
+    write the same filesystem (``/var/tmp`` beside ``/var/lib``) took the room freed at
+    once; the next start could not open the records and the daemon stayed down for every uid
+    until an operator freed space (an independent attack). Now it starts, writes what it
+    kept, answers, and refuses new work, saying the disk is full, until there is room.
+    Methods run in the records' thread (or before it exists)."""
 
     def __init__(self, state_dir: str) -> None:
         self.path = os.path.join(state_dir, "reserve")
+        self.start_path = os.path.join(state_dir, "reserve.start")
         self.state_dir = state_dir
         try:
             st = os.statvfs(state_dir)
             self.size = max(64 << 10, min(RESERVE, st.f_blocks * st.f_frsize // 16))
         except OSError:
             self.size = RESERVE
+        self.start_size = max(64 << 10, self.size // 4)
         self.used = 0  # times it was given up
+        self.unsupported = False  # the filesystem cannot hold one (no fallocate, no room check)
+        # the daemon is starting (until Records.serving): a write that fails for lack of room
+        # once ``reserve`` is gone may take ``reserve.start`` (the run's start, kept ends)
+        self.starting = True
 
     def make(self) -> bool:
-        """Make (or keep) the reserve if there is room for it and some; whether it exists."""
-        if os.path.exists(self.path):
-            return True
-        try:
-            st = os.statvfs(self.state_dir)
-            if st.f_bavail * st.f_frsize < 4 * self.size:
-                return False
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-        except OSError:
-            return False
-        try:
-            os.posix_fallocate(fd, 0, self.size)
-        except OSError:
-            os.close(fd)
-            os.unlink(self.path)
-            return False
-        os.close(fd)
-        return True
+        """Make (or keep) the reserves where there is room for them and :data:`_NO_ROOM`
+        more (the start's first); whether ``reserve`` exists."""
+        _make_zeros(self.start_path, self.start_size, self.state_dir)
+        made = _make_zeros(self.path, self.size, self.state_dir)
+        if made is None:
+            self.unsupported = True
+        return bool(made)
 
     def kept(self) -> bool:
-        """Whether the filesystem is not full and the reserve's room is there (the file, or as
-        much free): if not, the records write only what already happened (ends, a run's start
+        """Whether the filesystem is not full and the reserve is there (made now if there is
+        room): if not, the records write only what already happened (ends, a run's start
         and end, retention), and a new task or session is refused, until there is room again.
         (A flood of submissions took the room the reserve had given back, and the ends of
-        tasks already running could not be written.)"""
+        tasks already running could not be written; a start on a nearly full disk that
+        accepted tasks against free room nothing held, which a tenant then filled, left
+        their ends pending and a task queued: an independent attack.)"""
         try:
             st = os.statvfs(self.state_dir)
         except OSError:
@@ -135,7 +140,10 @@ class Reserve:
         free = st.f_bavail * st.f_frsize
         if free < _NO_ROOM:
             return False  # (the new task's output would have no room either)
-        return self.make() or free >= self.size + _NO_ROOM
+        if self.make():
+            return True
+        # (a filesystem that cannot hold a file of zeros: room as free space, as it was)
+        return self.unsupported and free >= self.size + _NO_ROOM
 
     def refusal(self, path: str) -> str:
         return (f"writing the task records at {path}: the filesystem of {self.state_dir} is "
@@ -157,6 +165,42 @@ class Reserve:
                   "oldest output first: --retain-bytes)", self.state_dir, self.size)
         return True
 
+    def release_for_start(self) -> bool:
+        """A start that cannot open the records for lack of room: both reserves given back
+        (``reserve.start`` is kept for this alone); whether there was any to give."""
+        given = self.release()
+        try:
+            os.unlink(self.start_path)
+        except FileNotFoundError:
+            return given
+        log.error("the filesystem of %s is full: the start's reserve (%d bytes) was used to "
+                  "open the records; nothing new is accepted until there is room (df %s)",
+                  self.state_dir, self.start_size, self.state_dir)
+        return True
+
+
+def _make_zeros(path: str, size: int, state_dir: str) -> bool | None:
+    """``path``, ``size`` bytes allocated, unless it exists; made only if the filesystem has
+    room for it and :data:`_NO_ROOM` more.  Whether it exists; None if the filesystem cannot
+    allocate one though it has the room (no ``posix_fallocate``)."""
+    if os.path.exists(path):
+        return True
+    try:
+        st = os.statvfs(state_dir)
+        if st.f_bavail * st.f_frsize < size + _NO_ROOM:
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        return False
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        os.close(fd)
+        os.unlink(path)
+        return None if e.errno in (errno.EOPNOTSUPP, errno.EINVAL) else False
+    os.close(fd)
+    return True
 
 
 def explain(e: BaseException, path: str, doing: str) -> RecordsError:
@@ -301,6 +345,10 @@ class Records:
             self._flushing = False
 
     # ---- runs -------------------------------------------------------------------------------
+
+    def serving(self) -> None:
+        """The daemon serves: the start's reserve is no longer for its writes (``Reserve``)."""
+        self.reserve.starting = False
 
     async def begin_run(self, pid: int, now: float) -> int:
         run: int = await self._write(rows.insert_run, pid, now)
@@ -568,7 +616,8 @@ def _commit(db: sqlite3.Connection, batch: list[_Write], path: str,
             if not _for_lack_of_room(e, reserve.state_dir):
                 break
             batch = _refuse_new(batch, reserve, path)
-            if not (batch and reserve.release()):
+            if not (batch and (reserve.release()
+                               or (reserve.starting and reserve.release_for_start()))):
                 break
     for w in batch:
         try:
@@ -646,7 +695,7 @@ def _connect_with_room(path: str, state_dir: str, synchronous: str,
     try:
         db = _connect(path, state_dir, synchronous)
     except RecordsError:
-        if not (out_of_space(state_dir) and reserve.release()):
+        if not (out_of_space(state_dir) and reserve.release_for_start()):
             raise
         db = _connect(path, state_dir, synchronous)
     reserve.make()

@@ -55,7 +55,8 @@ def make_private(state_dir: str) -> None:
             _check_record_file(fd, name, state_dir)
         os.close(os.open("state.db", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600, dir_fd=fd))
-        _clear_foreign(fd, state_dir, only=("reserve",))  # (records.Reserve: zeros of ours)
+        # (records.Reserve: zeros of ours)
+        _clear_foreign(fd, state_dir, only=("reserve", "reserve.start"))
         out = _own_directory("output", fd, os.path.join(state_dir, "output"),
                              foreign_ok=True)
         try:

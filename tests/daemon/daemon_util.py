@@ -327,10 +327,11 @@ def on_tmpfs(state: Path, size: str, *, read_only: bool = False) -> list[str]:
             f'mount -t tmpfs -o {options} corral-test-state "$0" && exec "$@"', str(state)]
 
 
-def fill(path: Path) -> None:
-    """Write zeros to ``path`` until the filesystem is full (unbuffered: every byte that
-    fits is written)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def fill(path: Path, *, append: bool = False) -> None:
+    """Write zeros to ``path`` (after what it holds: ``append``) until the filesystem is full
+    (unbuffered: every byte that fits is written)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC),
+                 0o600)
     try:
         for size in (1 << 20, 4096, 1):
             block = b"\0" * size
@@ -341,6 +342,15 @@ def fill(path: Path) -> None:
                 continue
     finally:
         os.close(fd)
+
+
+def fill_past_the_reserve(inside: Path) -> None:
+    """Fill the filesystem at ``inside`` (into ``filler``), the records' reserve given up and
+    its room filled too.  Filled first: a write of the daemon's meanwhile would make the
+    reserve again if its room were free (it needs its size and 64 KiB more)."""
+    fill(inside / "filler")
+    (inside / "reserve").unlink()
+    fill(inside / "filler", append=True)
 
 
 class SmallDisk(NamedTuple):

@@ -29,6 +29,7 @@ from daemon_util import (
     RunningDaemon,
     SmallDisk,
     fill,
+    fill_past_the_reserve,
     on_tmpfs,
     read_rows,
     rows_on,
@@ -116,8 +117,7 @@ def test_a_full_disk_mid_run_refuses_new_tasks_and_retries_end_records(
         assert c.wait(c.submit(["true"]).id).outcome == "succeeded"
         running = c.submit(["sh", "-c", f"read x < {gate}; echo done"])
         wait_for(lambda: c.show(running.id).state == "running", "the task to run")
-        (inside / "reserve").unlink()  # (no room held for the records either: see below)
-        fill(inside / "filler")
+        fill_past_the_reserve(inside)  # (no room held for the records either: see below)
         with pytest.raises(ApiError) as caught:
             c.submit(["echo", "never"])
         e = caught.value
@@ -187,8 +187,8 @@ def test_a_start_on_a_full_disk_takes_the_reserve_or_says_the_disk_is_full(
         start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
     """A daemon stopped cleanly leaves no -shm file; started again on a disk that filled
     meanwhile, SQLite cannot make it and says only "disk I/O error".  With the records'
-    reserve it starts (the reserve makes the room); without it, the message says the
-    filesystem is full and how to fix it."""
+    reserve it starts (the reserve makes the room); without it (nor the start's), the
+    message says the filesystem is full and how to fix it."""
     state = tmp_path / "small-state"
     disk = small_disk(state, "3m")
     d = start_daemon(state_dir=str(state), wrap=disk.wrap)
@@ -201,7 +201,8 @@ def test_a_start_on_a_full_disk_takes_the_reserve_or_says_the_disk_is_full(
         assert c.show(done.id).outcome == "succeeded"
     assert again.stop() == 0
     assert "the records' reserve" in again.log_text()
-    (disk.inside / "reserve").unlink(missing_ok=True)
+    for reserve in ("reserve", "reserve.start"):
+        (disk.inside / reserve).unlink(missing_ok=True)
     fill(disk.inside / "filler2")
     line = _fails_at_start(start_daemon, like=d, wrap=disk.wrap)
     assert "filesystem is full" in line or "disk is full" in line, line
@@ -389,8 +390,7 @@ def test_a_queue_a_shutdown_cannot_end_on_a_full_disk_is_never_said_to_end_and_r
     waiter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     waiter.connect(d.socket)
     waiter.sendall(f"GET /v1/tasks/{queued[0]}/wait HTTP/1.1\r\nhost: x\r\n\r\n".encode())
-    (disk.inside / "reserve").unlink()
-    fill(disk.inside / "filler")
+    fill_past_the_reserve(disk.inside)
     began = time.monotonic()
     assert d.stop() == 0
     assert time.monotonic() - began < 20
@@ -449,8 +449,12 @@ def test_ends_a_stop_cannot_write_on_a_disk_full_to_the_byte_are_kept_for_the_ne
     reserve already spent, a stop could not write the running tasks' ends, and the next start
     recorded them lost (their results known, logged only); a queued task its user had
     stopped (answered "cancelled" from memory) was queued again and ran.  Both ends are kept
-    in room of the daemon's own (``pending-ends``); a start on the still full disk is
-    refused, saying so, and keeps them; the start after space is freed writes them."""
+    in room of the daemon's own (``pending-ends``).  A start on the still full disk used to
+    be refused, and a tenant that could write the filesystem kept the daemon down for
+    everyone (a later attack): it now opens the records and writes the ends from a reserve
+    kept for starts (``reserve.start``), answers, and refuses new work saying the disk is
+    full; once there is room, the reserves are made again and new work is accepted.  With
+    that reserve gone too, a start is refused, saying so, and keeps the ends."""
     state = tmp_path / "small-state"
     disk = small_disk(state, "3m")
     d = start_daemon("--max-running", "2", state_dir=str(state), wrap=disk.wrap)
@@ -459,8 +463,7 @@ def test_ends_a_stop_cannot_write_on_a_disk_full_to_the_byte_are_kept_for_the_ne
         wait_for(lambda: c.show(running).state == "running", "the sleep to run")
         queued = c.submit(["sh", "-c", f"echo ran > {disk.inside}/ran"]).id  # (one a uid)
         assert c.show(queued).state == "queued"
-        (disk.inside / "reserve").unlink()
-        fill(disk.inside / "filler")
+        fill_past_the_reserve(disk.inside)
         assert c.stop(queued)
         assert c.show(queued).outcome == "cancelled"
     assert d.stop() == 0
@@ -468,18 +471,33 @@ def test_ends_a_stop_cannot_write_on_a_disk_full_to_the_byte_are_kept_for_the_ne
     for task_id in (running, queued):
         assert f"task {task_id}: its end record could not be written before the daemon " \
                f"exited: kept in " in said, said[-3000:]
+    assert (disk.inside / "reserve.start").exists()
+    start_reserve = (disk.inside / "reserve.start").read_bytes()
+    (disk.inside / "reserve.start").unlink()  # (gone too: the start is refused, keeps them)
+    fill(disk.inside / "filler2")
     line = _fails_at_start(start_daemon, like=d, wrap=disk.wrap)
     assert "full" in line, line
-    (disk.inside / "filler").unlink()
+    (disk.inside / "filler2").unlink()
+    (disk.inside / "reserve.start").write_bytes(start_reserve)  # (as the daemon had it)
+    fill(disk.inside / "filler2")
     again = start_daemon(like=d, wrap=disk.wrap)
     with again.client() as c:
         assert c.show(running).outcome == "cancelled"
         assert c.show(queued).outcome == "cancelled"
+        with pytest.raises(ApiError) as refused:
+            c.submit(["true"])
+        assert refused.value.status == 503 and "full" in refused.value.message
+        rows = {str(r["seq"]): r for r in rows_on(disk, tmp_path)}
+        assert [rows[i]["outcome"] for i in (running, queued)] == ["cancelled", "cancelled"]
+        # (room again: on this tiny disk the new task's room is made by expiring those)
+        for filler in ("filler", "filler2"):
+            (disk.inside / filler).unlink()
+        assert c.wait(c.submit(["true"]).id).outcome == "succeeded"
     assert again.stop() == 0
-    assert "2 end(s) kept at the last stop" in again.log_text(), again.log_text()[-3000:]
+    said = again.log_text()
+    assert "2 end(s) kept at the last stop" in said and "start's reserve" in said, said[-3000:]
+    assert (disk.inside / "reserve").exists() and (disk.inside / "reserve.start").exists()
     assert not (disk.inside / "ran").exists()
-    rows = {str(r["seq"]): r for r in rows_on(disk, tmp_path)}
-    assert [rows[i]["outcome"] for i in (running, queued)] == ["cancelled", "cancelled"]
     assert (disk.inside / "pending-ends").read_bytes().strip(b"\0") == b""
 
 
@@ -575,3 +593,27 @@ def test_kept_ends_are_shared_fairly_between_uids_and_without_their_command_line
     again.close()
     assert caplog.text.count("could not be written before the daemon exited: kept in") == 5
     assert caplog.text.count("records it lost); its result: (theirs)") == 2
+
+
+def test_the_records_reserve_is_made_again_once_there_is_room_for_it(
+        small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """Found by an independent attack: a start on a nearly full disk did not make the
+    records' reserve again (it wanted four times its size free) yet accepted new tasks
+    against the free room, which a tenant then filled: their ends stayed pending and a task
+    queued.  The reserves are made as soon as there is room for them (and a little more),
+    and new work is accepted only while the reserve is there."""
+    from supervisor.serve.records import Reserve
+
+    disk = small_disk(tmp_path / "state", "4m")
+    reserve = Reserve(str(disk.inside))
+    hold = disk.inside / "hold"
+    hold.write_bytes(bytes(2 * reserve.size))  # (twice the reserve: under four times)
+    fill(disk.inside / "filler")
+    assert not reserve.kept() and not (disk.inside / "reserve").exists()
+    hold.unlink()
+    assert reserve.kept()
+    assert (disk.inside / "reserve").stat().st_blocks * 512 >= reserve.size
+    assert (disk.inside / "reserve.start").stat().st_blocks * 512 >= reserve.start_size
+    assert reserve.release() and not (disk.inside / "reserve").exists()
+    fill(disk.inside / "filler2")  # (a tenant takes the room given back)
+    assert not reserve.kept()  # (new work refused: nothing holds room for its end)

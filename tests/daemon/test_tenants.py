@@ -33,6 +33,7 @@ from daemon_util import (
     as_user,
     as_users,
     fill,
+    fill_past_the_reserve,
     raw,
     rows_on,
     wait_for,
@@ -934,8 +935,7 @@ def test_a_session_is_opened_or_closed_only_once_its_record_says_so(
     d = start_daemon(state_dir=str(state), wrap=disk.wrap)
     with d.client() as c:
         sid = c.open_session()["id"]
-        (disk.inside / "reserve").unlink()
-        fill(disk.inside / "filler")
+        fill_past_the_reserve(disk.inside)
         for call in (lambda: c.close_session(sid), lambda: c.open_session()):
             try:
                 call()
