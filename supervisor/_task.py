@@ -425,8 +425,8 @@ class TaskHandle:
         aimed = self._aim_signal(sig, by)
         if aimed is None:
             return False
-        number, driver, pgrp = aimed
-        if pgrp is not None or not self._t.spec.tty:
+        number, driver, walk, pgrp = aimed
+        if walk:
             driver.signal(number, pgrp)
         return True
 
@@ -439,17 +439,19 @@ class TaskHandle:
         aimed = self._aim_signal(sig, by)
         if aimed is None:
             return False
-        number, driver, pgrp = aimed
-        if pgrp is not None or not self._t.spec.tty:
+        number, driver, walk, pgrp = aimed
+        if walk:
             await driver.signal_in_steps(number, pgrp, pause)
         return True
 
     def _aim_signal(self, sig: int | str,
-                    by: str | None) -> tuple[int, Driver, int | None] | None:
-        """The signal's number, the driver and, for a ``tty`` task's signal that its terminal
-        cannot send (all but SIGINT, SIGQUIT and SIGTSTP, sent here at once: TIOCSIG), the
-        foreground process group to send it to; the signal recorded as sent now.  None if
-        the task is not running."""
+                    by: str | None) -> tuple[int, Driver, bool, int | None] | None:
+        """The signal's number, the driver, whether the tree is to be walked and, for a
+        ``tty`` task's signal that its terminal cannot send (all but SIGINT, SIGQUIT and
+        SIGTSTP, sent here at once: TIOCSIG), the foreground process group whose processes
+        get it; the signal recorded as sent now.  None if the task is not running.  A
+        terminal that answers neither (its programs all closed it) has the tree signalled,
+        as any task's."""
         from ._units import parse_signal
 
         number = parse_signal(sig, "signal")
@@ -461,20 +463,22 @@ class TaskHandle:
         driver = t.driver
         if driver is None or t.result is not None or t.state != "running":
             return None
-        pgrp = None
+        pgrp, walk, to = None, True, "tree"
         if t.spec.tty:
-            if number in _TERMINAL_SIGNALS:
-                if not self.terminal_signal(number):
-                    return None
-            else:
-                pgrp = self.terminal_foreground()
-                if pgrp is None:
-                    return None
-            to = "foreground"
-        else:
-            to = "tree"
+            try:
+                if number in _TERMINAL_SIGNALS:
+                    if not self.terminal_signal(number):
+                        return None
+                    walk = False
+                else:
+                    pgrp = self.terminal_foreground()
+                    if pgrp is None:
+                        return None
+                to = "foreground"
+            except OSError:
+                pgrp = None
         keep_signal(t, SignalSent(number, round(trio.current_time() - driver.t0, 6), to, by))
-        return number, driver, pgrp
+        return number, driver, walk, pgrp
 
     def pause(self) -> bool:
         """Freeze the task where it stands (cgroup.freeze): its processes stop running until
