@@ -1792,3 +1792,38 @@ def test_rows_retention_deletes_give_their_room_back_to_the_filesystem(
     finally:
         db.close()
     assert "is full" not in d.log_text(), d.log_text()[-2000:]
+
+
+def test_a_tenants_internal_errors_log_one_traceback_a_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found by an independent attack: a request answered 500 logged its traceback each time,
+    and a tenant repeating it 534 times a second grew root's log 500 KB a second (journald's
+    rate limit then drops the daemon's own lines).  One a minute per uid is logged; the
+    others are counted, and said with the next."""
+    import logging
+
+    import trio.testing
+
+    from supervisor.serve import http
+
+    clock = trio.testing.MockClock()
+
+    async def errors() -> None:
+        said = http._Said()
+        for uid in (1001, 1001, 1001, 1002, 1001):
+            try:
+                raise ValueError("a bug")
+            except ValueError:
+                said.say(uid, "answering (uid %d)", uid)
+        clock.jump(61)
+        try:
+            raise ValueError("a bug")
+        except ValueError:
+            said.say(1001, "answering (uid %d)", 1001)
+
+    with caplog.at_level(logging.ERROR, logger="supervisor.serve.http"):
+        trio.run(errors, clock=clock)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["answering (uid 1001)", "answering (uid 1002)",
+                     "answering (uid 1001) (3 more of this uid's since the last one logged)"]
+    assert all(r.exc_info for r in caplog.records)
