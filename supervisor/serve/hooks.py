@@ -19,7 +19,13 @@ Only the daemon's operator configures targets (a client's own socket or program 
 the daemon's privileges).  Delivery is at least once: the end row says a delivery is due
 (``notified = 0``) and it is marked done only once every target took it, so a daemon that
 restarts meanwhile delivers it again.  One task's event at a time, in the order tasks ended;
-a target that fails is retried with doubling waits (1 s to 60 s) and holds the rest back.
+an event a target failed is tried again with doubling waits (1 s to 60 s) behind the others,
+never holding them back (one tenant's event that a target refused, retried at the head of the
+one queue, held every other uid's for good: an independent attack).  A target that refuses
+an event for good (an HTTP 4xx other than 408 and 429: too large, say) is not asked again for
+it, and the refusal is logged.  Nothing a delivery meets ends the daemon (a target closing its
+end as the event was sent raised an error no handler took, and every restart died again on
+the same event: an independent attack).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -63,10 +70,13 @@ class Hooks:
         self.sup: Supervisor | None = None
         self._due: collections.deque[str] = collections.deque()
         self._queued: set[str] = set()
+        # an event some target failed: the targets done, the next wait, when it is due again
+        self._retry: dict[str, tuple[set[str], float, float]] = {}
         self._wake = trio.Event()
         self._counter = 0
         self._scope = trio.CancelScope()
         self._stopped = trio.Event()
+        self._said = -MAX_WAIT  # when an unexpected failure was last logged
         self.delivered = 0
 
     @property
@@ -105,30 +115,57 @@ class Hooks:
         for row in pending:
             self.finished(row["id"])
         while True:
-            while not self._due:
-                await self._wake.wait()
-                self._wake = trio.Event()
-            task_id = self._due[0]
-            await self._deliver(task_id)
-            self._due.popleft()
-            self._queued.discard(task_id)
+            task_id = await self._next()
+            if await self._deliver(task_id):
+                self._queued.discard(task_id)
+            else:
+                self._due.append(task_id)  # (behind the others: see the module docstring)
 
-    async def _deliver(self, task_id: str) -> None:
+    async def _next(self) -> str:
+        """The first due event whose retry (if any) is due now; waits for one."""
+        while True:
+            now = trio.current_time()
+            soonest = None
+            for _ in range(len(self._due)):
+                task_id = self._due.popleft()
+                retry = self._retry.get(task_id)
+                if retry is None or retry[2] <= now:
+                    return task_id
+                self._due.append(task_id)
+                soonest = retry[2] if soonest is None else min(soonest, retry[2])
+            with trio.move_on_at(soonest if soonest is not None else math.inf):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def _deliver(self, task_id: str) -> bool:
+        """One try of every target not done yet; whether the event is done with (delivered,
+        or refused for good, or expired meanwhile)."""
         row = await self._row(task_id)
         if row is None:
-            return  # expired meanwhile: nothing left to tell
+            self._retry.pop(task_id, None)
+            return True  # expired meanwhile: nothing left to tell
         event = _event(row, self.output_dir)
-        done: set[str] = set()
-        wait = 1.0
-        while True:
-            for target, send in (("exec", self._exec), ("url", self._post)):
-                if target not in done and await send(event):
-                    done.add(target)
-            if done >= self._targets():
-                break
-            await trio.sleep(wait)
-            wait = min(wait * 2, MAX_WAIT)
-        await self._mark(task_id)
+        done, wait, _ = self._retry.pop(task_id, (set(), 1.0, 0.0))
+        for target, send in (("exec", self._exec), ("url", self._post)):
+            if target not in done and await self._try(send, event):
+                done.add(target)
+        if done >= self._targets():
+            await self._mark(task_id)
+            return True
+        self._retry[task_id] = (done, min(wait * 2, MAX_WAIT), trio.current_time() + wait)
+        return False
+
+    async def _try(self, send: Any, event: dict[str, Any]) -> bool:
+        """``send(event)``, whatever it meets: an error no handler expected is logged (once a
+        minute) and counts as a failure to retry."""
+        try:
+            return bool(await send(event))
+        except Exception:
+            now = time.monotonic()
+            if now - self._said >= MAX_WAIT:
+                self._said = now
+                log.exception("a completion callback of task %s failed; retrying", event["id"])
+            return False
 
     def _targets(self) -> set[str]:
         return {t for t, on in (("exec", self.program), ("url", self.url)) if on}
@@ -177,10 +214,14 @@ class Hooks:
         try:
             with trio.fail_after(POST_TIMEOUT):
                 status = await post_json(self.socket, self.url, event)
-        except (OSError, trio.TooSlowError, ValueError) as e:
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, ValueError) as e:
             log.warning("--on-finish-url %s for task %s: %s; retrying", self.url,
                         event["id"], e or type(e).__name__)
             return False
+        if 400 <= status < 500 and status not in (408, 429):
+            log.error("--on-finish-url %s refused the event of task %s for good (HTTP %d): "
+                      "not sent again", self.url, event["id"], status)
+            return True
         if not 200 <= status < 300:
             log.warning("--on-finish-url %s for task %s: HTTP %d; retrying", self.url,
                         event["id"], status)
@@ -210,10 +251,16 @@ async def post_json(socket_path: str | None, url: str, obj: Any) -> int:
             f"connection: close\r\nuser-agent: corral\r\n\r\n").encode()
     stream = await trio.open_unix_socket(os.fspath(socket_path))
     async with stream:
-        await stream.send_all(head + body)
         answer = b""
+        try:
+            await stream.send_all(head + body)
+        except trio.BrokenResourceError:
+            pass  # (the server closed its end early: its answer may say why, 413 say)
         while b"\r\n" not in answer:
-            chunk = await stream.receive_some(4096)
+            try:
+                chunk = await stream.receive_some(4096)
+            except trio.BrokenResourceError as e:
+                raise OSError(f"the server closed the connection: {e.__cause__ or e}") from e
             if not chunk:
                 raise OSError(f"the server closed the connection after {len(answer)} bytes")
             answer += chunk

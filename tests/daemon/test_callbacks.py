@@ -127,3 +127,66 @@ def test_on_finish_url_needs_its_socket(start_daemon: Start) -> None:
     d = start_daemon("--on-finish-url", "http://x/y", expect_exit=True)
     assert d.proc.returncode == 125
     assert "--on-finish-url and --on-finish-socket go together" in d.log_text()
+
+
+class Picky(Receiver):
+    """A receiver that answers 413 to a request whose body is above ``most`` bytes as soon as
+    it has read its head, and closes without reading the body (as an HTTP server's body limit
+    does); 503 to the events of the task ids in ``failing``; 200 to the rest."""
+
+    def __init__(self, path: str, most: int, failing: set[str]) -> None:
+        self.most, self.failing, self.refused = most, failing, 0
+        super().__init__(path)
+
+    def _answer(self, conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        if length > self.most:
+            self.refused += 1
+            conn.sendall(b"HTTP/1.1 413 Too Large\r\ncontent-length: 0\r\n\r\n")
+            return
+        while len(body) < length:
+            body += conn.recv(65536)
+        event = json.loads(body)
+        status = 503 if event["id"] in self.failing else 200
+        self.requests.append((str(status), event))
+        conn.sendall(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n".encode())
+
+
+def test_a_tenants_event_a_target_refuses_neither_ends_the_daemon_nor_holds_the_others(
+        start_daemon: Start, receiver_path: str) -> None:
+    """Found by an independent attack: a target that closed its end as a tenant's large
+    event was sent (a body limit's 413) raised an error nothing handled, and the daemon died,
+    again at every start (the event still due); and an event a target refused was retried at
+    the head of the one queue, holding every other uid's events for good.  Now a refusal for
+    good (4xx) is logged and not sent again, an event that fails is retried behind the
+    others, and the daemon goes on."""
+    receiver = Picky(receiver_path, most=256 << 10, failing=set())
+    try:
+        d = start_daemon("--on-finish-url", "http://agent-host/done",
+                         "--on-finish-socket", receiver_path)
+        with d.client() as c:
+            large = c.submit(["true", "\u00e9" * 150_000])  # (a body of 900 KB, an event of MBs)
+            c.wait(large.id)
+            failing = c.submit(["true"])
+            receiver.failing.add(failing.id)
+            c.wait(failing.id)
+            later = c.submit(["echo", "later"])
+            c.wait(later.id)
+            wait_for(lambda: any(e["id"] == later.id and status == "200"
+                                 for status, e in receiver.requests),
+                     "the later task's event, past the failing one", timeout=30)
+            wait_for(lambda: sum(e["id"] == failing.id for _, e in receiver.requests) >= 2,
+                     "the failing event retried", timeout=30)
+            assert c.show(later.id).outcome == "succeeded"  # (the daemon goes on)
+        assert receiver.refused >= 1
+        wait_for(lambda: {str(r["seq"]): r["notified"] for r in d.rows()}.get(large.id) == 1,
+                 "the refused event marked, not due again")
+        assert "refused the event of task" in d.log_text()
+        assert "Traceback" not in d.log_text(), d.log_text()[-3000:]
+    finally:
+        receiver.close()
