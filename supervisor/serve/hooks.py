@@ -116,7 +116,13 @@ class Hooks:
             self.finished(row["id"])
         while True:
             task_id = await self._next()
-            if await self._deliver(task_id):
+            try:
+                delivered = await self._deliver(task_id)
+            except Exception:  # (a bug of ours: this event waits, the daemon goes on)
+                self._log_once(f"the completion callback of task {task_id} failed; retrying")
+                self._retry[task_id] = (set(), MAX_WAIT, trio.current_time() + MAX_WAIT)
+                delivered = False
+            if delivered:
                 self._queued.discard(task_id)
             else:
                 self._due.append(task_id)  # (behind the others: see the module docstring)
@@ -161,11 +167,15 @@ class Hooks:
         try:
             return bool(await send(event))
         except Exception:
-            now = time.monotonic()
-            if now - self._said >= MAX_WAIT:
-                self._said = now
-                log.exception("a completion callback of task %s failed; retrying", event["id"])
+            self._log_once(f"a completion callback of task {event['id']} failed; retrying")
             return False
+
+    def _log_once(self, message: str) -> None:
+        """``message`` and the traceback being handled, at most once a minute."""
+        now = time.monotonic()
+        if now - self._said >= MAX_WAIT:
+            self._said = now
+            log.exception("%s", message)
 
     def _targets(self) -> set[str]:
         return {t for t, on in (("exec", self.program), ("url", self.url)) if on}
