@@ -157,6 +157,7 @@ class Signalled:
 
 
 _CHUNK = 128  # pidfds held at once: far below RLIMIT_NOFILE's usual 1024
+_STEPPED_CHUNK = 1024  # signal_tree_in_steps': the daemon's fds are many (its connections')
 _HEADROOM = 8  # pidfds given back when a pass's listing finds no fd left
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
@@ -182,7 +183,8 @@ def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = Non
     read again (the same pid and start time are the same process).
     """
     found = Signalled([], False)
-    for _ in _walk(cg, signals, main_pid, keep, skip, found, names=True, pgrp=pgrp):
+    for _ in _walk(cg, signals, main_pid, keep, skip, found, names=True, pgrp=pgrp,
+                   chunk=_CHUNK):
         pass
     return found
 
@@ -190,18 +192,20 @@ def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = Non
 async def signal_tree_in_steps(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None,
                                keep: dict[int, int] | None, *, pgrp: int | None = None,
                                pause: Callable[[], Awaitable[None]] | None = None) -> bool:
-    """:func:`signal_tree` with a checkpoint after each chunk of :data:`_CHUNK` processes,
-    the processes not named (no ``comm`` read); ``pgrp``: only the processes of that process
-    group; ``pause``: awaited between chunks instead of a bare checkpoint (a caller's
-    pacing).  Whether ``main_pid`` was listed.  For a signal a caller asks for while the task
-    runs (``TaskHandle.deliver_signal``): a tenant's task with thousands of processes and a
-    flood of such signals made each one a step of the event loop of 10-20 ms (a /proc read
-    or two per process, the tree listed again per chunk), and with two such tenants every
-    other tenant's request waited ~0.7 s (an independent attack).  A checkpoint is not a
-    cancellation point here: a signal is sent to the whole tree or the caller's
-    cancellation waits for it (it is bounded by the tree)."""
+    """:func:`signal_tree` with a checkpoint after every :data:`_CHUNK` processes opened or
+    signalled (the tree listed again once per :data:`_STEPPED_CHUNK`: per 128, a tree of
+    3,000 was listed 24 times a signal), the processes not named (no ``comm`` read);
+    ``pgrp``: only the processes of that process group; ``pause``: awaited between chunks
+    instead of a bare checkpoint (a caller's pacing).  Whether ``main_pid`` was listed.  For a
+    signal a caller asks for while the task runs (``TaskHandle.deliver_signal``): a tenant's
+    task with thousands of processes and a flood of such signals made each one a step of the
+    event loop of 10-20 ms (a /proc read or two per process, the tree listed again per
+    chunk), and with two such tenants every other tenant's request waited ~0.7 s (an
+    independent attack).  A checkpoint is not a cancellation point here: a signal is sent to
+    the whole tree or the caller's cancellation waits for it (it is bounded by the tree)."""
     found = Signalled([], False)
-    walk = _walk(cg, signals, main_pid, keep, (), found, names=False, pgrp=pgrp)
+    walk = _walk(cg, signals, main_pid, keep, (), found, names=False, pgrp=pgrp,
+                 chunk=_STEPPED_CHUNK)
     with contextlib.closing(walk), trio.CancelScope(shield=True):
         for _ in walk:
             await (trio.lowlevel.checkpoint() if pause is None else pause())
@@ -210,16 +214,25 @@ async def signal_tree_in_steps(cg: Cgroup, signals: tuple[int, ...], main_pid: i
 
 def _walk(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None,
           keep: dict[int, int] | None, skip: Collection[int], found: Signalled, *,
-          names: bool, pgrp: int | None) -> Generator[None, None, None]:
-    """:func:`signal_tree`'s pass, into ``found``; yields after each chunk (its pidfds
-    closed).  ``names``: each process's ``comm`` in ``found.processes``."""
+          names: bool, pgrp: int | None, chunk: int) -> Generator[None, None, None]:
+    """:func:`signal_tree`'s pass, into ``found``: ``chunk`` pidfds opened, the tree listed
+    again, those still in it signalled, closed, and again; yields after every
+    :data:`_CHUNK` pidfds opened or signalled and after each chunk.  ``names``: each
+    process's ``comm`` in ``found.processes``."""
     ours = os.getpid()
     listed = [pid for pids in cg.procs_tree().values() for pid in pids
               if pid not in skip and pid != ours]
     found.main_listed = main_pid is not None and main_pid in listed
     while listed:
-        fds, listed = _open_pidfds(listed)
+        fds: dict[int, int] = {}
         try:
+            while listed and len(fds) < chunk:
+                got, listed, out = _open_pidfds(listed, min(_CHUNK, chunk - len(fds)))
+                fds.update(got)
+                if out:
+                    break  # (the listing that follows gives some back: _give_back)
+                if listed and len(fds) < chunk:
+                    yield
             while True:
                 try:
                     still = {pid for pids in cg.procs_tree().values() for pid in pids}
@@ -229,7 +242,9 @@ def _walk(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None,
                     if back is None:
                         raise
                     listed = back + listed
-            for pid, pidfd in fds.items():
+            for n, (pid, pidfd) in enumerate(fds.items()):
+                if n and not n % _CHUNK:
+                    yield
                 if pid in still and (pgrp is None or read_pgrp(pid) == pgrp):
                     _signal_one(pid, pidfd, signals, found, keep, names)
         finally:
@@ -278,12 +293,12 @@ def _give_back(fds: dict[int, int]) -> list[int] | None:
     return back
 
 
-def _open_pidfds(pids: list[int]) -> tuple[dict[int, int], list[int]]:
-    """Pidfds of up to ``_CHUNK`` of ``pids`` (those gone are left out), and the pids not
-    tried yet.  Out of fds, the chunk ends where the fds did; if not even one could be
-    opened, the first pid comes as -1: signal it by pid."""
+def _open_pidfds(pids: list[int], size: int) -> tuple[dict[int, int], list[int], bool]:
+    """Pidfds of up to ``size`` of ``pids`` (those gone are left out), the pids not tried
+    yet, and whether the fds ran out.  Out of fds, the chunk ends where the fds did; if not
+    even one could be opened, the first pid comes as -1: signal it by pid."""
     fds: dict[int, int] = {}
-    for i, pid in enumerate(pids[:_CHUNK]):
+    for i, pid in enumerate(pids[:size]):
         try:
             fds[pid] = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -293,6 +308,6 @@ def _open_pidfds(pids: list[int]) -> tuple[dict[int, int], list[int]]:
                 raise
             if not fds:
                 fds[pid] = -1
-                return fds, pids[i + 1:]
-            return fds, pids[i:]  # (the listing that follows gives some back: _give_back)
-    return fds, pids[_CHUNK:]
+                return fds, pids[i + 1:], True
+            return fds, pids[i:], True
+    return fds, pids[size:], False
