@@ -86,23 +86,21 @@ def read_stat(pid: int) -> tuple[str, int, float, str] | None:
 def read_start(pid: int) -> int | None:
     """When the process started (clock ticks since boot): with its pid, it names one process
     for good (a pid reused later has another start), without holding anything."""
-    data = _read(f"/proc/{pid}/stat")
-    if data is None:
-        return None
-    fields = data.rpartition(b")")[2].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    return _stat_number(pid, 19)
 
 
 def read_pgrp(pid: int) -> int | None:
     """The process's process group, or None if it is gone."""
+    return _stat_number(pid, 2)
+
+
+def _stat_number(pid: int, index: int) -> int | None:
+    """Field ``index`` of /proc/PID/stat after the name (0: the state letter), or None."""
     data = _read(f"/proc/{pid}/stat")
     if data is None:
         return None
     fields = data.rpartition(b")")[2].split()
     try:
-        return int(fields[2])
+        return int(fields[index])
     except (IndexError, ValueError):
         return None

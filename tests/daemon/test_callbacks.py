@@ -41,13 +41,19 @@ class Receiver:
             with conn:
                 self._answer(conn)
 
-    def _answer(self, conn: socket.socket) -> None:
+    @staticmethod
+    def _head(conn: socket.socket) -> tuple[bytes, bytes, int]:
+        """A request's head, the body's bytes read with it, and its content-length."""
         data = b""
         while b"\r\n\r\n" not in data:
             data += conn.recv(65536)
         head, _, body = data.partition(b"\r\n\r\n")
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                           if line.lower().startswith(b"content-length")))
+        return head, body, length
+
+    def _answer(self, conn: socket.socket) -> None:
+        head, body, length = self._head(conn)
         while len(body) < length:
             body += conn.recv(65536)
         request_line = head.split(b"\r\n")[0].decode()
@@ -139,12 +145,7 @@ class Picky(Receiver):
         super().__init__(path)
 
     def _answer(self, conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += conn.recv(65536)
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length")))
+        _, body, length = self._head(conn)
         if length > self.most:
             self.refused += 1
             conn.sendall(b"HTTP/1.1 413 Too Large\r\ncontent-length: 0\r\n\r\n")
