@@ -96,7 +96,7 @@ class Reserve:
     stop on a full disk spends ``reserve`` on the running tasks' ends, and a tenant that can
     write the same filesystem (``/var/tmp`` beside ``/var/lib``) took the room freed at
     once; the next start could not open the records and the daemon stayed down for every uid
-    until an operator freed space (an independent attack). Now it starts, writes what it
+    until an operator freed space (an independent attack).  Now it starts, writes what it
     kept, answers, and refuses new work, saying the disk is full, until there is room.
     Methods run in the records' thread (or before it exists)."""
 
@@ -166,8 +166,8 @@ class Reserve:
         return True
 
     def release_for_start(self) -> bool:
-        """A start that cannot open the records for lack of room: both reserves given back
-        (``reserve.start`` is kept for this alone); whether there was any to give."""
+        """A start that cannot open or write the records for lack of room: both reserves
+        given back (``reserve.start`` is kept for this alone); whether there was any."""
         given = self.release()
         try:
             os.unlink(self.start_path)

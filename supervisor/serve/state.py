@@ -281,8 +281,9 @@ class Daemon:
         """Measure the state filesystem again (retention's passes: at least once a minute):
         if it has more room than at start (a daemon started on a disk something else had
         filled, which was freed since), the output's room, budget, per-stream cap and queued
-        bytes grow to what it has now, and whether they did.  Nothing shrinks (what
-        ``Room.fits`` says of the room); running tasks keep the cap they started with."""
+        bytes grow to what it has now; whether the cap grew, or the budget by a tenth (worth
+        a line of the log).  Nothing shrinks (what ``Room.fits`` says of the room); running
+        tasks keep the cap they started with."""
         now = OutputDisk.measure(self.config, self.room.held)
         was = self.disk
         grown = OutputDisk(max(was.budget, now.budget), max(was.stream_cap, now.stream_cap),
@@ -297,7 +298,7 @@ class Daemon:
             max_queued_bytes=max(lim.max_queued_bytes, queue.max_queued_bytes),
             max_queued_bytes_per_uid=max(lim.max_queued_bytes_per_uid,
                                          queue.max_queued_bytes_per_uid))
-        return True
+        return grown.stream_cap > was.stream_cap or grown.budget > was.budget * 1.1
 
     def fits(self, t: DaemonTask) -> bool | None:
         """Whether queued ``t``'s output fits the disk's room now (``room.py``); None if it
