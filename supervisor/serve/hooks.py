@@ -77,6 +77,8 @@ class Hooks:
         self._scope = trio.CancelScope()
         self._stopped = trio.Event()
         self._said = -MAX_WAIT  # when an unexpected failure was last logged
+        self._warned = -MAX_WAIT  # when a failed delivery was last logged
+        self._unwarned = 0  # failed deliveries since, not logged
         self.delivered = 0
 
     @property
@@ -210,11 +212,11 @@ class Hooks:
                                    stdin=json.dumps(event).encode(), env=env,
                                    inherit_env=False, time_limit=EXEC_TIME_LIMIT, cwd="/")
         except Exception as e:  # refused by the core (e.g. shutting down): retried later
-            log.warning("--on-finish-exec for task %s: %s", event["id"], e)
+            self._retrying(f"--on-finish-exec for task {event['id']}: {e}")
             return False
         if r.outcome != "succeeded":
-            log.warning("--on-finish-exec %s for task %s: %s (exit %s); retrying",
-                        self.program, event["id"], r.outcome, r.exit_code)
+            self._retrying(f"--on-finish-exec {self.program} for task {event['id']}: "
+                           f"{r.outcome} (exit {r.exit_code})")
             return False
         return True
 
@@ -225,18 +227,29 @@ class Hooks:
             with trio.fail_after(POST_TIMEOUT):
                 status = await post_json(self.socket, self.url, event)
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ValueError) as e:
-            log.warning("--on-finish-url %s for task %s: %s; retrying", self.url,
-                        event["id"], e or type(e).__name__)
+            self._retrying(f"--on-finish-url {self.url} for task {event['id']}: "
+                           f"{str(e) or type(e).__name__}")
             return False
         if 400 <= status < 500 and status not in (408, 429):
             log.error("--on-finish-url %s refused the event of task %s for good (HTTP %d): "
                       "not sent again", self.url, event["id"], status)
             return True
         if not 200 <= status < 300:
-            log.warning("--on-finish-url %s for task %s: HTTP %d; retrying", self.url,
-                        event["id"], status)
+            self._retrying(f"--on-finish-url {self.url} for task {event['id']}: HTTP {status}")
             return False
         return True
+
+    def _retrying(self, why: str) -> None:
+        """A failed delivery, logged at most once a minute, with how many were not (a target
+        failing every event made a line per event per try: 2,549 lines a minute with 1,615
+        events due: an independent attack)."""
+        now = time.monotonic()
+        if now - self._warned < MAX_WAIT:
+            self._unwarned += 1
+            return
+        more = f" ({self._unwarned} more failed since the last line)" if self._unwarned else ""
+        self._warned, self._unwarned = now, 0
+        log.warning("%s; retrying%s", why, more)
 
 
 def _event(row: dict[str, Any], output_dir: str) -> dict[str, Any]:

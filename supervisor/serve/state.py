@@ -111,7 +111,10 @@ class OutputDisk(NamedTuple):
         try:
             st = os.statvfs(config.state_dir)
             there = st.f_bavail * st.f_frsize + held
-            room = int((there - min(RECORDS_ROOM, there // 4)) * DISK_SHARE)
+            # never below what finished tasks hold: a start on a disk something else had
+            # filled measured less, and retention expired every uid's results to fit it (an
+            # independent attack); they wait, and new tasks wait for room instead
+            room = max(held, int((there - min(RECORDS_ROOM, there // 4)) * DISK_SHARE))
         except OSError:
             room = 1 << 62
         limit = config.retention.max_bytes

@@ -189,5 +189,7 @@ def test_a_tenants_event_a_target_refuses_neither_ends_the_daemon_nor_holds_the_
                  "the refused event marked, not due again")
         assert "refused the event of task" in d.log_text()
         assert "Traceback" not in d.log_text(), d.log_text()[-3000:]
+        # (its failures within the minute: one line, not one a try: a later attack)
+        assert d.log_text().count("; retrying") == 1, d.log_text()[-3000:]
     finally:
         receiver.close()

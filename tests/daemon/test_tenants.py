@@ -637,6 +637,32 @@ def test_a_daemon_started_on_a_full_disk_takes_the_room_freed_since(
     assert "more room than at start" in again.log_text(), again.log_text()[-2000:]
 
 
+def test_a_start_on_a_disk_something_else_filled_expires_nobodys_results(
+        start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """Found by an independent attack: a start on a state disk that something else (a tenant
+    writing the same filesystem) had filled measured the output's room below what finished
+    tasks held, and retention's first pass expired every uid's results to fit it (410 for
+    results recorded seconds before).  The room is never measured below what is held."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "3m")
+    d = start_daemon(state_dir=str(state), wrap=disk.wrap)
+    with d.client() as c:
+        done = [c.submit(["head", "-c", "150k", "/dev/zero"]).id for _ in range(6)]
+        for task_id in done:
+            assert c.wait(task_id).outcome == "succeeded"
+        running = c.submit(["sleep", "600"]).id
+        wait_for(lambda: c.show(running).state == "running", "the sleep to run")
+    d.kill()  # (a crash: the next start records the sleep lost, and retention passes)
+    fill(disk.inside / "filler")
+    again = start_daemon(like=d, wrap=disk.wrap)
+    with again.client() as c:
+        assert c.show(running).outcome == "lost"
+        time.sleep(2.0)  # (retention's pass after that end: at most a second later)
+        for task_id in done:
+            assert c.show(task_id).outcome == "succeeded", task_id
+    assert "expired" not in again.log_text(), again.log_text()[-2000:]
+
+
 def _kept_an_eighth_free(seen: list[tuple[int, int]], size: int) -> None:
     least_free = min(free for free, _ in seen)
     assert least_free > size // 8, (least_free, size)
