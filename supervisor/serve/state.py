@@ -112,8 +112,9 @@ class OutputDisk(NamedTuple):
             st = os.statvfs(config.state_dir)
             there = st.f_bavail * st.f_frsize + held
             # never below what finished tasks hold: a start on a disk something else had
-            # filled measured less, and retention expired every uid's results to fit it (an
-            # independent attack); they wait, and new tasks wait for room instead
+            # filled measured less, and retention's pass expired every uid's results to fit
+            # it (an independent attack); a start waiting for room still asks retention
+            # for its own worst case (room.py), fairly between uids
             room = max(held, int((there - min(RECORDS_ROOM, there // 4)) * DISK_SHARE))
         except OSError:
             room = 1 << 62
