@@ -98,16 +98,18 @@ async def serve(config: Config, *,
                                       records.begin_run(os.getpid(), time.time()))
         runs = await records.runs()
         async with _supervisor(config, notifier, passed) as sup:
-            await records.set_run_root(run, sup.cgroup_root)
+            held = await records.held_bytes()
+            disk = OutputDisk.measure(config, held, earlier=max(
+                (r["room"] or 0 for r in runs.values()), default=0))
+            await records.set_run_root(run, sup.cgroup_root, disk.room)
             adopted = {h.id: h for h in sup.tasks}  # (nothing else has started yet)
             hooks = Hooks(records, program=config.on_finish_exec, url=config.on_finish_url,
                           socket=config.on_finish_socket,
                           output_dir=os.path.join(config.state_dir, "output"))
             with bind_listeners(config, passed.listeners, passed.own) as bound:
                 async with trio.open_nursery() as tasks_nursery:
-                    await write_kept_ends(records, adopted)
-                    held = await records.held_bytes()
-                    disk = OutputDisk.measure(config, held)
+                    if await write_kept_ends(records, adopted):
+                        held = await records.held_bytes()  # (with the ends' rows)
                     d = Daemon(config, sup, records, tasks_nursery, notifier, hooks, run, disk,
                                held)
                     summary = await recover(d, runs, adopted)

@@ -354,8 +354,14 @@ class Records:
         run: int = await self._write(rows.insert_run, pid, now)
         return run
 
-    async def set_run_root(self, run: int, root: str) -> None:
-        await self._write(rows.execute, "UPDATE runs SET root = ? WHERE id = ?", (root, run))
+    async def set_run_root(self, run: int, root: str, room: int) -> None:
+        """The supervisor's cgroup root in ``run``, and the output's room it measured."""
+        await self._write(rows.execute, "UPDATE runs SET root = ?, room = ? WHERE id = ?",
+                          (root, room, run))
+
+    async def set_run_room(self, run: int, room: int) -> None:
+        """The output's room ``run`` grew to (``OutputDisk.measure``)."""
+        await self._write(rows.execute, "UPDATE runs SET room = ? WHERE id = ?", (room, run))
 
     async def end_run(self, run: int, now: float, how: str) -> None:
         await self._write(rows.execute, "UPDATE runs SET ended_at = ?, ended = ? WHERE id = ?",

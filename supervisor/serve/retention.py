@@ -72,6 +72,9 @@ async def expire_now(d: Daemon) -> int | None:
     room = None if pressed is None else (d.room.room, {
         u: pressed.get(u, 0) + d.session_env.get(u, 0) for u in {*pressed, *d.session_env}})
     try:
+        if d.room.room > d.room_recorded:  # (the next run takes no less: OutputDisk.measure)
+            await d.records.set_run_room(d.run, d.room.room)
+            d.room_recorded = d.room.room
         gone, freed, held = await d.records.expire(d.config.retention, time.time(),
                                                    d.disk.budget, running, room,
                                                    d.room.room // TOMB_SHARE)

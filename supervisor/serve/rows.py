@@ -295,13 +295,30 @@ def find_key(db: sqlite3.Connection, uid: int, key: str) -> dict[str, Any] | Non
     return {**gone[0], "state": "expired"} if gone else None
 
 
-def fair_level(usage: dict[int, int], cap: int) -> float:
+def fair_level(usage: Mapping[int, int], cap: int,
+               floors: Mapping[int, int] | None = None) -> float:
     """Max-min fairness: the level L at which keeping ``min(usage[u], L)`` of each uid's
     finished tasks (a count, or bytes) totals ``cap``; infinity when everything fits.  A uid
-    that uses no more than an equal share (``cap / len(usage)``) is never above L."""
+    that uses no more than an equal share (``cap / len(usage)``) is never above L.
+
+    ``floors``: the part of a uid's usage that cannot go (its running tasks, a waiting
+    start's worst case), if together they fit ``cap``: then each uid keeps
+    ``max(floors[u], min(usage[u], L))``, and L is where that totals ``cap``.  Without them a
+    start whose worst case alone was above the equal share of a small room waited for good:
+    the other uid, within its share, lost nothing, and the start never fit."""
     total = sum(usage.values())
     if total <= cap:
         return float("inf")
+    if floors and 0 < sum(floors.values()) < cap:
+        low = {u: min(floors.get(u, 0), used) for u, used in usage.items()}
+        lo, hi = 0.0, float(max(usage.values()))
+        for _ in range(64):  # (bisection: what is kept grows with L)
+            mid = (lo + hi) / 2
+            if sum(max(low[u], min(used, mid)) for u, used in usage.items()) > cap:
+                hi = mid
+            else:
+                lo = mid
+        return lo
     remaining, values = float(cap), sorted(usage.values())
     for i, value in enumerate(values):
         share = remaining / (len(values) - i)
@@ -406,7 +423,7 @@ def _share_bytes(db: sqlite3.Connection, per_uid: dict[int, dict[str, Any]], cap
     used = {u: r["b"] for u, r in per_uid.items()}
     for uid, held in running.items():
         used[uid] = used.get(uid, 0) + held
-    level = fair_level(used, cap)
+    level = fair_level(used, cap, running)
     for uid, r in per_uid.items():
         if used[uid] > level:
             victims = _trim_bytes(db, uid, min(used[uid] - level, r["b"]), now)

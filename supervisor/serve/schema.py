@@ -25,6 +25,9 @@ Versions::
        start and its end (a request of a MiB was written four times over); tasks.session (the
        session's id, indexed: a session's commands are found without reading requests);
        the view ``task_rows`` joins the two as one row
+    6  tasks.listed (the command as a listing shows it)
+    7  runs.room (the output's room the run measured, and grew to: a later run on a disk
+       something else has filled takes no less: ``state.OutputDisk.measure``)
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import Callable
 
 __all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _V1 = """
 CREATE TABLE tasks (
@@ -136,6 +139,14 @@ ALTER TABLE tasks ADD COLUMN listed TEXT;
 """
 
 
+# the output's room (state.OutputDisk): a start on a disk a tenant's own files had filled
+# measured a room of a few KB, and retention expired every uid's results for the queued tasks
+# waiting for it (an independent attack); the next run takes the room an earlier one had
+_V7 = """
+ALTER TABLE runs ADD COLUMN room INTEGER;
+"""
+
+
 class SchemaError(Exception):
     """The database's schema cannot be used by this corral (the message has the fix)."""
 
@@ -169,6 +180,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
     4: lambda db, _: _script(db, _V4),
     5: lambda db, _: _script(db, _V5),
     6: lambda db, _: _script(db, _V6),
+    7: lambda db, _: _script(db, _V7),
 }
 
 

@@ -88,6 +88,12 @@ DISK_SHARE = 0.8  # of the state filesystem's room (free + ours) the output may 
 RECORDS_ROOM = 8 << 20
 
 
+def _share(there: int) -> int:
+    """The output's room of a filesystem with room for ``there`` bytes: :data:`DISK_SHARE`
+    of it once the records' own is set aside."""
+    return int((there - min(RECORDS_ROOM, there // 4)) * DISK_SHARE)
+
+
 class OutputDisk(NamedTuple):
     """How much of the state filesystem the tasks' output may take, measured at start (and
     again by retention's passes: ``Daemon.regrow_disk``).
@@ -107,15 +113,18 @@ class OutputDisk(NamedTuple):
     room: int = 1 << 62
 
     @classmethod
-    def measure(cls, config: Config, held: int) -> OutputDisk:
+    def measure(cls, config: Config, held: int, earlier: int = 0) -> OutputDisk:
+        """What the state filesystem has room for now, with ``held`` bytes of finished
+        tasks' there already; never less than ``held``, nor than the room an ``earlier`` run
+        had (as far as the filesystem's size allows): files that are not output (a tenant's,
+        if it can write this filesystem) do not shrink it.  A start on a disk something else
+        had filled measured a room of a few KB, and retention expired every uid's results to
+        fit it, at once and for the queued tasks waiting for it (an independent attack); such
+        a disk fails the tasks' writes, not their results."""
         try:
             st = os.statvfs(config.state_dir)
-            there = st.f_bavail * st.f_frsize + held
-            # never below what finished tasks hold: a start on a disk something else had
-            # filled measured less, and retention's pass expired every uid's results to fit
-            # it (an independent attack); a start waiting for room still asks retention
-            # for its own worst case (room.py), fairly between uids
-            room = max(held, int((there - min(RECORDS_ROOM, there // 4)) * DISK_SHARE))
+            room = max(held, _share(st.f_bavail * st.f_frsize + held),
+                       min(earlier, _share(st.f_blocks * st.f_frsize)))
         except OSError:
             room = 1 << 62
         limit = config.retention.max_bytes
@@ -189,6 +198,7 @@ class Daemon:
         # the disk's room for output: who may start (retention is woken to make room)
         self.room = Room(self.disk.room, held, lambda: self.retention_due.set(),
                          lambda now: OutputDisk.measure(config, now).room)
+        self.room_recorded = self.disk.room  # (in the run's row: a later run takes no less)
         self.sup = sup
         self.records = records
         self.nursery = nursery  # task lives and record writes
