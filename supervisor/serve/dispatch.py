@@ -355,9 +355,12 @@ async def write_end(d: Daemon, t: DaemonTask,
     assert t.result_json is not None and t.ended_at is not None
     values = end_values(t, notify=d.hooks.enabled)
     d.room.settle(t.uid, t.holds, values["bytes"])  # (its worst case: now what it took)
+    if t.holds and d.scheduler.total_queued:
+        # (a start may wait for what it held: the disk's room, or its uid's half of it
+        # (``Room.capped``, which asks retention for nothing); only a start waiting for the
+        # room was tried again, and a uid's next task after a large one waited for good)
+        dispatch(d)
     t.holds = 0
-    if d.room.wanted is not None:
-        dispatch(d)  # (a start waited for room, and this task took less than it held)
     with trio.CancelScope(shield=True):
         d.ending += 1
         try:

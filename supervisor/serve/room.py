@@ -70,7 +70,7 @@ class Room:
         self.asked = trio.Event()  # set when a start waits for room: retention runs now
         self._wake = wake  # (retention's)
         self._measure = measure  # the room now, given what finished tasks hold
-        self._moved = True  # the ledger changed since retention was last asked
+        self._moved = True  # the ledger changed since a pass last took a waiting start in
 
     def capped(self, uid: int, cost: int) -> bool:
         """Whether ``uid``'s running tasks, with this start's ``cost``, would reserve more
@@ -84,10 +84,11 @@ class Room:
 
     def fits(self, uid: int, cost: int) -> bool:
         """Whether a task of ``uid`` holding ``cost`` at most may start now.  If not, that
-        start is remembered as waiting and retention is asked to make room (once for each
-        change of the ledger: a pass that found nothing to expire is not run again for
-        every submission).  A task always fits a ledger that holds nothing (a filesystem too
-        small for even one worst case still runs its tasks one at a time).
+        start is remembered as waiting and retention is asked to make room (until a pass
+        takes it into account, then once for each change of the ledger: a pass that found
+        nothing to expire is not run again for every submission).  A task always fits a
+        ledger that holds nothing (a filesystem too small for even one worst case still runs
+        its tasks one at a time).
 
         Before a start waits, the room is measured again, and grows if the filesystem has
         more room than it had (a daemon started on a disk something else had filled); it never
@@ -104,8 +105,7 @@ class Room:
             if self._fits(cost):
                 return True
         self.wanted = (uid, cost)
-        if self._moved:
-            self._moved = False
+        if self._moved:  # (until a pass takes this start into account: :meth:`pressed`)
             self.asked.set()
             if self._wake is not None:
                 self._wake()
@@ -183,6 +183,10 @@ class Room:
         finished and these fit the room."""
         if self.wanted is None:
             return None
+        # (the start's ask is answered: another only once the ledger changes.  Reset at the
+        # ask, it was lost when the pass found no start waiting, the queue's next dispatch
+        # having cleared ``wanted``, and the start waited for the next minute's pass)
+        self._moved = False
         uid, cost = self.wanted
         by_uid = dict(self.reserved_by)
         by_uid[uid] = by_uid.get(uid, 0) + cost

@@ -24,13 +24,27 @@ def test_a_start_waits_until_what_is_held_and_its_worst_case_fit() -> None:
     assert room.fits(1, 500)
     room.take(1, 500)
     assert not room.fits(2, 200) and room.wanted == (2, 200) and asked == [1]
-    assert not room.fits(2, 200) and asked == [1]  # (asked once until the ledger moves)
     assert room.pressed() == {1: 500, 2: 200}  # (the waiting start counts as its uid's)
+    assert not room.fits(2, 200) and asked == [1]  # (a pass took it in: not until it moves)
     room.settle(1, 500, 120)  # it ended, taking less than its worst case
     assert room.held == 520 and room.reserved == 0 and room.fits(2, 200)
     room.expired(600)
     assert room.held == 0
     assert Room(10).fits(1, 10_000)  # (an empty ledger runs one task whatever its size)
+
+
+def test_a_start_asks_until_a_pass_takes_it_in() -> None:
+    """Found by a test: the ask was spent at the start's first try; the pass it woke found no
+    start waiting (the queue's next dispatch had cleared ``wanted``), and the start, tried
+    again, did not ask: it waited for the next minute's pass."""
+    asked: list[int] = []
+    room = Room(1000, held=900, wake=lambda: asked.append(1))
+    assert not room.fits(1, 500) and asked == [1]
+    room.wanted = None  # (a dispatch: the start is not tried, its uid's slot is full)
+    assert room.pressed() is None  # (the pass woken)
+    assert not room.fits(1, 500) and asked == [1, 1]
+    assert room.pressed() == {1: 500}
+    assert not room.fits(1, 500) and asked == [1, 1]
 
 
 def test_the_room_grows_when_the_disk_has_more_and_never_shrinks() -> None:

@@ -717,6 +717,68 @@ def test_a_queued_task_at_a_start_on_a_disk_something_else_filled_expires_nobody
     assert "expired" not in again.log_text(), again.log_text()[-2000:]
 
 
+def test_a_task_whose_worst_case_is_above_an_equal_share_of_a_small_room_still_starts(
+        start_daemon: Start, users: list[User], small_disk: Callable[..., SmallDisk],
+        tmp_path: Path) -> None:
+    """Found writing the test above: with ``--max-running 1`` on a 3 MiB state disk each
+    stream's cap is sized so that one task's worst case (852 KB) is above half the room
+    (1.6 MB); another uid's six results (924 KB) within an equal share lost nothing, the
+    start never fit, and the task waited for good.  What a start must hold is kept out of
+    the sharing, and the other uids' results share the rest: the oldest go."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "3m")
+    d = start_daemon("--max-running", "1", state_dir=str(state), wrap=disk.wrap)
+    first, second = users[0], users[1]
+
+    def results() -> Any:
+        with Client(d.socket) as c:
+            return [c.wait(c.submit(["head", "-c", "150k", "/dev/zero"]).id).id
+                    for _ in range(6)]
+
+    def one() -> Any:
+        with Client(d.socket) as c:
+            return c.wait(c.submit(["true"]).id, timeout=20).outcome
+
+    done = as_user(first, results)
+    assert as_user(second, one) == "succeeded"
+
+    def kept() -> Any:
+        with Client(d.socket) as c:
+            return sum(1 for task_id in done if _outcome(c, task_id) == "succeeded")
+
+    assert 0 < as_user(first, kept) < 6  # (the oldest made room; not every one of them)
+
+
+def test_a_uids_next_task_starts_when_its_large_one_ends(
+        start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """Found by a test: a start that waited for its own uid's half of the room
+    (``Room.capped``: its running task's worst case and its own above half) was not tried
+    again when that task ended (only a start waiting for the whole room was), and waited for
+    good behind nothing.  Six tasks queued at once, one running at a time, all end (the
+    oldest results may expire to make room for the later ones)."""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "3m")
+    d = start_daemon("--max-running", "1", state_dir=str(state), wrap=disk.wrap)
+    with d.client() as c:
+        queued = [c.submit(["head", "-c", "150k", "/dev/zero"]).id for _ in range(6)]
+        deadline = time.monotonic() + 30
+        for task_id in queued:
+            try:
+                assert c.wait(task_id, timeout=deadline - time.monotonic()).state == \
+                    "finished", c.show(task_id)
+            except ApiError as e:
+                assert e.status == 410, e  # (expired: it ended, and made room for a later)
+        assert c.show(queued[-1]).outcome == "succeeded"
+
+
+def _outcome(c: Client, task_id: str) -> str | None:
+    try:
+        return c.show(task_id).outcome
+    except ApiError as e:
+        assert e.status == 410, e
+        return None
+
+
 def _kept_an_eighth_free(seen: list[tuple[int, int]], size: int) -> None:
     least_free = min(free for free, _ in seen)
     assert least_free > size // 8, (least_free, size)
