@@ -382,7 +382,7 @@ async def write_end(d: Daemon, t: DaemonTask,
     t.done.set()
     d.task_finished(t)
     if t.recorded:
-        d.hooks.finished(t.id)
+        d.hooks.finished(t.id, t.uid)
 
 
 def _ended_by_the_stop(t: DaemonTask) -> bool:
@@ -451,7 +451,7 @@ async def _retry_end_loop(d: Daemon, t: DaemonTask, values: dict[str, Any],
         t.recorded = True
         d.unrecorded.discard(t.id)
         d.evict()
-        d.hooks.finished(t.id)
+        d.hooks.finished(t.id, t.uid)
         return
 
 

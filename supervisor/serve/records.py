@@ -471,9 +471,10 @@ class Records:
         return {r["id"] for r in found}
 
     async def pending_notifications(self) -> list[dict[str, Any]]:
-        """The ids of the tasks whose completion callback is due, in order (ids alone: 250 due
-        events of 900 KB each, read whole at a start, held 460 MB: an independent attack)."""
-        return await self._call(rows.select, "SELECT seq FROM task_rows WHERE notified = 0 "
+        """The ids and uids of the tasks whose completion callback is due, in order (not the
+        rows: 250 due events of 900 KB each, read whole at a start, held 460 MB: an
+        independent attack)."""
+        return await self._call(rows.select, "SELECT seq, uid FROM tasks WHERE notified = 0 "
                                 "ORDER BY seq", ())
 
     async def expired(self, task_id: str) -> dict[str, Any] | None:

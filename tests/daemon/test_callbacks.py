@@ -8,12 +8,15 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_util import RunningDaemon, wait_for
+from daemon_util import RunningDaemon, User, as_user, wait_for
+
+from supervisor.client import Client
 
 Start = Callable[..., RunningDaemon]
 
@@ -22,9 +25,11 @@ class Receiver:
     """A tiny HTTP server on a Unix socket: records each request; answers ``statuses`` in
     turn (then 200)."""
 
-    def __init__(self, path: str, statuses: list[int] | None = None) -> None:
+    def __init__(self, path: str, statuses: list[int] | None = None,
+                 delay: float = 0.0) -> None:
         self.path = path
         self.statuses = list(statuses or [])
+        self.delay = delay  # (seconds before each answer: a slow target)
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
@@ -58,6 +63,7 @@ class Receiver:
             body += conn.recv(65536)
         request_line = head.split(b"\r\n")[0].decode()
         status = self.statuses.pop(0) if self.statuses else 200
+        time.sleep(self.delay)
         self.requests.append((request_line, json.loads(body)))
         conn.sendall(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n".encode())
 
@@ -125,6 +131,36 @@ def test_a_callback_due_at_a_crash_is_delivered_by_the_next_start(
         d2 = start_daemon(*args, like=d)
         wait_for(lambda: [e["id"] for _, e in receiver.requests] == [t.id], "the delivery")
         wait_for(lambda: [r["notified"] for r in d2.rows()] == [1], "the delivery marked")
+    finally:
+        receiver.close()
+
+
+def test_one_tenants_many_events_do_not_hold_another_tenants_behind_them(
+        start_daemon: Start, users: list[User], receiver_path: str) -> None:
+    """Found by an independent attack: completion events were one queue for every uid, in
+    end order: one tenant's 8,166 finished tasks delayed another's event 30.6 s.  The uids
+    take turns: an event waits for at most one of each other uid's (and the one in flight)."""
+    receiver = Receiver(receiver_path, delay=0.05)  # (a slow target: 20 events a second)
+    try:
+        d = start_daemon("--on-finish-url", "http://localhost/done", "--on-finish-socket",
+                         receiver_path)
+        os.chmod(receiver_path, 0o600)  # (the daemon's alone)
+
+        def flood() -> Any:
+            with Client(d.socket) as c:
+                return [c.wait(c.submit(["true"]).id).id for _ in range(40)]
+
+        def mine() -> Any:
+            with Client(d.socket) as c:
+                return c.wait(c.submit(["true"]).id).id
+
+        flooded = as_user(users[0], flood)
+        told_before = len(receiver.requests)
+        victim = as_user(users[1], mine)
+        wait_for(lambda: len(receiver.requests) == len(flooded) + 1, "every event", timeout=30)
+        order = [e["id"] for _, e in receiver.requests]
+        assert told_before < len(flooded) - 5, told_before  # (the flood's were still due)
+        assert order.index(victim) <= told_before + 2, (told_before, order.index(victim))
     finally:
         receiver.close()
 
