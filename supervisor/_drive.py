@@ -379,7 +379,7 @@ class Driver(Sampled):
         self._signal_main_elsewhere(sig, pgrp, listed)
 
     async def signal_in_steps(self, sig: int, pgrp: int | None = None,
-                              pause: Callable[[], Awaitable[None]] | None = None) -> None:
+                              pause: Callable[[int], Awaitable[None]] | None = None) -> None:
         """:meth:`signal`, the tree walked in steps (``signal_tree_in_steps``)."""
         try:
             listed = await signal_tree_in_steps(self.leaf, (sig,), self.main.pid,

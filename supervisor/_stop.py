@@ -191,12 +191,15 @@ def signal_tree(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None = Non
 
 async def signal_tree_in_steps(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None,
                                keep: dict[int, int] | None, *, pgrp: int | None = None,
-                               pause: Callable[[], Awaitable[None]] | None = None) -> bool:
+                               pause: Callable[[int], Awaitable[None]] | None = None,
+                               ) -> bool:
     """:func:`signal_tree` with a checkpoint after every :data:`_CHUNK` processes opened or
     signalled (the tree listed again once per :data:`_STEPPED_CHUNK`: per 128, a tree of
     3,000 was listed 24 times a signal), the processes not named (no ``comm`` read);
-    ``pgrp``: only the processes of that process group; ``pause``: awaited between chunks
-    instead of a bare checkpoint (a caller's pacing).  Whether ``main_pid`` was listed.  For a
+    ``pgrp``: only the processes of that process group; ``pause(n)``: awaited instead of a
+    bare checkpoint, between chunks and once at the end, ``n`` the processes opened since
+    the last (a caller's pacing: the daemon's budget of processes a uid's signals reach).
+    Whether ``main_pid`` was listed.  For a
     signal a caller asks for while the task runs (``TaskHandle.deliver_signal``): a tenant's
     task with thousands of processes and a flood of such signals made each one a step of the
     event loop of 10-20 ms (a /proc read or two per process, the tree listed again per
@@ -207,32 +210,36 @@ async def signal_tree_in_steps(cg: Cgroup, signals: tuple[int, ...], main_pid: i
     walk = _walk(cg, signals, main_pid, keep, (), found, names=False, pgrp=pgrp,
                  chunk=_STEPPED_CHUNK)
     with contextlib.closing(walk), trio.CancelScope(shield=True):
-        for _ in walk:
-            await (trio.lowlevel.checkpoint() if pause is None else pause())
+        for opened in walk:
+            await (trio.lowlevel.checkpoint() if pause is None else pause(opened))
     return found.main_listed
 
 
 def _walk(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None,
           keep: dict[int, int] | None, skip: Collection[int], found: Signalled, *,
-          names: bool, pgrp: int | None, chunk: int) -> Generator[None, None, None]:
+          names: bool, pgrp: int | None, chunk: int) -> Generator[int, None, None]:
     """:func:`signal_tree`'s pass, into ``found``: ``chunk`` pidfds opened, the tree listed
     again, those still in it signalled, closed, and again; yields after every
-    :data:`_CHUNK` pidfds opened or signalled and after each chunk.  ``names``: each
-    process's ``comm`` in ``found.processes``."""
+    :data:`_CHUNK` pidfds opened or signalled, after each chunk and at the end (if it
+    opened any since), how many it opened since it last did.  ``names``: each process's
+    ``comm`` in ``found.processes``."""
     ours = os.getpid()
     listed = [pid for pids in cg.procs_tree().values() for pid in pids
               if pid not in skip and pid != ours]
     found.main_listed = main_pid is not None and main_pid in listed
+    opened = 0
     while listed:
         fds: dict[int, int] = {}
         try:
             while listed and len(fds) < chunk:
                 got, listed, out = _open_pidfds(listed, min(_CHUNK, chunk - len(fds)))
                 fds.update(got)
+                opened += len(got)
                 if out:
                     break  # (the listing that follows gives some back: _give_back)
                 if listed and len(fds) < chunk:
-                    yield
+                    yield opened
+                    opened = 0
             while True:
                 try:
                     still = {pid for pids in cg.procs_tree().values() for pid in pids}
@@ -244,7 +251,8 @@ def _walk(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None,
                     listed = back + listed
             for n, (pid, pidfd) in enumerate(fds.items()):
                 if n and not n % _CHUNK:
-                    yield
+                    yield opened
+                    opened = 0
                 if pid in still and (pgrp is None or read_pgrp(pid) == pgrp):
                     _signal_one(pid, pidfd, signals, found, keep, names)
         finally:
@@ -252,7 +260,10 @@ def _walk(cg: Cgroup, signals: tuple[int, ...], main_pid: int | None,
                 if pidfd >= 0:
                     os.close(pidfd)
         if listed:
-            yield
+            yield opened
+            opened = 0
+    if opened:
+        yield opened
 
 
 def _signal_one(pid: int, pidfd: int, signals: tuple[int, ...], found: Signalled,

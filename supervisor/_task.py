@@ -431,11 +431,13 @@ class TaskHandle:
         return True
 
     async def deliver_signal(self, sig: int | str, *, by: str | None = None,
-                             pause: Callable[[], Awaitable[None]] | None = None) -> bool:
+                             pause: Callable[[int], Awaitable[None]] | None = None,
+                             ) -> bool:
         """:meth:`signal`, the task's tree walked with a checkpoint every 128 processes (a
         task may have thousands: one step of the event loop each would hold everyone else's
-        work on it); ``pause``, if given, is awaited there instead (a caller's pacing: the
-        daemon's, of the uid that asked)."""
+        work on it); ``pause(n)``, if given, is awaited there instead, and once at the end,
+        ``n`` the processes reached since the last (a caller's pacing: the daemon's, of the
+        uid that asked)."""
         aimed = self._aim_signal(sig, by)
         if aimed is None:
             return False

@@ -779,6 +779,34 @@ def _outcome(c: Client, task_id: str) -> str | None:
         return None
 
 
+def test_a_tenants_signals_reach_at_most_5000_processes_a_second_after_a_burst(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: two tenants signalling trees of 1,500 processes on
+    32 connections each took another tenant's median from 10 to 132 ms, though each signal
+    walked its tree in paced steps: the request rate bounded the signals, not the processes
+    each reached.  A uid's signals reach at most 5,000 processes a second after a burst of
+    5,000: forty signals to a tree of 600 (24,000) take at least 3.8 s."""
+    d = start_daemon()
+    count, signals = 600, 40
+    script = (f"trap '' WINCH; i=0; while [ $i -lt {count} ]; do sleep 120 & i=$((i+1)); "
+              f"done; echo ready; wait")
+
+    def flood() -> Any:
+        with Client(d.socket) as c:
+            task_id = c.submit(["sh", "-c", script]).id
+            wait_for(lambda: any(b"ready" in f.data for f in c.output(task_id)),
+                     "the tree to be made", timeout=60)
+            began = time.monotonic()
+            for _ in range(signals):
+                c.signal(task_id, "WINCH")
+            took = time.monotonic() - began
+            c.stop(task_id, force=True)
+            return took
+
+    took = as_user(users[0], flood)
+    assert took >= (count * signals - 5000) / 5000 - 0.2, took
+
+
 def _kept_an_eighth_free(seen: list[tuple[int, int]], size: int) -> None:
     least_free = min(free for free, _ in seen)
     assert least_free > size // 8, (least_free, size)

@@ -27,10 +27,10 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     if t is None:
         await d.find_row(req.peer, id, light=True)  # (404 / 410 if it is none of the caller's)
     handle = None if t is None else t.handle
-    # (the tree walked in steps: a tenant's task may have thousands of processes)
+    # (the tree walked in steps, each paced: a tenant's task may have thousands of processes)
     if (t is None or handle is None
-            or not await handle.deliver_signal(name, by=f"uid {req.peer.uid}",
-                                               pause=lambda: d.shares.loop.wait(req.peer.uid))):
+            or not await handle.deliver_signal(name, by=f"uid {req.peer.uid}", pause=(
+                lambda reached: d.shares.signalled(req.peer.uid, reached)))):
         state = "finished" if t is None else t.live_state
         raise ApiError(409, "not_running", f"task {id} is {state}: a signal goes to a running "
                        f"task only (a queued one is stopped with POST /v1/tasks/{id}/stop)")
