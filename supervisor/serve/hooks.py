@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 import trio
 
 from .daemontask import served_result
+from .quiet import Quiet
 from .records import Records, RecordsError
 
 if TYPE_CHECKING:
@@ -79,9 +80,7 @@ class Hooks:
         self._counter = 0
         self._scope = trio.CancelScope()
         self._stopped = trio.Event()
-        self._said = -MAX_WAIT  # when an unexpected failure was last logged
-        self._warned = -MAX_WAIT  # when a failed delivery was last logged
-        self._unwarned = 0  # failed deliveries since, not logged
+        self._quiet = Quiet(MAX_WAIT)  # (failures: a line a minute, the rest counted)
         self.delivered = 0
 
     @property
@@ -198,10 +197,7 @@ class Hooks:
 
     def _log_once(self, message: str) -> None:
         """``message`` and the traceback being handled, at most once a minute."""
-        now = time.monotonic()
-        if now - self._said >= MAX_WAIT:
-            self._said = now
-            log.exception("%s", message)
+        self._quiet.say("unexpected", log.exception, "%s", message)
 
     def _targets(self) -> set[str]:
         return {t for t, on in (("exec", self.program), ("url", self.url)) if on}
@@ -267,13 +263,7 @@ class Hooks:
         """A failed delivery, logged at most once a minute, with how many were not (a target
         failing every event made a line per event per try: 2,549 lines a minute with 1,615
         events due: an independent attack)."""
-        now = time.monotonic()
-        if now - self._warned < MAX_WAIT:
-            self._unwarned += 1
-            return
-        more = f" ({self._unwarned} more failed since the last line)" if self._unwarned else ""
-        self._warned, self._unwarned = now, 0
-        log.warning("%s; retrying%s", why, more)
+        self._quiet.say("failed", log.warning, "%s; retrying", why)
 
 
 def _event(row: dict[str, Any], output_dir: str) -> dict[str, Any]:

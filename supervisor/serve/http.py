@@ -35,6 +35,7 @@ import trio
 
 from .peers import Peer
 from .protocol import ApiError
+from .quiet import Quiet
 from .shares import Held, Shares
 
 __all__ = ["HEAVY_ANSWER", "HttpLimits", "Later", "Request", "Response", "Streaming",
@@ -393,32 +394,8 @@ def _too_large(size: int, cap: int, max_body: int) -> ApiError:
                     f"in several POST /v1/tasks/ID/stdin requests)")
 
 
-class _Said:
-    """A traceback logged per uid at most once every :data:`LOG_GAP` seconds; the ones held
-    back are counted, and said with the next.  (A tenant that found a request answered 500
-    repeated it 534 times a second: 1.5 MB of root's log in 3 s, journald's rate limit
-    dropping the daemon's own lines: an independent attack.)"""
-
-    LOG_GAP = 60.0
-
-    def __init__(self) -> None:
-        self.last: dict[int, float] = {}
-        self.held: dict[int, int] = {}
-
-    def say(self, uid: int, message: str, *args: Any) -> None:
-        now = trio.current_time()
-        if now - self.last.get(uid, -self.LOG_GAP) < self.LOG_GAP:
-            self.held[uid] = self.held.get(uid, 0) + 1
-            return
-        if len(self.last) > 4096:
-            self.last = {u: t for u, t in self.last.items() if now - t < self.LOG_GAP}
-        self.last[uid] = now
-        held = self.held.pop(uid, 0)
-        more = f" ({held} more of this uid's since the last one logged)" if held else ""
-        log.exception(message + more, *args)
-
-
-_INTERNAL = _Said()
+# (a tenant's request answered 500, repeated: one traceback a minute per uid)
+_INTERNAL = Quiet(whose=" of this uid's")
 
 
 async def _handle(handler: Handler, req: Request) -> Response | Streaming | Later:
@@ -428,8 +405,8 @@ async def _handle(handler: Handler, req: Request) -> Response | Streaming | Late
         return error_response(e)
     except Exception as e:
         # a bug of ours: this request fails, the daemon and everyone else's go on
-        _INTERNAL.say(req.peer.uid, "answering %s %s (uid %d)", req.method, req.path,
-                      req.peer.uid)
+        _INTERNAL.say(req.peer.uid, log.exception, "answering %s %s (uid %d)", req.method,
+                      req.path, req.peer.uid)
         return json_response(500, {"error": {
             "code": "internal", "field": None,
             "message": f"corral hit an internal error answering this request (a bug; please "

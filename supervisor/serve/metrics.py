@@ -40,6 +40,10 @@ class Metrics:
         self.shed = Counter("corral_connections_shed", "Connections closed by the daemon, by "
                             "reason", ["reason"], registry=self.registry)
         self.shed_rate = self.shed.labels(reason="connection_rate")  # (hot in a flood)
+        self.retention_passes = Counter("corral_retention_passes", "Retention passes made",
+                                        registry=self.registry)
+        self.expired = Counter("corral_tasks_expired", "Finished tasks retention removed",
+                               registry=self.registry)
         self.registry.register(_Gauges(gauges))
 
     def render(self) -> bytes:

@@ -706,5 +706,4 @@ class TaskInfo(NamedTuple):
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TaskInfo:
-        fields: dict[str, Any] = {k: obj.get(k) for k in cls._fields}
-        return cls(**fields)
+        return tuple.__new__(cls, [obj.get(k) for k in cls._fields])

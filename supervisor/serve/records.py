@@ -116,11 +116,21 @@ class Reserve:
         # once ``reserve`` is gone may take ``reserve.start`` (the run's start, kept ends)
         self.starting = True
 
-    def make(self) -> bool:
+    def make(self, free: int | None = None) -> bool:
         """Make (or keep) the reserves where there is room for them and :data:`_NO_ROOM`
-        more (the start's first); whether ``reserve`` exists."""
-        _make_zeros(self.start_path, self.start_size, self.state_dir)
-        made = _make_zeros(self.path, self.size, self.state_dir)
+        more (the start's first); whether ``reserve`` exists.  ``free``: the filesystem's
+        free bytes, if the caller has just measured them (else measured here, if a reserve
+        is to be made: one ``statvfs`` for both)."""
+        if os.path.exists(self.start_path) and os.path.exists(self.path):
+            return True
+        if free is None:
+            try:
+                st = os.statvfs(self.state_dir)
+            except OSError:
+                return False
+            free = st.f_bavail * st.f_frsize
+        free -= _make_zeros(self.start_path, self.start_size, free)[1]
+        made, _ = _make_zeros(self.path, self.size, free)
         if made is None:
             self.unsupported = True
         return bool(made)
@@ -140,7 +150,7 @@ class Reserve:
         free = st.f_bavail * st.f_frsize
         if free < _NO_ROOM:
             return False  # (the new task's output would have no room either)
-        if self.make():
+        if self.make(free):
             return True
         # (a filesystem that cannot hold a file of zeros: room as free space, as it was)
         return self.unsupported and free >= self.size + _NO_ROOM
@@ -179,28 +189,28 @@ class Reserve:
         return True
 
 
-def _make_zeros(path: str, size: int, state_dir: str) -> bool | None:
+def _make_zeros(path: str, size: int, free: int) -> tuple[bool | None, int]:
     """``path``, ``size`` bytes allocated, unless it exists; made only if the filesystem has
-    room for it and :data:`_NO_ROOM` more.  Whether it exists; None if the filesystem cannot
-    allocate one though it has the room (no ``posix_fallocate``)."""
+    room for it and :data:`_NO_ROOM` more (``free``: its free bytes).  Whether it exists (None
+    if the filesystem cannot allocate one though it has the room: no ``posix_fallocate``), and
+    the bytes it took now."""
     if os.path.exists(path):
-        return True
+        return True, 0
+    if free < size + _NO_ROOM:
+        return False, 0
     try:
-        st = os.statvfs(state_dir)
-        if st.f_bavail * st.f_frsize < size + _NO_ROOM:
-            return False
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
     except OSError:
-        return False
+        return False, 0
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as e:
         os.close(fd)
         os.unlink(path)
-        return None if e.errno in (errno.EOPNOTSUPP, errno.EINVAL) else False
+        return None if e.errno in (errno.EOPNOTSUPP, errno.EINVAL) else False, 0
     os.close(fd)
-    return True
+    return True, size
 
 
 def explain(e: BaseException, path: str, doing: str) -> RecordsError:

@@ -81,6 +81,8 @@ async def expire_now(d: Daemon) -> int | None:
     except RecordsError as e:
         log.error("retention: %s; retrying in %gs", e, RETRY if d.room.wanted else PERIOD)
         return None
+    d.metrics.retention_passes.inc()
+    d.metrics.expired.inc(len(gone))
     for g in gone:
         d.forget(g["id"])
     if gone:

@@ -667,7 +667,8 @@ def test_a_start_on_a_disk_something_else_filled_expires_nobodys_results(
     again = start_daemon(like=d, wrap=disk.wrap)
     with again.client() as c:
         assert c.show(running).outcome == "lost"
-        time.sleep(2.0)  # (retention's pass after that end: at most a second later)
+        wait_for(lambda: _counter(c.metrics(), "corral_retention_passes_total") >= 1,
+                 "retention's first pass (after the start's ends)")
         for task_id in done:
             assert c.show(task_id).outcome == "succeeded", task_id
     assert "expired" not in again.log_text(), again.log_text()[-2000:]
@@ -805,6 +806,11 @@ def test_a_tenants_signals_reach_at_most_5000_processes_a_second_after_a_burst(
 
     took = as_user(users[0], flood)
     assert took >= (count * signals - 5000) / 5000 - 0.2, took
+
+
+def _counter(metrics: str, name: str) -> float:
+    return next(float(line.split()[1]) for line in metrics.splitlines()
+                if line.startswith(name + " "))
 
 
 def _kept_an_eighth_free(seen: list[tuple[int, int]], size: int) -> None:
@@ -2010,17 +2016,17 @@ def test_a_tenants_internal_errors_log_one_traceback_a_minute(
     clock = trio.testing.MockClock()
 
     async def errors() -> None:
-        said = http._Said()
+        said = http.Quiet(whose=http._INTERNAL.whose)  # (a fresh one: the clock is mocked)
         for uid in (1001, 1001, 1001, 1002, 1001):
             try:
                 raise ValueError("a bug")
             except ValueError:
-                said.say(uid, "answering (uid %d)", uid)
+                said.say(uid, http.log.exception, "answering (uid %d)", uid)
         clock.jump(61)
         try:
             raise ValueError("a bug")
         except ValueError:
-            said.say(1001, "answering (uid %d)", 1001)
+            said.say(1001, http.log.exception, "answering (uid %d)", 1001)
 
     with caplog.at_level(logging.ERROR, logger="supervisor.serve.http"):
         trio.run(errors, clock=clock)
