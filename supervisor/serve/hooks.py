@@ -229,7 +229,7 @@ class Hooks:
                "CORRAL_EXIT_STATUS": str(event["exit_status"])}
         try:
             r = await self.sup.run([self.program], task_id=f"hook-{event['id']}-{self._counter}",
-                                   stdin=json.dumps(event).encode(), env=env,
+                                   stdin=event_bytes(event), env=env,
                                    inherit_env=False, time_limit=EXEC_TIME_LIMIT, cwd="/")
         except Exception as e:  # refused by the core (e.g. shutting down): retried later
             self._retrying(f"--on-finish-exec for task {event['id']}: {e}")
@@ -274,6 +274,17 @@ def _event(row: dict[str, Any], output_dir: str) -> dict[str, Any]:
                                     row["spec"]["argv"])}
 
 
+def event_bytes(obj: Any) -> bytes:
+    """``obj`` as compact JSON in UTF-8, not ASCII: an event repeats its command's arguments,
+    and a command of ``é`` made an event of three times the request (``\u00e9``, six bytes for
+    two) that a target's body limit refused.  A text that is not Unicode (a lone surrogate, as
+    JSON may carry one) keeps its escapes."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
 async def post_json(socket_path: str | None, url: str, obj: Any) -> int:
     """POST ``obj`` as JSON to ``url``'s path over the Unix socket; the answer's status.
     ValueError for a URL that is not http://; OSError when the socket cannot be reached."""
@@ -282,7 +293,7 @@ async def post_json(socket_path: str | None, url: str, obj: Any) -> int:
         raise ValueError(f"--on-finish-url must be http://HOST/PATH, sent over "
                          f"--on-finish-socket, got {url!r}")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    body = json.dumps(obj, separators=(",", ":")).encode()
+    body = event_bytes(obj)
     head = (f"POST {path} HTTP/1.1\r\nhost: {parts.netloc or 'localhost'}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
             f"connection: close\r\nuser-agent: corral\r\n\r\n").encode()

@@ -229,3 +229,16 @@ def test_a_tenants_event_a_target_refuses_neither_ends_the_daemon_nor_holds_the_
         assert d.log_text().count("; retrying") == 1, d.log_text()[-3000:]
     finally:
         receiver.close()
+
+
+def test_an_event_is_utf8_not_three_times_its_command() -> None:
+    """Found by an independent attack: an event repeats its command's arguments, ASCII-escaped
+    (``\\u00e9``, six bytes for two): a command of 960 KB of ``é`` made an event of 2.9 MB.
+    In UTF-8 it is the command's size; a lone surrogate (JSON may carry one) keeps its
+    escape."""
+    from supervisor.serve.hooks import event_bytes
+
+    body = event_bytes({"argv": ["é" * 1000]})
+    assert len(body) < 2100 and json.loads(body) == {"argv": ["é" * 1000]}
+    odd = {"argv": ["\udc80é"]}
+    assert json.loads(event_bytes(odd)) == odd
