@@ -73,12 +73,20 @@ class Scheduler(Generic[T]):
         self.total_running = 0
         self.total_queued = 0
         self.total_bytes = 0
+        # admitted, not yet queued (its record being written): counted as queued, or four
+        # concurrent submissions of one uid each found room for one (an independent attack:
+        # 1,001 queued against a limit of 1,000)
+        self._admitting: collections.Counter[int] = collections.Counter()
+        self._admitting_bytes: collections.Counter[int] = collections.Counter()
 
     def admit(self, uid: int, size: int = 0) -> None:
         """Raise ApiError 429 if ``uid`` may not queue one more task (of a ``size``-byte
-        request) now.  (A task that can start at once is not queued: :meth:`reserve`.)"""
+        request) now; else count it as queued until :meth:`admitted` (its record written, it
+        is queued, or it failed).  (A task that can start at once is not queued:
+        :meth:`reserve`.)"""
         lim = self.limits
-        queued = len(self._waiting.get(uid, ()))
+        pending = self._admitting[uid]
+        queued = len(self._waiting.get(uid, ())) + pending
         if queued >= lim.max_queued_per_uid:
             raise ApiError(429, "queue_full", f"uid {uid} already has {queued} queued tasks, "
                            f"the per-uid limit (max_queued_per_uid={lim.max_queued_per_uid}); "
@@ -86,21 +94,32 @@ class Scheduler(Generic[T]):
         # (the daemon's own bounds shed a uid that has something queued already: one with
         # nothing queued always gets one task in, so that another uid's full queue never
         # refuses it; the bounds are exceeded by one request per uid at most)
-        if queued and self.total_queued >= lim.max_queued:
+        if queued and self.total_queued + self._admitting.total() >= lim.max_queued:
             raise ApiError(429, "queue_full", f"the daemon's queue holds {self.total_queued} "
                            f"tasks, its limit (max_queued={lim.max_queued}); retry later")
         cost = queued_bytes(size)
-        if queued and self._bytes[uid] + cost > lim.max_queued_bytes_per_uid:
+        mine = self._bytes[uid] + self._admitting_bytes[uid]
+        if queued and mine + cost > lim.max_queued_bytes_per_uid:
             raise ApiError(429, "queue_full", f"uid {uid}'s queued tasks count "
-                           f"{self._bytes[uid]} bytes, and this one {cost} more (twice its "
+                           f"{mine} bytes, and this one {cost} more (twice its "
                            f"request and {QUEUED_END}: its records if it never starts): above "
                            f"the per-uid limit (--max-queued-bytes-per-uid="
                            f"{lim.max_queued_bytes_per_uid}); wait for some to start, or "
                            f"send smaller requests")
-        if queued and self.total_bytes + cost > lim.max_queued_bytes:
+        total = self.total_bytes + self._admitting_bytes.total()
+        if queued and total + cost > lim.max_queued_bytes:
             raise ApiError(429, "queue_full", f"the daemon's queued tasks count "
-                           f"{self.total_bytes} bytes, its limit "
+                           f"{total} bytes, its limit "
                            f"(--max-queued-bytes={lim.max_queued_bytes}); retry later")
+        self._admitting[uid] += 1
+        self._admitting_bytes[uid] += cost
+
+    def admitted(self, uid: int, size: int = 0) -> None:
+        """A task :meth:`admit` counted is queued now (or started at once, or refused)."""
+        self._admitting[uid] -= 1
+        self._admitting_bytes[uid] -= queued_bytes(size)
+        if not self._admitting[uid]:
+            del self._admitting[uid], self._admitting_bytes[uid]
 
     def enqueue(self, task: T) -> None:
         self._put(task, front=False)

@@ -234,12 +234,15 @@ class Daemon:
         self.answers = Answers()  # finished tasks' large answers, encoded once
         self.metrics = Metrics(self._gauges)  # last: it reads the gauges above at once
 
-    def find(self, peer: Peer, task_id: str) -> DaemonTask | None:
+    async def find(self, peer: Peer, task_id: str) -> DaemonTask | None:
         """The task if it is in memory and ``peer`` may see it; None if not in memory.
-        ApiError 404 when it is someone else's."""
+        ApiError 404 when it is someone else's, after the records are read as for an id
+        never used (answered at once, another uid's recent ids were told from unused ones
+        by 1.1 ms: an independent attack)."""
         t = self.tasks.get(task_id)
         if t is not None and not peer.may_see(t.uid):
-            raise not_found(task_id)
+            await self.find_row(peer, task_id, light=True)
+            raise not_found(task_id)  # (not reached: the row is not the peer's)
         return t
 
     async def find_row(self, peer: Peer, task_id: str, *, light: bool = False
@@ -251,11 +254,10 @@ class Daemon:
             row = await (self.records.owner(task_id) if light else self.records.get(task_id))
         if row is not None and peer.may_see(row["uid"]):
             return row
-        if row is None:
-            async with self.shares.reading(peer.uid):
-                gone = await self.records.expired(task_id)
-            if gone is not None and peer.may_see(gone["uid"]):
-                raise expired_error(task_id, gone, self.config.retention)
+        async with self.shares.reading(peer.uid):  # (someone else's row too: the same reads)
+            gone = await self.records.expired(task_id)
+        if row is None and gone is not None and peer.may_see(gone["uid"]):
+            raise expired_error(task_id, gone, self.config.retention)
         raise not_found(task_id)
 
     def spec_for(self, peer: Peer, r: SubmitRequest, log_file: str | None = None,

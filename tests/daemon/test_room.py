@@ -141,10 +141,12 @@ def test_another_uids_full_queue_never_refuses_your_first_task() -> None:
     for _ in range(2):
         s.admit(1, 500)
         s.enqueue(Task(1, 500))
+        s.admitted(1, 500)
     with pytest.raises(ApiError):
         s.admit(1, 10)  # (uid 1 is over the daemon's bounds: shed)
     s.admit(2, 500)  # (uid 2 has nothing queued: its first always gets in)
     s.enqueue(Task(2, 500))
+    s.admitted(2, 500)
     with pytest.raises(ApiError):
         s.admit(2, 10)
     from supervisor.serve.state import OutputDisk
@@ -274,3 +276,20 @@ def test_a_task_starts_at_once_beside_a_queue_that_could_not_take_its_slot() -> 
     assert not s.reserve(3)  # (uid 2's waiting task could take the slot: it goes first)
     assert s.next_ready() is not None and s.total_running == 4
     assert not s.reserve(3)  # (every slot taken)
+
+
+def test_submissions_being_recorded_count_as_queued() -> None:
+    """Found by an independent attack: the queue's bounds were checked before a submission's
+    record was written and counted once it was queued; four concurrent submissions of one uid
+    each found room for one (1,001 queued against a limit of 1,000)."""
+    import pytest
+
+    from supervisor.serve.protocol import ApiError
+
+    s: Scheduler[object] = Scheduler(QueueLimits(max_queued_per_uid=2))
+    s.admit(1, 10)
+    s.admit(1, 10)  # (both being recorded)
+    with pytest.raises(ApiError, match="already has 2 queued tasks"):
+        s.admit(1, 10)
+    s.admitted(1, 10)  # (one refused by the records, say)
+    s.admit(1, 10)

@@ -63,7 +63,7 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
     offset = query_int(req.query, "offset", 0)
     tail = query_int(req.query, "tail", 0) if "tail" in req.query else None
     follow = query_bool(req.query, "follow")
-    t = d.find(req.peer, id)
+    t = await d.find(req.peer, id)
     uid = req.peer.uid
 
     def turn() -> AbstractAsyncContextManager[None]:

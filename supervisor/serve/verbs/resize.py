@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 async def handle(d: Daemon, req: Request, id: str) -> Response:
     rows, cols = parse_resize(parse_json_body(req.body))
     refuse_while_restarting(d)
-    t = d.find(req.peer, id)
+    t = await d.find(req.peer, id)
     if t is None:
         await d.find_row(req.peer, id, light=True)  # (404 / 410 if it is none of the caller's)
     if t is not None and t.request.tty is None:

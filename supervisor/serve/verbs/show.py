@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 async def handle(d: Daemon, req: Request, id: str) -> Response:
-    t = d.find(req.peer, id)
+    t = await d.find(req.peer, id)
     if t is not None:
         if t.recorded and t.size > HEAVY_ANSWER:  # (finished: its answer is final)
             return await d.finished_answer(req.peer.uid, t.id, lambda: t.to_json(full=True))

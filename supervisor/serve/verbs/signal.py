@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 async def handle(d: Daemon, req: Request, id: str) -> Response:
     name = parse_signal(parse_json_body(req.body))
     refuse_while_restarting(d)
-    t = d.find(req.peer, id)
+    t = await d.find(req.peer, id)
     if t is None:
         await d.find_row(req.peer, id, light=True)  # (404 / 410 if it is none of the caller's)
     handle = None if t is None else t.handle

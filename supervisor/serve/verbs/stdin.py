@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 async def handle(d: Daemon, req: Request, id: str) -> Response:
     eof = query_bool(req.query, "eof")
     refuse_while_restarting(d)
-    t = d.find(req.peer, id)
+    t = await d.find(req.peer, id)
     if t is None:
         await d.find_row(req.peer, id, light=True)  # 404 if not theirs
         raise _finished(id)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 async def handle(d: Daemon, req: Request, id: str) -> Response:
     force = parse_stop(parse_json_body(req.body) if req.body.strip() else {})
     refuse_while_restarting(d)
-    t = d.find(req.peer, id)
+    t = await d.find(req.peer, id)
     if t is None:
         row = await d.find_row(req.peer, id, light=True)
         return json_response(200, {"id": id, "state": row["state"], "changed": False})

@@ -67,6 +67,16 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
     rlimits = None if peer.is_root else _rlimits_of(peer)
     spec, text = await d.off_loop(peer.uid, size, _prepare, d, peer, r, rlimits)
     d.scheduler.admit(peer.uid, size)
+    try:
+        return None, await _accept_admitted(d, peer, r, size, spec, text, rlimits)
+    finally:
+        d.scheduler.admitted(peer.uid, size)
+
+
+async def _accept_admitted(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
+                           spec: TaskSpec, text: str,
+                           rlimits: dict[str, tuple[int, int]] | None) -> DaemonTask:
+    """:func:`accept`'s record and queueing, once the scheduler admitted it."""
     key = None if r.idempotency_key is None else (peer.uid, r.idempotency_key)
     if key is not None:
         d.keys[key] = ""  # reserved: a concurrent retry is told to retry in a moment
@@ -92,7 +102,7 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
                    peer.groups, size=size)
     t.holds = cost if reserved else 0
     accepted(d, t, reserved=reserved)
-    return None, t
+    return t
 
 
 async def answer_after(d: Daemon, t: DaemonTask, wait: float, since: float) -> Response:

@@ -24,7 +24,7 @@ def _timeout(text: str | None) -> float:
 
 async def handle(d: Daemon, req: Request, id: str) -> Response:
     timeout = _timeout(req.query.get("timeout"))
-    t = d.find(req.peer, id)
+    t = await d.find(req.peer, id)
     if t is None:
         row = await d.find_row(req.peer, id)
         if row["state"] == "finished" and row_weight(row) > HEAVY_ANSWER:
