@@ -367,7 +367,8 @@ def log_grows_at_the_next_write(inside: Path) -> bool:
     format: sqlite.org/walformat.html; the index's header in the ``-shm`` file, native byte
     order: ``szPage`` at 14, ``mxFrame`` at 16, the checkpoint's ``nBackfill`` at 96)."""
     shm = (inside / "state.db-shm").read_bytes()[:100]
-    page = struct.unpack_from("=H", shm, 14)[0] or 65536
+    page = struct.unpack_from("=H", shm, 14)[0]
+    page = 65536 if page == 1 else page  # (the format's way of saying 65536)
     last, backfilled = struct.unpack_from("=I", shm, 16)[0], struct.unpack_from("=I", shm, 96)[0]
     nxt = 0 if last and backfilled == last else last
     return 32 + (nxt + 1) * (24 + page) > (inside / "state.db-wal").stat().st_size
