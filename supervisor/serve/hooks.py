@@ -176,9 +176,10 @@ class Hooks:
             self._retry.pop(task_id, None)
             return True  # expired meanwhile: nothing left to tell
         event = _event(row, self.output_dir)
+        body = event_bytes(event)  # (once for every target: an event may be MBs)
         done, wait, _ = self._retry.pop(task_id, (set(), 1.0, 0.0))
         for target, send in (("exec", self._exec), ("url", self._post)):
-            if target not in done and await self._try(send, event):
+            if target not in done and await self._try(send, event, body):
                 done.add(target)
         if done >= self._targets():
             await self._mark(task_id)
@@ -186,11 +187,11 @@ class Hooks:
         self._retry[task_id] = (done, min(wait * 2, MAX_WAIT), trio.current_time() + wait)
         return False
 
-    async def _try(self, send: Any, event: dict[str, Any]) -> bool:
-        """``send(event)``, whatever it meets: an error no handler expected is logged (once a
-        minute) and counts as a failure to retry."""
+    async def _try(self, send: Any, event: dict[str, Any], body: bytes) -> bool:
+        """``send(event, body)`` (``body``: the event's JSON), whatever it meets: an error no
+        handler expected is logged (once a minute) and counts as a failure to retry."""
         try:
-            return bool(await send(event))
+            return bool(await send(event, body))
         except Exception:
             self._log_once(f"a completion callback of task {event['id']} failed; retrying")
             return False
@@ -218,7 +219,7 @@ class Hooks:
             # delivered; the next run may deliver it once more (at least once)
             log.warning("completion callback of task %s delivered, not marked: %s", task_id, e)
 
-    async def _exec(self, event: dict[str, Any]) -> bool:
+    async def _exec(self, event: dict[str, Any], body: bytes) -> bool:
         if self.program is None:
             return True
         assert self.sup is not None
@@ -229,7 +230,7 @@ class Hooks:
                "CORRAL_EXIT_STATUS": str(event["exit_status"])}
         try:
             r = await self.sup.run([self.program], task_id=f"hook-{event['id']}-{self._counter}",
-                                   stdin=event_bytes(event), env=env,
+                                   stdin=body, env=env,
                                    inherit_env=False, time_limit=EXEC_TIME_LIMIT, cwd="/")
         except Exception as e:  # refused by the core (e.g. shutting down): retried later
             self._retrying(f"--on-finish-exec for task {event['id']}: {e}")
@@ -240,12 +241,12 @@ class Hooks:
             return False
         return True
 
-    async def _post(self, event: dict[str, Any]) -> bool:
+    async def _post(self, event: dict[str, Any], body: bytes) -> bool:
         if self.url is None:
             return True
         try:
             with trio.fail_after(POST_TIMEOUT):
-                status = await post_json(self.socket, self.url, event)
+                status = await post_json(self.socket, self.url, body)
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ValueError) as e:
             self._retrying(f"--on-finish-url {self.url} for task {event['id']}: "
                            f"{str(e) or type(e).__name__}")
@@ -285,15 +286,14 @@ def event_bytes(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
-async def post_json(socket_path: str | None, url: str, obj: Any) -> int:
-    """POST ``obj`` as JSON to ``url``'s path over the Unix socket; the answer's status.
+async def post_json(socket_path: str | None, url: str, body: bytes) -> int:
+    """POST ``body`` (JSON) to ``url``'s path over the Unix socket; the answer's status.
     ValueError for a URL that is not http://; OSError when the socket cannot be reached."""
     parts = urlsplit(url)
     if parts.scheme != "http" or socket_path is None:
         raise ValueError(f"--on-finish-url must be http://HOST/PATH, sent over "
                          f"--on-finish-socket, got {url!r}")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    body = event_bytes(obj)
     head = (f"POST {path} HTTP/1.1\r\nhost: {parts.netloc or 'localhost'}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
             f"connection: close\r\nuser-agent: corral\r\n\r\n").encode()

@@ -388,7 +388,9 @@ def test_a_queue_a_shutdown_cannot_end_on_a_full_disk_is_never_said_to_end_and_r
         gate = c.submit(["sleep", "600"])
         wait_for(lambda: c.show(gate.id).state == "running", "the gate to run")
         queued = [c.submit(["echo", f"queued-{i}"]).id for i in range(5)]
-        time.sleep(0.5)  # (the gate's running row: written lazily, within 0.25 s)
+        wait_for(lambda: any(r["seq"] == int(gate.id) and r["state"] == "running"
+                             for r in rows_on(disk, tmp_path)),
+                 "the gate's running row (written lazily)")
         while not log_grows_at_the_next_write(disk.inside):  # (else the ends fit its blocks)
             queued.append(c.submit(["true"]).id)
     waiter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

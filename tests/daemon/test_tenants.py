@@ -656,8 +656,8 @@ def test_a_start_on_a_disk_something_else_filled_expires_nobodys_results(
     state = tmp_path / "small-state"
     disk = small_disk(state, "3m")
     d = start_daemon(state_dir=str(state), wrap=disk.wrap)
+    done = _six_results(d.socket)
     with d.client() as c:
-        done = [c.submit(["head", "-c", "150k", "/dev/zero"]).id for _ in range(6)]
         for task_id in done:
             assert c.wait(task_id).outcome == "succeeded"
         running = c.submit(["sleep", "600"]).id
@@ -687,18 +687,13 @@ def test_a_queued_task_at_a_start_on_a_disk_something_else_filled_expires_nobody
     d = start_daemon("--max-running-per-uid", "1", state_dir=str(state), wrap=disk.wrap)
     attacker, victim = users[0], users[1]
 
-    def results() -> Any:
-        with Client(d.socket) as c:
-            done = [c.submit(["head", "-c", "150k", "/dev/zero"]).id for _ in range(6)]
-            return [c.wait(task_id).id for task_id in done]
-
     def queue() -> Any:
         with Client(d.socket) as c:
             running = c.submit(["sleep", "600"]).id
             wait_for(lambda: c.show(running).state == "running", "the sleep to run")
             return running, c.submit(["true"]).id
 
-    done = as_user(victim, results)
+    done = as_user(victim, lambda: _six_results(d.socket))
     running, queued = as_user(attacker, queue)
     d.kill()  # (a crash: the next start records the sleep lost, and starts the queued task)
     fill(disk.inside / "filler")
@@ -731,16 +726,11 @@ def test_a_task_whose_worst_case_is_above_an_equal_share_of_a_small_room_still_s
     d = start_daemon("--max-running", "1", state_dir=str(state), wrap=disk.wrap)
     first, second = users[0], users[1]
 
-    def results() -> Any:
-        with Client(d.socket) as c:
-            return [c.wait(c.submit(["head", "-c", "150k", "/dev/zero"]).id).id
-                    for _ in range(6)]
-
     def one() -> Any:
         with Client(d.socket) as c:
             return c.wait(c.submit(["true"]).id, timeout=20).outcome
 
-    done = as_user(first, results)
+    done = as_user(first, lambda: _six_results(d.socket))
     assert as_user(second, one) == "succeeded"
 
     def kept() -> Any:
@@ -806,6 +796,13 @@ def test_a_tenants_signals_reach_at_most_5000_processes_a_second_after_a_burst(
 
     took = as_user(users[0], flood)
     assert took >= (count * signals - 5000) / 5000 - 0.2, took
+
+
+def _six_results(sock: str) -> list[str]:
+    """Six tasks of the calling uid printing 150 KB each, one after another, waited for:
+    their ids (results that a small state disk's room holds, and retention could expire)."""
+    with Client(sock) as c:
+        return [c.wait(c.submit(["head", "-c", "150k", "/dev/zero"]).id).id for _ in range(6)]
 
 
 def _counter(metrics: str, name: str) -> float:
