@@ -60,6 +60,12 @@ Attacks (``--only``):
   session_env      4 sessions each carry 840 KB of environment (seven variables of 120 KB)
                    and run ``true`` as fast as each is answered.
 
+``--pin``: the attacker's processes and every process of its tasks are held to the last CPU,
+the daemon, the victim and its tasks to the others, in the alone phases as under attack (its
+tasks are moved as a thread of the benchmark finds them in the daemon's cgroup, every 5 ms):
+what an attack costs the victim through the daemon, without the CPU its processes take besides
+(which the ``cpu`` controller bounds where it is delegated; there is none on a hybrid host).
+
 Each daemon gets a scratch cgroup (``--cgroup-root``) and a temporary 0755 directory in /var/lib
 for its socket and state; on every way out (an error, Ctrl-C, SIGTERM) the forked children are
 killed, the daemon stopped (SIGTERM), the small disk's holder ended, the cgroup and directories
@@ -105,6 +111,7 @@ RETAIN = 50  # --retain-count for the retention attack
 SUBSCRIBERS = 240  # the subscribers attack's unread event streams (asked for; 16 are taken)
 RETENTION_REQUESTS = 20  # victim requests per phase there: fewer than RETAIN / 2
 DISK = "64m"  # the output flood's state filesystem
+PIN_EVERY = 0.005  # seconds between two looks for the attacker's new processes (--pin)
 RSS_CAP = 2 << 20  # KiB: an attack that takes the daemon past this is cut short (the box's
 #                    memory is shared); the figures say so
 
@@ -203,6 +210,7 @@ def small_disk(path: str, size: str) -> Iterator[tuple[list[str], str]]:
 class Daemon:
     sock: str
     pid: int
+    cgroup: str  # its --cgroup-root
     disk: str | None = None  # the small state filesystem, as the host sees it
     status: int | None = None  # filled in once it has exited
     log_lines: int = 0
@@ -229,7 +237,7 @@ def daemon(extra: tuple[str, ...], disk_size: str | None) -> Iterator[Daemon]:
                                      state, "--cgroup-root", cg.path, "--log-level", "warning",
                                      *extra], stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
-        d = Daemon(sock, proc.pid, seen)
+        d = Daemon(sock, proc.pid, cg.path, seen)
         stack.callback(_stop_daemon, proc, d, log)
         deadline = time.monotonic() + 60
         while not _answers(sock):
@@ -285,6 +293,43 @@ def rss_kib(pid: int) -> int:
     raise DaemonGone(f"the daemon (pid {pid}) has exited")
 
 
+AFFINITY: dict[int, set[int]] = {}  # --pin: uid -> the CPUs its processes are held to
+
+
+@contextlib.contextmanager
+def pinned(cgroup: str, uid: int) -> Iterator[None]:
+    """(--pin) Meanwhile, a thread on ``uid``'s CPUs moves every process and thread of that
+    uid it finds under ``cgroup`` there, every :data:`PIN_EVERY` s."""
+    cpus = AFFINITY.get(uid)
+    if cpus is None:
+        yield
+        return
+    import threading
+    done = threading.Event()
+
+    def move() -> None:
+        os.sched_setaffinity(0, cpus)  # (this thread's cost is the attacker's)
+        moved: set[int] = set()
+        while not done.wait(PIN_EVERY):
+            found: set[int] = set()
+            for where, _, _ in os.walk(cgroup):
+                with contextlib.suppress(OSError), open(os.path.join(where, "cgroup.threads")) as f:
+                    found.update(int(tid) for tid in f.read().split())
+            for tid in found - moved:
+                with contextlib.suppress(OSError):  # (gone meanwhile)
+                    if os.stat(f"/proc/{tid}").st_uid == uid:
+                        os.sched_setaffinity(tid, cpus)
+            moved = found
+
+    thread = threading.Thread(target=move, name="pin", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 class DaemonGone(Exception):
     """The daemon under test exited in the middle of a run."""
 
@@ -328,6 +373,8 @@ class Crew:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.close(r)
+                if user.uid in AFFINITY:
+                    os.sched_setaffinity(0, AFFINITY[user.uid])
                 os.setgroups([])
                 os.setresgid(user.gid, user.gid, user.gid)
                 if keep_root:
@@ -956,7 +1003,8 @@ class Outcome:
 def run_attack(out: Outcome, base: Env, rounds: int, seconds: float) -> None:
     """``rounds`` of (alone, attack) on a daemon of the attack's own; figures into ``out``."""
     attack = out.attack
-    with daemon(attack.daemon_args, attack.disk) as d, Crew() as crew:
+    with (daemon(attack.daemon_args, attack.disk) as d, Crew() as crew,
+          pinned(d.cgroup, base.attacker.uid)):
         out.daemon = d
         env = Env(d.sock, base.attacker, base.victim, base.stopper, base.connections, d.disk)
         warm = crew.fork_as(env.victim, "victim warm-up", victim_requests, d.sock, 0.3, 0.0)
@@ -1256,6 +1304,9 @@ def main() -> int:
                     help=f"attacks to run (default all): {', '.join(NAMES)}")
     ap.add_argument("--rounds", type=int, default=3, help="alone/attack pairs per attack")
     ap.add_argument("--seconds", type=float, default=4.0, help="seconds per phase")
+    ap.add_argument("--pin", action="store_true",
+                    help="the attacker's processes and tasks on the last CPU, the rest on the "
+                         "others: the daemon's part of each attack, without the CPU contention")
     args = ap.parse_args()
     connections = 1024
     if args.quick:
@@ -1263,6 +1314,9 @@ def main() -> int:
     only = args.only.split(",")
     if set(only) - set(NAMES):
         ap.error(f"--only: unknown {sorted(set(only) - set(NAMES))}; known: {', '.join(NAMES)}")
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) < 2:
+        ap.error(f"--pin needs 2 CPUs or more; this process may use {len(cpus)}")
     if os.geteuid() != 0:
         print("bench_tenants needs root (users, cgroups, a mount namespace)", file=sys.stderr)
         return 2
@@ -1283,6 +1337,11 @@ def main() -> int:
     with tenants() as (attacker, victim), stopper_program() as stopper:
         print(f"attacker {attacker.name} (uid {attacker.uid}), victim {victim.name} "
               f"(uid {victim.uid})\n")
+        if args.pin:
+            AFFINITY[attacker.uid] = {cpus[-1]}
+            os.sched_setaffinity(0, cpus[:-1])  # (the daemons and the victim inherit it)
+            print(f"pinned: the attacker's processes and tasks on CPU {cpus[-1]}; the daemon, "
+                  f"the victim and its tasks on CPU {','.join(map(str, cpus[:-1]))}\n")
         base = Env("", attacker, victim, stopper, connections)
         for attack in (a for a in ATTACKS if a.name in only):
             out = Outcome(attack)

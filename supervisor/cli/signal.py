@@ -8,6 +8,8 @@ import sys
 from .clientutil import add_socket, run_client
 
 TYPE_CHECKING = False  # not typing's: a client verb's start-up (see cli/__init__.py)
+# once main() has returned, nothing is left to tear down: the process exits at once (cli/)
+EXIT_AT_ONCE = True
 if TYPE_CHECKING:
     from typing import Any
 

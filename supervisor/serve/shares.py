@@ -17,8 +17,9 @@ share is the one shed:
 - the request bodies a uid's connections are reading or being answered for may hold at most
   ``body_bytes`` at once: a request that would go past it is refused (429) before its body is
   read, so a uid's many connections cannot make the daemon hold many MiB each;
-- at most :data:`TURNS` requests of one uid are answered at once (root: any number): one
-  uid's many connections, each with a request ready, take turns among themselves;
+- at most :data:`TURNS` requests of one uid are answered at once (root: any number), one at
+  a time while it uses the most of a busy loop others use too: one uid's many connections,
+  each with a request ready, take turns among themselves;
 - one piece at a time of a uid's large answers and streams is made (``heavy``: a slice of a
   large JSON answer, a chunk of output read and encoded), so that a uid reading a large
   output on sixteen connections, or asking for a MiB-long task over and over, takes one slice
@@ -60,6 +61,17 @@ RATE = 100.0  # connections a second one uid may open (a client keeps its connec
 # command opens one, a busy agent host's tool calls tens a second)
 
 
+class _Turns:
+    """A uid's requests being answered, and those waiting for a turn (:meth:`Shares.turn`)."""
+
+    __slots__ = ("answering", "lot", "waiting")
+
+    def __init__(self) -> None:
+        self.answering = 0
+        self.waiting = 0
+        self.lot = trio.lowlevel.ParkingLot()
+
+
 class Held:
     """One connection, as its uid's share sees it."""
 
@@ -83,7 +95,7 @@ class Shares:
         self.count = 0
         self.bodies: collections.Counter[int] = collections.Counter()  # uid -> bytes
         self.shed = 0  # connections shed to make room for another uid's
-        self._turns: dict[int, trio.Semaphore] = {}
+        self._turns: dict[int, _Turns] = {}
         self._heavy: dict[int, trio.Lock] = {}
         self._reading: dict[int, trio.Lock] = {}
         self.refusing = 0  # refused connections being answered (each lingers a moment)
@@ -151,17 +163,34 @@ class Shares:
     async def turn(self, uid: int) -> AsyncIterator[None]:
         """Held while a request of ``uid`` is answered (not a long poll or a stream): at most
         :data:`TURNS` at once per uid (root: any number), so that one uid's many connections,
-        each with a request ready, wait for each other and not for everyone else."""
+        each with a request ready, wait for each other and not for everyone else; and one at
+        a time while ``uid`` uses the most of a busy loop others use too
+        (:meth:`LoopShare.busiest`).  Every step of the event loop's rounds is someone's, and
+        each of another uid's steps waits for a round: a flood's four requests at once made
+        the rounds four of its steps long.  (Four connections of one tenant submitting `true`
+        as fast as answered took another's median from 8 to 31-34 ms and its p99 from 13 to
+        55-67; taking turns one at a time so, to 22 and 47-52 ms, and the flood's tasks no
+        fewer: benchmarks/bench_tenants.py --pin, two runs each.)"""
         if uid == 0:
             yield
             return
-        sem = self._turns.setdefault(uid, trio.Semaphore(TURNS))
+        turns = self._turns.get(uid)
+        if turns is None:
+            turns = self._turns[uid] = _Turns()
+        turns.waiting += 1
         try:
-            async with sem:
-                yield
+            while turns.answering >= (1 if self.loop.busiest(uid) else TURNS):
+                await turns.lot.park()
         finally:
-            if sem.value == TURNS and not sem.statistics().tasks_waiting:
-                self._turns.pop(uid, None)
+            turns.waiting -= 1
+        turns.answering += 1
+        try:
+            yield
+        finally:
+            turns.answering -= 1
+            turns.lot.unpark()
+            if not turns.answering and not turns.waiting:
+                del self._turns[uid]
 
     def pace(self, uid: int) -> float:
         """Seconds ``uid``'s request (counted now) waits before it is answered: one uid's
@@ -357,6 +386,17 @@ class LoopShare(trio.abc.Instrument):
             self.used[uid] = [seconds, now]
         else:
             _add(used, seconds, now)
+
+    def busiest(self, uid: int) -> bool:
+        """Whether ``uid`` is the uid using the most of a loop busier than :data:`CONTENDED`
+        that others use too (within its share or not: :meth:`Shares.turn`)."""
+        if not self.on or uid == 0:
+            return False
+        now = self._clock()
+        if _share(self.busy, now) < CONTENDED:
+            return False
+        mine, using, top = self._standing(uid, now)
+        return using >= 2 and mine >= top
 
     def output_over(self, uid: int) -> bool:
         """Whether ``uid``'s tasks' output rests now, unread (``Supervisor.pace_output``):

@@ -298,3 +298,28 @@ def test_ps_starts_without_argparse_or_json(start_daemon: Callable[..., RunningD
                          timeout=HANG, check=True)
     assert out.stdout.splitlines()[-1] == "0 []", out.stdout + out.stderr
     assert out.stdout.startswith("      ID  STATE"), out.stdout
+
+
+def test_launched_client_verbs_exit_at_once_with_every_byte_and_status_of_a_full_exit(
+        start_daemon: Callable[..., RunningDaemon]) -> None:
+    """A client verb started by the launcher ends with ``os._exit`` once its output is
+    flushed (the interpreter's teardown was ~4 ms of ``corral ps``): what it writes through
+    a pipe and the status it exits with are those of the same verb run in-process, which
+    exits as Python does; a reader that goes away early is status 141, not a traceback."""
+    d = start_daemon()
+    with d.client() as c:
+        task = c.submit(["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x; echo; exit 3"])
+        c.wait(task.id, timeout=HANG)
+    for verb in (["logs", task.id], ["ps", "-n", "5"], ["show", task.id], ["wait", task.id],
+                 ["stop", task.id], ["signal", task.id, "TERM"], ["show", "424242"]):
+        launched = client(d, *verb)
+        out, err = launched.communicate(timeout=HANG)
+        inproc = d.corral(*verb)
+        assert (launched.returncode, out, err) == (inproc.returncode, inproc.stdout,
+                                                   inproc.stderr), verb
+    assert len(out) == 0 and launched.returncode != 0  # (the unused id: an error)
+    early = client(d, "logs", task.id)
+    assert early.stdout is not None and early.stdout.read(10) == b"x" * 10
+    early.stdout.close()
+    assert early.wait(HANG) == 141
+    assert early.stderr is not None and b"Traceback" not in early.stderr.read()
