@@ -40,6 +40,7 @@ from . import rows
 from .pendingends import PendingEnds
 from .rows import Retention
 from .schema import SCHEMA_VERSION, SchemaError, migrate
+from .shares import take
 from .statedir import StateDirError, make_private
 
 __all__ = ["LAZY_DELAY", "SCHEMA_VERSION", "Records", "RecordsError", "Reserve", "Retention",
@@ -556,7 +557,8 @@ class _Worker:
         self._outcome: tuple[bool, Any] = (True, None)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        async with self._lock:
+        await take(self._lock)  # (no round of the loop spent when nobody holds it)
+        try:
             if self._thread is None:
                 self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
                 self._thread = threading.Thread(target=self._serve, name="corral-records",
@@ -567,6 +569,8 @@ class _Worker:
                 await trio.lowlevel.wait_readable(self._efd)
             os.eventfd_read(self._efd)
             ok, value = self._outcome
+        finally:
+            self._lock.release()
         if ok:
             return value  # type: ignore[no-any-return]
         raise value

@@ -119,3 +119,46 @@ async def test_a_writer_returns_once_its_own_write_is_committed_however_many_fol
         assert returned and flood > at_victim  # it returned while the flood went on
     finally:
         await records.close()
+
+
+def test_a_call_nobody_waits_before_takes_one_round_of_the_loop_not_two() -> None:
+    """Each schedule point of a request waits for a whole round of the event loop, which a
+    tenant's flood makes long: a worker call that found the worker free still spent one on
+    its lock (and a uid's read of the records one more on its own).  Now: one round (the wait
+    for the thread's answer), and a cancelled caller hands nothing over (a call behind
+    another still waits for it: test_one_call_at_a_time)."""
+    from supervisor.serve.shares import take
+
+    class Steps(trio.abc.Instrument):
+        def __init__(self) -> None:
+            self.of: dict[trio.lowlevel.Task, int] = {}
+
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            self.of[task] = self.of.get(task, 0) + 1
+
+    async def main() -> dict[str, object]:
+        w = _Worker()
+        steps = Steps()
+        got: dict[str, object] = {}
+        try:
+            await w.run(lambda: None)  # (the thread started)
+            me = trio.lowlevel.current_task()
+            trio.lowlevel.add_instrument(steps)
+            await w.run(lambda: None)
+            lock = trio.Lock()
+            await take(lock)
+            got["steps"] = steps.of.get(me, 0)
+            got["held"] = lock.locked()
+            lock.release()
+            trio.lowlevel.remove_instrument(steps)
+            ran: list[int] = []
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await w.run(ran.append, 1)
+            got["cancelled ran"] = ran
+        finally:
+            w.stop()
+        return got
+
+    got = trio.run(main)
+    assert got == {"steps": 1, "held": True, "cancelled ran": []}, got
