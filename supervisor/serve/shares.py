@@ -169,8 +169,8 @@ class Shares:
         each of another uid's steps waits for a round: a flood's four requests at once made
         the rounds four of its steps long.  (Four connections of one tenant submitting `true`
         as fast as answered took another's median from 8 to 31-34 ms and its p99 from 13 to
-        55-67; taking turns one at a time so, to 22 and 47-52 ms, and the flood's tasks no
-        fewer: benchmarks/bench_tenants.py --pin, two runs each.)"""
+        55-67 (two runs); taking turns one at a time so, to 22 and 47.5 ms, and the flood's
+        tasks no fewer: benchmarks/bench_tenants.py --pin.)"""
         if uid == 0:
             yield
             return
@@ -179,11 +179,13 @@ class Shares:
             turns = self._turns[uid] = _Turns()
         turns.waiting += 1
         try:
-            while turns.answering >= (1 if self.loop.busiest(uid) else TURNS):
+            while turns.answering >= (most := 1 if self.loop.busiest(uid) else TURNS):
                 await turns.lot.park()
         finally:
             turns.waiting -= 1
         turns.answering += 1
+        if turns.answering < most:
+            turns.lot.unpark()  # (room for the next waiting too: the loop is quiet again)
         try:
             yield
         finally:

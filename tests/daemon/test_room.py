@@ -263,12 +263,28 @@ def test_the_uid_using_the_most_of_a_busy_loop_is_answered_one_request_at_a_time
         await at_once(1000, "busiest")
         await at_once(1001, "other")
         await at_once(0, "root")
-        s.loop.busy = [0.3 * WINDOW, time.monotonic()]  # (the loop quiet again)
+        # the loop quiet again while the busiest uid's requests wait one behind the other:
+        # once the one answered ends, TURNS of them are answered at once, not one
+        release = trio.Event()
+        async with trio.open_nursery() as n:
+            for _ in range(TURNS + 2):
+                n.start_soon(request, 1000, release)
+            await trio.testing.wait_all_tasks_blocked()
+            most["waiting"] = answering[1000]
+            s.loop.busy = [0.3 * WINDOW, time.monotonic()]
+            first = trio.Event()
+            n.start_soon(request, 1000, first)  # (enters: under the limit again)
+            await trio.testing.wait_all_tasks_blocked()
+            first.set()
+            await trio.testing.wait_all_tasks_blocked()
+            most["woken"] = answering[1000]
+            release.set()
         await at_once(1000, "quiet")
         assert not s._turns  # (nothing kept for uids with nothing answered or waiting)
         return most
 
-    assert trio.run(main) == {"busiest": 1, "other": TURNS, "root": TURNS + 2, "quiet": TURNS}
+    assert trio.run(main) == {"busiest": 1, "other": TURNS, "root": TURNS + 2, "waiting": 1,
+                              "woken": TURNS, "quiet": TURNS}
 
 
 def test_a_uids_output_rests_above_half_an_equal_share_while_others_use_the_loop() -> None:
