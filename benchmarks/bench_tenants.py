@@ -59,6 +59,9 @@ Attacks (``--only``):
                    connections at once, again and again.
   session_env      4 sessions each carry 840 KB of environment (seven variables of 120 KB)
                    and run ``true`` as fast as each is answered.
+  trickle_followers  a task printing `x` a line at a time as fast as `sh` can, its output
+                   followed on 64 connections (a uid may follow 16 at once), read as fast
+                   as it comes.
 
 ``--pin``: the attacker's processes and every process of its tasks are held to the last CPU,
 the daemon, the victim and its tasks to the others, in the alone phases as under attack (its
@@ -108,6 +111,7 @@ WARM_UP = 0.5  # seconds the attack runs before the victim's phase starts
 TICK = 0.25  # seconds between two RSS samples
 GOAL = 3.0  # p99 under attack / p99 alone
 RETAIN = 50  # --retain-count for the retention attack
+TRICKLE_FOLLOWERS = 64  # the trickle_followers attack's connections following one output
 SUBSCRIBERS = 240  # the subscribers attack's unread event streams (asked for; 16 are taken)
 RETENTION_REQUESTS = 20  # victim requests per phase there: fewer than RETAIN / 2
 DISK = "64m"  # the output flood's state filesystem
@@ -849,6 +853,42 @@ def read_output_again(sock: str, until: float, size: str, readers: int) -> dict[
     return dict(counts)
 
 
+def follow_a_trickle(sock: str, until: float, followers: int) -> dict[str, Any]:
+    """A task of ours printing `x` a line at a time, as fast as `sh` can, followed
+    (``?follow=true``) on ``followers`` connections read as fast as they come, until
+    ``until``; then the task is stopped."""
+    import threading
+
+    with Client(sock, timeout=ANSWER + 5) as c:
+        task_id = c.submit(["sh", "-c", "while :; do echo x; done"]).id
+    get = (f"GET /v1/tasks/{task_id}/output?follow=true HTTP/1.1\r\nhost: x\r\n"
+           f"connection: close\r\n\r\n").encode()
+    counts = collections.Counter({"follows": 0, "bytes": 0})
+
+    def loop() -> None:
+        while time.monotonic() < until:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1.0)
+                try:
+                    s.connect(sock)
+                    s.sendall(get)
+                    counts["follows"] += 1
+                    while time.monotonic() < until and (chunk := s.recv(1 << 16)):
+                        counts["bytes"] += len(chunk)
+                except OSError as e:
+                    counts[type(e).__name__] += 1
+                    time.sleep(0.05)
+
+    threads = [threading.Thread(target=loop) for _ in range(followers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with Client(sock, timeout=ANSWER + 5) as c:
+        c.stop(task_id, force=True)
+    return dict(counts)
+
+
 def session_env_loop(sock: str, until: float) -> dict[str, Any]:
     """A session of ours carrying 840 KB of environment (seven variables of 120 KB), running
     ``true`` in it as fast as each is answered (each carries the environment again)."""
@@ -969,6 +1009,9 @@ ATTACKS = [
            "again", _many(4, read_output_again, "16M", 4)),
     Attack("session_env", "4 sessions carrying 840 KB of environment, each running `true` as "
            "fast as answered", _many(4, session_env_loop)),
+    Attack("trickle_followers", f"a task printing `x` a line at a time, followed on "
+           f"{TRICKLE_FOLLOWERS} connections (16 are taken)", _many(1, follow_a_trickle,
+                                                                 TRICKLE_FOLLOWERS)),
 ]
 NAMES = [a.name for a in ATTACKS]
 

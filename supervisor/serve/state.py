@@ -213,6 +213,8 @@ class Daemon:
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.scheduler: Scheduler[DaemonTask] = Scheduler(self.disk.queue_within(config.queue))
         self.hub = EventHub()
+        self.following: collections.Counter[int] = collections.Counter()  # uid -> followed
+        #                                                 outputs open (verbs/output.py)
         self.shares = Shares(config.max_connections, config.max_connections_per_uid,
                              max(config.body_bytes_per_uid, config.http.max_body))
         self.draining = False

@@ -9,6 +9,7 @@ already have and takes nothing from the other tenants.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import resource
@@ -2031,3 +2032,65 @@ def test_a_tenants_internal_errors_log_one_traceback_a_minute(
     assert lines == ["answering (uid 1001)", "answering (uid 1002)",
                      "answering (uid 1001) (3 more of this uid's since the last one logged)"]
     assert all(r.exc_info for r in caplog.records)
+
+
+def test_a_uid_follows_at_most_16_outputs_and_each_reads_at_most_every_rest(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: 64 followers of one tenant's task printing `x` in a
+    loop took another tenant's median from 8 to 79-138 ms and its slowest to 0.5-0.8 s: each
+    line woke every follower, and a uid could hold 256 of them.  Now a uid follows at most
+    16 outputs at once (the 17th: 429 ``too_many_streams``; root: any), a follower reads at
+    most every ``REST`` while the output keeps coming (what came meanwhile in one frame, no
+    byte lost), and a closed follower's place is free again."""
+    from supervisor.serve.verbs.output import FOLLOWERS, REST
+
+    d = start_daemon()
+
+    def tenant() -> Any:
+        with Client(d.socket, timeout=30) as c:
+            task = c.submit(["sh", "-c", "i=0; while [ $i -lt 200000 ]; do echo x; "
+                             "i=$((i+1)); done"]).id
+            held = []
+            for _ in range(FOLLOWERS):
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(d.socket)
+                s.sendall(f"GET /v1/tasks/{task}/output?follow=true HTTP/1.1\r\n"
+                          f"host: x\r\n\r\n".encode())
+                assert s.recv(12) == b"HTTP/1.1 200"
+                held.append(s)
+            try:
+                next(iter(c.output(task, follow=True)))
+                refused = None
+            except ApiError as e:
+                refused = (e.status, e.code)
+            held.pop().close()
+            frames, data = 0, b""
+            with Client(d.socket, timeout=30) as again:  # (the closed one's place, once the
+                deadline = time.monotonic() + 10         # daemon has seen it close)
+                while True:
+                    try:
+                        stream = iter(again.output(task, follow=True))
+                        first = next(stream)
+                        break
+                    except ApiError:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.05)
+                began = time.monotonic()
+                for frame in itertools.chain([first], stream):
+                    if frame.kind == "data":
+                        frames += 1
+                        data += frame.data
+                    if time.monotonic() - began > 1.0:
+                        break
+            took = time.monotonic() - began
+            for s in held:
+                s.close()
+            c.stop(task, force=True)
+            return [refused, frames <= took / REST + 5, data == b"x\n" * (len(data) // 2),
+                    frames, took]
+
+    refused, few, whole, frames, took = as_user(users[0], tenant, timeout=90)
+    assert refused == [429, "too_many_streams"]  # (through JSON)
+    assert few, (frames, took)  # (one per line before: thousands a second)
+    assert whole
