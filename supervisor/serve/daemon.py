@@ -186,6 +186,7 @@ async def run_server(d: Daemon, bound: Bound,
         server.start_soon(_accept, d, bound, server, accepting)
         server.start_soon(_watch_signals, d, server.cancel_scope, accepting, bound)
         server.start_soon(_flush_lazy, d)
+        server.start_soon(_load_keys, d)
         server.start_soon(retention_loop, d)
         server.start_soon(d.hooks.run, d.sup)
         notify_ready(d)
@@ -233,6 +234,16 @@ async def _stop(d: Daemon, signum: int, server: trio.CancelScope,
             return
     log.info("signal %s: draining", signum)
     await drain(d, server, signum)
+
+
+async def _load_keys(d: Daemon) -> None:
+    """The records' idempotency keys into ``d.key_filter`` (until then, and if they cannot be
+    read, a submission with a key not in memory is looked up in the records, as always)."""
+    try:
+        d.key_filter.load(await d.records.key_bits())
+    except RecordsError as e:
+        log.warning("the records' idempotency keys could not be read (%s): every key not "
+                    "in memory is looked up", e)
 
 
 async def _flush_lazy(d: Daemon) -> None:

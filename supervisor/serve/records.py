@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from . import rows
+from . import keyfilter, rows
 from .pendingends import PendingEnds
 from .rows import Retention
 from .schema import SCHEMA_VERSION, SchemaError, migrate
@@ -258,6 +258,7 @@ class Records:
         self._lazy: dict[int, dict[str, Any]] = {}  # seq -> the "running" update
         self._flushing = False
         self.failures = 0  # writes that failed (metrics)
+        self.reads = 0  # calls of the reader thread (metrics)
 
     @classmethod
     async def open(cls, state_dir: str, *, synchronous: str = "FULL") -> Records:
@@ -283,6 +284,7 @@ class Records:
         """A read: ``fn(connection, *args)`` on the readers' own connection, in their own
         thread (WAL: a read sees what is committed, and no write waits behind it: one
         tenant's large listings delay reads, never another's submission or end record)."""
+        self.reads += 1
         try:
             return await self._reader.run(self._read_with, fn, args)
         except sqlite3.Error as e:
@@ -465,6 +467,11 @@ class Records:
         ``uid`` None means every uid; ``session``: its commands only; ``before``: ids below
         it only."""
         return await self._call(rows.list_entries, uid, state, limit, session, before)
+
+    async def key_bits(self) -> bytearray:
+        """Every idempotency key of the records, as :class:`KeyFilter`'s bits (a read of
+        every row's and tombstone's key: at start-up)."""
+        return await self._call(keyfilter.bits_of)
 
     async def find_key(self, uid: int, key: str) -> dict[str, Any] | None:
         """The row with this idempotency key, or ``{"id", "state": "expired", ...}`` when

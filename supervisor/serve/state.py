@@ -22,6 +22,7 @@ import trio
 from .daemontask import DaemonTask
 from .events import EventHub
 from .http import HttpLimits, Response, encode_in_turns
+from .keyfilter import KeyFilter
 from .metrics import Metrics
 from .offload import Offload
 from .peers import Peer
@@ -210,6 +211,7 @@ class Daemon:
         self.sessions: dict[str, Session] = {}  # the open ones (closed: in the records only)
         self.session_env: dict[int, int] = {}  # bytes of the open sessions' env, per uid
         self.keys: dict[tuple[int, str], str] = {}  # (uid, idempotency key) -> task id
+        self.key_filter = KeyFilter()  # the keys the records may hold (keyfilter.py)
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.scheduler: Scheduler[DaemonTask] = Scheduler(self.disk.queue_within(config.queue))
         self.hub = EventHub()
@@ -345,6 +347,7 @@ class Daemon:
         self.tasks[t.id] = t
         if t.request.idempotency_key is not None:
             self.keys[(t.uid, t.request.idempotency_key)] = t.id
+            self.key_filter.add(t.uid, t.request.idempotency_key)
         self.live += 1
 
     def publish(self, t: DaemonTask, state: str) -> None:
@@ -406,6 +409,8 @@ class Daemon:
             "corral_record_write_failures": ("Record writes that failed (each is retried or "
                                              "refused, never dropped)",
                                              self.records.failures),
+            "corral_records_reads": ("Reads of the records (their reader thread's calls)",
+                                     self.records.reads),
             "corral_connections": ("Open client connections", self.shares.count),
             "corral_event_subscribers": ("GET /v1/events streams", len(self.hub)),
             "corral_draining": ("1 while shutting down", int(self.draining)),

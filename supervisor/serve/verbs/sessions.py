@@ -173,6 +173,8 @@ async def _resent(d: Daemon, req: Request, r: SubmitRequest) -> bool:
         return False
     if (req.peer.uid, r.idempotency_key) in d.keys:
         return True
+    if not d.key_filter.may_hold(req.peer.uid, r.idempotency_key):
+        return False  # (never taken: no read of the records)
     async with d.shares.reading(req.peer.uid):
         return await d.records.find_key(req.peer.uid, r.idempotency_key) is not None
 

@@ -80,6 +80,7 @@ async def _accept_admitted(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
     key = None if r.idempotency_key is None else (peer.uid, r.idempotency_key)
     if key is not None:
         d.keys[key] = ""  # reserved: a concurrent retry is told to retry in a moment
+        d.key_filter.add(*key)  # (before its row: a key written is never told "no")
     cost = d.disk.worst(size)
     reserved = d.room.fits(peer.uid, cost) and d.scheduler.reserve(peer.uid)
     if reserved:
@@ -133,6 +134,8 @@ async def _earlier(d: Daemon, peer: Peer, r: SubmitRequest) -> dict[str, Any] | 
         t = d.tasks[task_id]
         spec = t.request.to_json()
         state = t.live_state
+    elif not d.key_filter.may_hold(peer.uid, r.idempotency_key):
+        return None  # (never taken: no read of the records)
     else:
         async with d.shares.reading(peer.uid):
             row = await d.records.find_key(peer.uid, r.idempotency_key)
