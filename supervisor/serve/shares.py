@@ -231,8 +231,11 @@ class Shares:
 
     def heavy(self, uid: int) -> AbstractAsyncContextManager[None]:
         """Held while one piece of ``uid``'s large answers or streams is made (root's too:
-        it is fairness between root's own connections, and costs the others nothing)."""
-        return _one_at_a_time(self._heavy, uid, self.loop)
+        it is fairness between root's own connections, and costs the others nothing).  Each
+        is a schedule point, free or not: the pieces of a large answer are steps of their
+        own, everyone else's between them (:func:`take`'s way, without one, made a 2.5 MB
+        answer one step)."""
+        return _one_at_a_time(self._heavy, uid, self.loop, a_round=True)
 
     def reading(self, uid: int) -> AbstractAsyncContextManager[None]:
         """Held while a read of the records is made for ``uid``: the records' reader thread
@@ -271,13 +274,16 @@ class Shares:
 
 
 @contextlib.asynccontextmanager
-async def _one_at_a_time(locks: dict[int, trio.Lock], uid: int,
-                         loop: LoopShare | None = None) -> AsyncIterator[None]:
+async def _one_at_a_time(locks: dict[int, trio.Lock], uid: int, loop: LoopShare | None = None,
+                         a_round: bool = False) -> AsyncIterator[None]:
     if loop is not None:
         await loop.wait(uid)
     lock = locks.setdefault(uid, trio.Lock())
     try:
-        await take(lock)
+        if a_round:
+            await lock.acquire()  # (a piece of a large answer: a round of its own)
+        else:
+            await take(lock)  # (a read of the records: their answer is the next round)
         try:
             yield
         finally:
@@ -292,7 +298,9 @@ async def take(lock: trio.Lock) -> None:
     still raised first).  Each schedule point of a request waits for a whole round of the event
     loop, every other ready task's step: under a tenant's flood the rounds are long, and a
     request's submit-to-result was ~22 of them, three of them locks nobody held (the uid's
-    read of the records, and the records' one call in flight)."""
+    read of the records, and the records' one call in flight).  Only where a schedule point
+    follows at once (the records' answer); never between the pieces of one large piece of
+    work (``Shares.heavy``)."""
     await trio.lowlevel.checkpoint_if_cancelled()
     try:
         lock.acquire_nowait()

@@ -359,3 +359,44 @@ def test_submissions_being_recorded_count_as_queued() -> None:
         s.admit(1, 10)
     s.admitted(1, 10)  # (one refused by the records, say)
     s.admit(1, 10)
+
+
+def test_each_piece_of_a_large_answer_is_a_step_of_its_own_and_a_read_takes_none() -> None:
+    """A large answer is encoded a few pieces at a time at its uid's turn (``Shares.heavy``),
+    each piece a step of the loop with everyone else's between them; a lock taken free of
+    its schedule point (``take``) made a 2.5 MB answer one long step.  A uid's read of the
+    records (``Shares.reading``) takes no round of its own: the read's answer is one."""
+    import trio
+
+    from supervisor.serve.http import PIECE, PIECES_PER_TURN, encode_in_turns
+    from supervisor.serve.shares import Shares
+
+    async def main() -> tuple[int, int]:
+        s = Shares(100, 10, 1 << 20)
+        other_steps = 0
+        done = False
+
+        async def other() -> None:
+            nonlocal other_steps
+            while not done:
+                other_steps += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(other)
+            await trio.lowlevel.checkpoint()
+            before = other_steps
+            body = await encode_in_turns({"argv": ["x"] * (100 * PIECE)},
+                                         lambda: s.heavy(1000))
+            between = other_steps - before
+            before = other_steps
+            async with s.reading(1000):
+                pass
+            reading = other_steps - before
+            done = True
+        assert body.startswith(b'{"argv":["x"')
+        return between, reading
+
+    between, reading = trio.run(main)
+    assert between >= 100 // PIECES_PER_TURN, between  # (100 pieces, a few a turn)
+    assert reading == 0
