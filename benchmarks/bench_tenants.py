@@ -60,7 +60,7 @@ Attacks (``--only``):
   session_env      4 sessions each carry 840 KB of environment (seven variables of 120 KB)
                    and run ``true`` as fast as each is answered.
   trickle_followers  a task printing `x` a line at a time as fast as `sh` can, its output
-                   followed on 64 connections (a uid may follow 16 at once), read as fast
+                   followed on 100 connections (a uid may follow 64 at once), read as fast
                    as it comes.
 
 ``--pin``: the attacker's processes and every process of its tasks are held to the last CPU,
@@ -111,7 +111,7 @@ WARM_UP = 0.5  # seconds the attack runs before the victim's phase starts
 TICK = 0.25  # seconds between two RSS samples
 GOAL = 3.0  # p99 under attack / p99 alone
 RETAIN = 50  # --retain-count for the retention attack
-TRICKLE_FOLLOWERS = 64  # the trickle_followers attack's connections following one output
+TRICKLE_FOLLOWERS = 100  # the trickle_followers attack's connections following one output
 SUBSCRIBERS = 240  # the subscribers attack's unread event streams (asked for; 16 are taken)
 RETENTION_REQUESTS = 20  # victim requests per phase there: fewer than RETAIN / 2
 DISK = "64m"  # the output flood's state filesystem
@@ -1010,7 +1010,7 @@ ATTACKS = [
     Attack("session_env", "4 sessions carrying 840 KB of environment, each running `true` as "
            "fast as answered", _many(4, session_env_loop)),
     Attack("trickle_followers", f"a task printing `x` a line at a time, followed on "
-           f"{TRICKLE_FOLLOWERS} connections (16 are taken)", _many(1, follow_a_trickle,
+           f"{TRICKLE_FOLLOWERS} connections (64 are taken)", _many(1, follow_a_trickle,
                                                                  TRICKLE_FOLLOWERS)),
 ]
 NAMES = [a.name for a in ATTACKS]

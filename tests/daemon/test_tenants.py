@@ -2037,12 +2037,12 @@ def test_a_tenants_internal_errors_log_one_traceback_a_minute(
     assert all(r.exc_info for r in caplog.records)
 
 
-def test_a_uid_follows_at_most_16_outputs_and_each_reads_at_most_every_rest(
+def test_a_uid_follows_at_most_64_outputs_and_each_reads_at_most_every_rest(
         start_daemon: Start, users: list[User]) -> None:
     """Found by an independent attack: 64 followers of one tenant's task printing `x` in a
     loop took another tenant's median from 8 to 79-138 ms and its slowest to 0.5-0.8 s: each
     line woke every follower, and a uid could hold 256 of them.  Now a uid follows at most
-    16 outputs at once (the 17th: 429 ``too_many_streams``; root: any), a follower reads at
+    64 outputs at once (the 65th: 429 ``too_many_streams``; root: any), a follower reads at
     most every ``REST`` while the output keeps coming (what came meanwhile in one frame, no
     byte lost), and a closed follower's place is free again."""
     from supervisor.serve.verbs.output import FOLLOWERS, REST

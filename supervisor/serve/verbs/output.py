@@ -20,7 +20,10 @@ most every :data:`REST` seconds while the output keeps coming (a task printing a
 time woke each follower for each line), and a uid follows at most :data:`FOLLOWERS` outputs
 at once (root: any; 429 ``too_many_streams``): 64 followers of one tenant's task printing
 `x` in a loop took another tenant's median from 8 to 79-138 ms, and its slowest to 0.5-0.8 s
-(an independent attack).
+(an independent attack); with the rest, 64 or 200 of them cost it about what one does
+(benchmarks/bench_tenants.py trickle_followers, pinned: p99 22.6 and 23.2 ms against 14.5
+alone).  The bound is of what a uid holds (a file and a connection each), wide enough for 32
+`corral submit -f` of one uid at once (each follows two).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
 CHUNK = 64 * 1024
 POLL = 1.0  # a safety net: the subscription wakes followers
 REST = 0.01  # seconds a follower waits after a read before the next (the output coming on)
-FOLLOWERS = 16  # followed outputs a uid may have open at once (root: any)
+FOLLOWERS = 64  # followed outputs a uid may have open at once (root: any)
 
 
 Turn = Callable[[], AbstractAsyncContextManager[None]]
