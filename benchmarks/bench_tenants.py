@@ -819,11 +819,20 @@ def show_big_task(sock: str, until: float) -> dict[str, Any]:
                                       f"\r\n".encode()])
 
 
+def _in_threads(n: int, loop: Callable[[], None]) -> None:
+    """``loop()`` in ``n`` threads at once, until each has returned."""
+    import threading
+
+    threads = [threading.Thread(target=loop) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def read_output_again(sock: str, until: float, size: str, readers: int) -> dict[str, Any]:
     """A task of ours printing ``size``, then its whole output read on ``readers``
     connections at once, again and again."""
-    import threading
-
     with Client(sock, timeout=ANSWER + 5) as c:
         task_id = c.submit(["head", "-c", size, "/dev/zero"], wait=ANSWER).id
     get = (f"GET /v1/tasks/{task_id}/output HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
@@ -845,11 +854,7 @@ def read_output_again(sock: str, until: float, size: str, readers: int) -> dict[
                     continue
             counts["reads"] += 1
 
-    threads = [threading.Thread(target=loop) for _ in range(readers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(readers, loop)
     return dict(counts)
 
 
@@ -857,8 +862,6 @@ def follow_a_trickle(sock: str, until: float, followers: int) -> dict[str, Any]:
     """A task of ours printing `x` a line at a time, as fast as `sh` can, followed
     (``?follow=true``) on ``followers`` connections read as fast as they come, until
     ``until``; then the task is stopped."""
-    import threading
-
     with Client(sock, timeout=ANSWER + 5) as c:
         task_id = c.submit(["sh", "-c", "while :; do echo x; done"]).id
     get = (f"GET /v1/tasks/{task_id}/output?follow=true HTTP/1.1\r\nhost: x\r\n"
@@ -879,11 +882,7 @@ def follow_a_trickle(sock: str, until: float, followers: int) -> dict[str, Any]:
                     counts[type(e).__name__] += 1
                     time.sleep(0.05)
 
-    threads = [threading.Thread(target=loop) for _ in range(followers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(followers, loop)
     with Client(sock, timeout=ANSWER + 5) as c:
         c.stop(task_id, force=True)
     return dict(counts)

@@ -347,7 +347,6 @@ class Daemon:
         self.tasks[t.id] = t
         if t.request.idempotency_key is not None:
             self.keys[(t.uid, t.request.idempotency_key)] = t.id
-            self.key_filter.add(t.uid, t.request.idempotency_key)
         self.live += 1
 
     def publish(self, t: DaemonTask, state: str) -> None:
