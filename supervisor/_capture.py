@@ -116,6 +116,7 @@ class StreamCapture:
     log_fd: int | None = None
     log_limit: int | None = None
     log_path: str | None = None
+    log_pending: bool = False  # the log file is made at the first byte (TaskSpec.log_lazy)
     # made on the first byte (and subscribers on the first subscriber): a supervisor may hold
     # thousands of quiet tasks
     head: bytearray | None = None
@@ -151,7 +152,7 @@ class StreamCapture:
             excess = len(self.tail) - self.tail_limit
             if excess > self.tail_limit:
                 del self.tail[:excess]
-        if self.log_fd is not None:
+        if self.log_fd is not None or (self.log_pending and self._open_pending()):
             self._log(data)
         if self.tap is not None and not self.tap.put(data):
             self.tap_full = True
@@ -199,6 +200,8 @@ class StreamCapture:
         out of it.  Returns how many were taken; 0 when they cannot be spliced (a terminal,
         a log file opened to append): read them then."""
         out = sink
+        if self.log_pending:
+            self._open_pending()
         if self.log_fd is not None:
             room = n if self.log_limit is None else self.log_limit - self.log_written
             if room > 0:
@@ -239,6 +242,18 @@ class StreamCapture:
                 return
             self.log_written += n
             view = view[n:]
+
+    def _open_pending(self) -> bool:
+        """Make the lazy log file (its stream's first byte came); whether it is open."""
+        assert self.log_path is not None
+        self.log_pending = False
+        try:
+            self.log_fd = open_log(self.log_path)
+        except OSError as e:
+            log.warning("log file %s: %s; the output is kept in memory only", self.log_path, e)
+            self.log_truncated = True
+            return False
+        return True
 
     def _log_failed(self, e: OSError) -> None:
         # a full disk must not stop the task or lose the in-memory capture
@@ -282,6 +297,7 @@ class StreamCapture:
     def close(self) -> None:
         """End of stream: subscribers see the channel close; the log file is closed."""
         self.closed = True
+        self.log_pending = False
         if self.tap is not None:
             self.tap.end()
         for sub in self.subscribers or ():
@@ -293,7 +309,10 @@ class StreamCapture:
         self.watchers = None
 
     def export(self) -> dict[str, Any]:
-        """What a next process needs to carry this capture on (a hand-over)."""
+        """What a next process needs to carry this capture on (a hand-over).  A lazy log
+        file not made yet is made now: the next process appends to it, as to any."""
+        if self.log_pending:
+            self._open_pending()
         return {"mode": self.mode, "head_limit": self.head_limit, "tail_limit": self.tail_limit,
                 "head": base64.b64encode(self.head or b"").decode(),
                 "tail": base64.b64encode(self.tail[-self.tail_limit:] if self.tail and

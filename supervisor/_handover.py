@@ -159,7 +159,7 @@ def _spec_state(spec: TaskSpec) -> dict[str, Any]:
             "stop_signal": int(spec.stop_signal), "repeat": spec.repeat_s,
             "idle_timeout": spec.idle_timeout_s, "output_head": spec.output_head,
             "output_tail": spec.output_tail, "log_file": spec.log_file,
-            "log_max_bytes": spec.log_max_bytes, "tty": spec.tty,
+            "log_max_bytes": spec.log_max_bytes, "log_lazy": spec.log_lazy, "tty": spec.tty,
             "stdin_pipe": spec.stdin == "pipe" or spec.tty}
 
 
@@ -240,7 +240,8 @@ def _spec_back(s: dict[str, Any]) -> TaskSpec:
                     stop_signal=s["stop_signal"], stop_signal_repeat=s["repeat"],
                     idle_timeout=s["idle_timeout"], output_head=s["output_head"],
                     output_tail=s["output_tail"], log_file=s["log_file"],
-                    log_max_bytes=s["log_max_bytes"], tty=s["tty"],
+                    log_max_bytes=s["log_max_bytes"], log_lazy=s.get("log_lazy", False),
+                    tty=s["tty"],
                     stdin="pipe" if s["stdin_pipe"] and not s["tty"] else None)
 
 

@@ -140,7 +140,11 @@ class TaskSpec:
     background that ``fg`` may bring forward), else ``"own"``.  A ``tty`` task has a session
     of its own anyway.
     ``output_head``/``output_tail``: bytes kept of each stream.  ``log_file``:
-    write the full output there too, up to ``log_max_bytes``.  ``limits``: cgroup limits.
+    write the full output there too, up to ``log_max_bytes``.  ``log_lazy``: make each log
+    file at its stream's first byte rather than at the start, so a silent stream leaves none
+    (a file that cannot be made then is logged and the output kept in memory as ever; a bad
+    path is not refused before the task runs): for a caller that owns the directory, as
+    ``corral serve`` its output directory.  ``limits``: cgroup limits.
     ``isolation``: user, namespaces, capabilities (systemd.exec's names).
     ``pass_fds``: file descriptors of the caller's that the task gets as fds 3, 4, ... in
     this order (at most 16; as systemd passes sockets; every other fd above 2 is closed at its
@@ -169,6 +173,7 @@ class TaskSpec:
     output_tail: int = DEFAULT_TAIL
     log_file: str | None = None
     log_max_bytes: int | None = None
+    log_lazy: bool = False
     limits: Limits = field(default_factory=lambda: NO_LIMITS)  # (one shared, frozen value)
     isolation: Isolation = field(default_factory=lambda: NO_ISOLATION)  # (the same)
     name: str | None = None
@@ -187,6 +192,9 @@ class TaskSpec:
             _byte_count(name, getattr(self, name))
         if self.log_max_bytes is not None:
             _byte_count("log_max_bytes", self.log_max_bytes, low=1)
+        if not isinstance(self.log_lazy, bool):
+            raise SpecError("log_lazy", f"log_lazy must be True or False, got "
+                                        f"{self.log_lazy!r}")
         if not isinstance(self.limits, Limits):
             raise SpecError("limits", f"limits must be a cgroupfs.Limits, got {self.limits!r}: "
                                       f"build one like Limits(memory_max=512 * 2**20)")

@@ -124,7 +124,10 @@ def _capture(cap: StreamCapture, spec: TaskSpec, name: str, undo: contextlib.Exi
     cap.mode = mode
     if spec.log_file is not None:
         cap.log_path = spec.log_file if name == "stdout" else f"{spec.log_file}.stderr"
-        cap.log_fd = open_log(cap.log_path)
+        if spec.log_lazy:
+            cap.log_pending = True  # (made at the stream's first byte)
+        else:
+            cap.log_fd = open_log(cap.log_path)
         cap.log_limit = spec.log_max_bytes
 
 

@@ -64,7 +64,8 @@ def build_spec(peer: Peer, r: SubmitRequest, *, controllers: frozenset[str], roo
             options.update(tty=True, tty_size=(r.tty["rows"], r.tty["cols"]))
         spec = supervisor.TaskSpec(
             tuple(r.argv), inherit_env=False, cwd=options.pop("cwd", "/"), stdin=stdin,
-            name=r.name, log_file=log_file, log_max_bytes=output_cap, **options)
+            name=r.name, log_file=log_file, log_max_bytes=output_cap,
+            log_lazy=True, **options)
         check_limits(spec.limits, controllers, root)
     except ValueError as e:
         field = getattr(e, "field", None) or getattr(e, "what", None)

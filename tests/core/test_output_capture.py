@@ -109,6 +109,49 @@ async def test_a_log_file_alone_gets_every_byte_and_its_cap_holds(
         assert log.read_bytes() == data[:cap] and out.log_truncated == (cap is not None)
 
 
+
+async def test_a_lazy_log_file_is_made_at_its_streams_first_byte_and_a_silent_one_never(
+        sup: supervisor.Supervisor, tmp_path: pathlib.Path) -> None:
+    """``log_lazy`` (the daemon's: a task that prints nothing costs no files): stdout's file
+    holds every byte, spliced or copied, and stderr, silent, has none; the result still names
+    both paths, as an eager log would."""
+    size = 5 << 20
+    log = tmp_path / "out.log"
+    with trio.fail_after(HANG):
+        r = await sup.run(writer(size), log_file=str(log), log_lazy=True)
+    assert r.outcome == "succeeded" and log.read_bytes() == pattern(size)
+    assert not (tmp_path / "out.log.stderr").exists()
+    assert r.output_stderr.log_path == f"{log}.stderr" and not r.output_stderr.log_truncated
+    quiet = tmp_path / "quiet.log"
+    with trio.fail_after(HANG):
+        r = await sup.run(["sh", "-c", "sleep 0.2; echo late >&2"], log_file=str(quiet),
+                          log_lazy=True)
+    assert not quiet.exists() and (tmp_path / "quiet.log.stderr").read_bytes() == b"late\n"
+    with pytest.raises(supervisor.SpecError, match="log_lazy must be True or False"):
+        supervisor.TaskSpec(["true"], log_file=str(log), log_lazy=1)  # type: ignore[arg-type]
+
+
+async def test_a_lazy_log_file_that_cannot_be_made_leaves_the_capture_whole(
+        tmp_path: pathlib.Path) -> None:
+    """The directory is gone by the first byte: a warning, ``log_truncated``, and every byte
+    still in the head and tail; a hand-over of a stream not begun makes its file, for the
+    next process to append to."""
+    data = pattern(3 << 20)
+    capture = StreamCapture(1000, 70_000, log_path=str(tmp_path / "gone" / "out.log"),
+                            log_pending=True)
+    sent = await _capture_a_full_pipe(capture, data)
+    out = capture.result()
+    assert out.log_truncated and capture.log_fd is None and not capture.log_pending
+    assert out.total == sent and out.head == data[:1000]
+    assert out.tail == data[:sent][-70_000:]
+    begun = StreamCapture(1000, 70_000, log_path=str(tmp_path / "later.log"), log_pending=True)
+    state = begun.export()
+    assert (tmp_path / "later.log").read_bytes() == b""
+    restored = StreamCapture.restore(state)
+    assert restored.log_fd is not None
+    restored.close()
+    begun.close()
+
 def _fill(w: int, data: bytes, sent: int) -> int:
     """Write ``data`` from ``sent`` on until the pipe is full; the new ``sent``."""
     try:

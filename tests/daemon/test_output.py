@@ -97,3 +97,28 @@ def test_a_task_no_longer_in_memory_is_answered_from_its_records(start_daemon: S
     assert frames[-1].kind == "end" and frames[-1].finished and frames[-1].exit_status == 0
     assert shown.outcome == "succeeded" and shown.exit_status == 0 and shown.result
     assert waited.state == "finished" and waited.result == shown.result
+
+
+def test_a_task_that_prints_nothing_makes_no_output_file_and_reads_as_empty(
+        start_daemon: Start) -> None:
+    """Output files are made at a stream's first byte (two file creations were a tenth of a
+    ``true`` submission's time on the event loop): a silent task leaves none, and its output,
+    show, wait and a follower say what an empty file said; a follower that came before the
+    first byte gets it once the file is made."""
+    d = start_daemon("--keep-finished", "1")
+    output = d.state / "output"
+    with d.client() as c:
+        quiet = c.submit(["true"])
+        assert c.wait(quiet.id).outcome == "succeeded"
+        assert not list(output.glob(f"{quiet.id}*"))
+        frames = list(c.output(quiet.id, follow=True))
+        assert [f.kind for f in frames] == ["end"] and frames[0].exit_status == 0
+        late = c.submit(["sh", "-c", "sleep 0.3; echo late >&2"])
+        followed = c.output(late.id, stream="stderr", follow=True)
+        got = b"".join(f.data for f in followed if f.kind == "data")
+        assert got == b"late\n"
+        assert sorted(p.name for p in output.glob(f"{late.id}*")) == [f"{late.id}.stderr"]
+        assert c.wait(late.id).outcome == "succeeded"
+        shown = c.show(quiet.id)  # (evicted from memory by the second: from the records)
+        assert shown.outcome == "succeeded" and shown.result is not None
+        assert [f.kind for f in c.output(quiet.id)] == ["end"]

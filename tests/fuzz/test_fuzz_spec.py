@@ -47,6 +47,7 @@ any_fields = st.fixed_dictionaries({}, optional={
     "stop_signal": st.one_of(anything, st.sampled_from(["TERM", "sigkill", "SIGSTOP", "0", "99",
                                                         "RTMIN", 34, 64, 65])),
     "output_head": anything, "output_tail": anything, "log_max_bytes": anything,
+    "log_lazy": anything,
     "limits": st.one_of(anything, st.just(Limits())),
     "isolation": st.one_of(anything, st.just(Isolation())),
     "name": st.one_of(anything, st.text(max_size=300)),
