@@ -50,6 +50,62 @@ def compare(label: str, ours: Sequence[str], base: Sequence[str], base_label: st
           f"{mb * 1e3:7.1f} ms | ratio {ratio:.2f}x (target {target})")
 
 
+# ``corral run -- /bin/true`` in-process after ``import trio``: the time of each part (stderr:
+# ``-X importtime`` of every module imported after trio's, and one line of ours)
+BREAKDOWN = """
+import dataclasses, sys, time
+import trio
+made, spent = 0, 0.0
+process_class = dataclasses._process_class
+def timed(*args, **kwargs):
+    global made, spent
+    t = time.perf_counter()
+    try:
+        return process_class(*args, **kwargs)
+    finally:
+        made += 1
+        spent += time.perf_counter() - t
+dataclasses._process_class = timed
+sys.argv = ["corral", "run", "--", "/bin/true"]
+t0 = time.perf_counter()
+from supervisor.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print(f"corral-breakdown {time.perf_counter() - t0} {made} {spent}", file=sys.stderr)
+"""
+
+
+def breakdown(rounds: int) -> None:
+    """Where ``corral run``'s time above ``import trio`` goes: corral's imports (the modules
+    it imports after trio's, by ``-X importtime``; of them, making its dataclasses: each
+    method of each is compiled at import by CPython 3.11's dataclasses) and the run itself
+    (placement, the keeper, the spawn, the wait, the clean-up), medians of ``rounds``."""
+    totals, imports, classes, made = [], [], [], 0
+    for _ in range(rounds):
+        r = subprocess.run([sys.executable, "-X", "importtime", "-c", BREAKDOWN],
+                           capture_output=True, text=True, check=True,
+                           stdin=subprocess.DEVNULL)
+        after_trio, us = False, 0
+        for line in r.stderr.splitlines():
+            if line.startswith("import time:") and "|" in line:
+                self_us, _, name = line[len("import time:"):].split("|")
+                if after_trio:
+                    us += int(self_us)
+                after_trio = after_trio or name.strip() == "trio"
+            elif line.startswith("corral-breakdown "):
+                total, made_s, spent = line.split()[1:]
+                totals.append(float(total))
+                classes.append(float(spent))
+                made = int(made_s)
+        imports.append(us / 1e6)
+    total, imp, cls = (statistics.median(x) * 1e3 for x in (totals, imports, classes))
+    print(f"  where it goes, in-process after import trio ({rounds} rounds, medians): "
+          f"{total:.1f} ms = corral's imports {imp:.1f} ms (of which making {made} "
+          f"dataclasses {cls:.1f} ms) + the run {total - imp:.1f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
@@ -61,6 +117,7 @@ def main() -> int:
     print(f"corral run start-up, {rounds} rounds, medians")
     compare("host", [CORRAL, "run", "--", "/bin/true"],
             [sys.executable, "-c", "import trio"], 'python -c "import trio"', rounds, "<= 1.2x")
+    breakdown(rounds)
     if args.quick or args.no_systemd:
         return 0
     sys.path.insert(0, str(HERE.parent / "tests" / "systemd_tier"))

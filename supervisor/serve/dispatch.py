@@ -407,7 +407,8 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
     """The end row's columns for a finished task."""
     assert t.result_json is not None
     result = json.dumps(t.result_json)  # (once: the row stores this text)
-    size = output_bytes(t.output) + len(result) + (t.size or len(json.dumps(
+    printed = tuple(stream for stream, (total, _) in t.kept.items() if total)
+    size = output_bytes(t.output, printed) + len(result) + (t.size or len(json.dumps(
         t.request.to_json()))) + row_bytes(t.request.idempotency_key, t.request.name) + len(
         t.listed)
     return {"outcome": t.outcome, "exit_status": t.exit_status, "started_at": t.started_at,

@@ -184,10 +184,12 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
 }
 
 
-def output_bytes(stdout_path: str) -> int:
-    """Bytes a task's output files take: stdout, stderr and their kept tails."""
+def output_bytes(stdout_path: str, streams: tuple[str, ...] = ("stdout", "stderr")) -> int:
+    """Bytes a task's output files take: stdout, stderr and their kept tails (of ``streams``
+    alone: those that printed, when the caller knows; a silent one has no file)."""
     total = 0
-    for suffix in ("", ".tail", ".stderr", ".stderr.tail"):
+    suffixes = {"stdout": ("", ".tail"), "stderr": (".stderr", ".stderr.tail")}
+    for suffix in (x for stream in streams for x in suffixes[stream]):
         try:
             total += os.stat(stdout_path + suffix).st_blocks * 512
         except OSError:
