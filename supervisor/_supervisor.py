@@ -28,7 +28,7 @@ import secrets
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,7 +38,6 @@ from ._batch import Batch, drive_batch
 from ._ending import Ending
 from ._errors import ConfigError, SpecError, SupervisorError
 from ._guard import SpawnGuard
-from ._handover import HandOver, adopt_all, export_task
 from ._interrupt import CtrlC, Interrupts, from_ctrl_c
 from ._keeper import Keeper
 from ._life import live
@@ -61,6 +60,9 @@ from ._units import UnitsError, format_duration, parse_duration
 from ._watch import CgroupWatcher
 from .placement import Placement, adopt_root, check_limits, place_async
 from .placement._instance import INSTANCE_NAME
+
+if TYPE_CHECKING:  # (imported by a hand-over itself: most supervisors never make one)
+    from ._handover import HandOver
 
 __all__ = ["DEFAULT_GRACE", "Batch", "Supervisor", "open_supervisor"]
 
@@ -388,6 +390,8 @@ class Supervisor:
         Waiters on a handed-over task get HandedOver."""
         if self._handover is not None:
             raise SupervisorError("this supervisor has handed its tasks over already")
+        from ._handover import HandOver, export_task
+
         self._closing = True
         handover = self._handover = HandOver(self.cgroup_root, os.dup(self._placement.root.fd))
         self._rt.on_detach = functools.partial(export_task, handover)
@@ -405,6 +409,8 @@ class Supervisor:
 
     def _adopt(self, handover: HandOver, nursery: trio.Nursery) -> None:
         """Carry on the tasks an earlier process handed over, each in our nursery."""
+        from ._handover import adopt_all
+
         adopt_all(self._rt, handover, nursery, self._adopted)
 
     def _adopted(self, task: Task) -> None:

@@ -27,6 +27,7 @@ import errno
 import logging
 import os
 import struct
+import threading
 from collections.abc import Callable
 
 import trio
@@ -192,9 +193,19 @@ class CgroupWatcher:
         if not self._closed:
             self._closed = True
             trio.lowlevel.notify_closing(self._fd)
-            os.close(self._fd)
+            close_in_background(self._fd)
             for watch in self._watches.values():
                 _wake(watch)
+
+
+def close_in_background(fd: int) -> None:
+    """``os.close(fd)`` in a thread of its own.  The last close of an inotify instance that
+    ever had a watch waits for the kernel's SRCU grace period (14 ms here: a third of
+    ``corral run -- true`` after its imports), which neither an event loop nor a process about
+    to exit should wait for; a process that exits first leaves it to the kernel, which makes
+    nobody wait."""
+    threading.Thread(target=os.close, args=(fd,), name="corral-inotify-close",
+                     daemon=True).start()
 
 
 def _wake(watch: _Watch) -> None:

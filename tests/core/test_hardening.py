@@ -7,6 +7,7 @@ leaf from /proc/self/cgroup (``$MNT$(cgroup path)``) and their supervisor's root
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -177,6 +179,44 @@ async def test_watches_return_to_where_they_were_after_tasks_that_leave_processe
         r = await sup.run(["sh", "-c", "sleep 0.05 & exit 0"], grace="5s")
         assert r.cleanup.leftovers
     assert kernel_inotify_watches() == before
+
+
+
+def inotify_fds() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+    return n
+
+
+async def test_a_closed_supervisors_inotify_instance_is_released_off_the_event_loop(
+        test_cgroup: cgroupfs.Cgroup) -> None:
+    """Its last close waits for the kernel's grace period (~14 ms: a third of ``corral run
+    -- true`` after its imports), so it is closed in a thread of its own: the instance is
+    still released (no fd left behind, however many supervisors come and go), and the event
+    loop's thread never made that call."""
+    closes_here: list[int] = []
+    real_close = os.close
+    loop_thread = threading.get_ident()
+
+    def close(fd: int) -> None:
+        if threading.get_ident() == loop_thread and os.readlink(
+                f"/proc/self/fd/{fd}") == "anon_inode:inotify":
+            closes_here.append(fd)
+        real_close(fd)
+
+    before = inotify_fds()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "close", close)
+        for _ in range(5):
+            async with supervisor.open_supervisor(test_cgroup.path) as s:
+                r = await s.run(["sh", "-c", "sleep 0.05 & exit 0"], grace="5s")
+                assert r.cleanup.leftovers  # (a leaf waited for: the instance had a watch)
+    assert closes_here == []
+    with trio.fail_after(HANG):
+        while inotify_fds() > before:
+            await trio.sleep(0.01)
 
 
 # ---- 5. names that are not UTF-8 -----------------------------------------------------------
