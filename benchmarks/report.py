@@ -245,22 +245,28 @@ def parse_tenants(out: str) -> list[Row]:
 # docs/testing.md, "Where the time goes"), printed under the table for each row not met.
 WHY_NOT = {
     "sup.run(/bin/true), sequential": (
-        "the native spawn alone is 1.1-1.3x posix_spawn (a leaf made and removed, clone3 into "
-        "it); the rest is the task's Python life, ~860 Python calls and ~3 scheduler rounds a "
-        "task with no function above ~30 us of its own (cProfile)"),
+        "the native part (a leaf made and removed, clone3 into it, the pidfd wait) is "
+        "1.1-1.2x posix_spawn (bench_spawn); the rest, ~0.7 ms, is the task's Python life, "
+        "~866 Python calls and ~3 scheduler rounds a task with no function above ~30 us of "
+        "its own (cProfile): 1.5x needs two thirds of it gone, the life rewritten as one trio "
+        "task of plain code"),
     "`corral serve` submit-to-result": (
         "per task the daemon's event loop parses an HTTP request and its JSON, checks the "
-        "policy, makes two output files, writes three records (group-committed, an fsync "
-        "each batch) and encodes the result: 3.5-4x the library's Python CPU per task "
-        "(bench_serve's CPU line), on one thread"),
+        "policy, waits for two durable records (accept and end: 0.4-0.5 ms each alone, an "
+        "fsync in each), runs the task's life and encodes the answer: ~3.8 ms of the daemon's "
+        "CPU per task against the library's ~1.2 (bench_serve's CPU line), spread with no "
+        "function above the native spawn's 15% (py-spy, docs/testing.md)"),
     "`corral serve` tasks/s": (
         "the daemon's main thread is the bottleneck: its CPU per task (bench_serve's CPU "
         "line) caps the rate at 1000 / that many tasks a second, whatever the clients"),
     "`corral ps` start-up": (
         "the interpreter's start-up is most of it; what is left is the client's own imports "
-        "(argparse, json, the client module)"),
+        "(the client module and its socket, ~7 ms)"),
     "`corral run -- /bin/true` start-up": (
-        "corral's own modules' imports and the keeper's start above `import trio`"),
+        "CPython 3.11 makes each dataclass by compiling its methods' source at import: "
+        "corral's 40 take ~42 ms here, the most of what corral adds above `import trio` "
+        "(bench_cli's breakdown line: imports, of them the dataclasses, and the run, ~18 ms); "
+        "3.13.0 measured the same"),
     "spawn (leaf + clone3": (
         "a leaf made and removed per task (mkdir, rmdir: ~0.1 ms) and the pidfd wait; the "
         "ratio moves between 1.08x and 1.34x from run to run here"),
@@ -270,6 +276,20 @@ WHY_NOT = {
     "a tenant's submit-to-result under attack `retention`": (
         "the attacker's submissions cost what the victim's do, and the turns are shared "
         "equally: its flood halves the victim's share of the event loop, by design"),
+    "a tenant's submit-to-result under attack `keyed_flood`": (
+        "the flood's task lives (~3.5 ms of the event loop each, ~300 a second) fill the "
+        "loop's rounds, and the victim's request waits about a round at each of the ~8 "
+        "hand-overs on its way (accept, its record, the spawn, the exit, the end record, the "
+        "answer); its uid is answered one request at a time already; with the attacker's "
+        "processes on a CPU of their own (--pin) still 4-6x: the one event loop's"),
+    "a tenant's submit-to-result under attack `subscribers`": (
+        "16 unread event streams take every event of the attacker's flood of `true` "
+        "(one per state change), on top of that flood's own task lives (see keyed_flood)"),
+    "a tenant's submit-to-result under attack `session_env`": (
+        "each command of a session carries the session's whole environment (840 KB here) in "
+        "its request, written with its record (~30 MB/s at ~38 commands/s, behind which the "
+        "victim's records wait; kept once per session instead: not done yet); its answer no "
+        "longer sends it back (that was a third of the event loop under this attack)"),
 }
 
 

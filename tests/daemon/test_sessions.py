@@ -539,3 +539,23 @@ def test_a_closed_session_keeps_no_environment_not_even_the_one_it_was_opened_wi
     row = next(r for r in read_rows(d.state, "sessions") if str(r["seq"]) == sid)
     assert row["env"] is None and "s3cret" not in str(row["defaults"]), row
     assert json.loads(row["defaults"])["time_limit"] == "1h", row  # (the rest is kept)
+
+
+def test_an_exec_answer_does_not_send_the_sessions_environment_back(
+        start_daemon: Start) -> None:
+    """A command's client sent a command, not the session's environment: an exec's answer
+    leaves the environment out of the task's spec (600 KB of it came back with every ``true``
+    before, and 4 sessions doing so took a third of the event loop); ``GET /v1/tasks/{id}``
+    still says what the command ran with."""
+    d = start_daemon()
+    with d.client() as c:
+        sid = c.open_session()["id"]
+        c.exec(sid, "for v in A B C D E; do export $v=$(printf %0120000d 0); done", wait="20s")
+        body = json.dumps({"command": "echo ${#A}", "wait": "20s"}).encode()
+        status, task = raw(d, b"POST /v1/sessions/%s/exec HTTP/1.1\r\nHost: corral\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (sid.encode(), len(body), body))
+        assert status == 200 and len(json.dumps(task)) < 20_000, len(json.dumps(task))
+        assert task["result"]["output"]["stdout"]["head"] == "120000\n"
+        assert "env" not in task["spec"] and task["spec"]["session"]["id"] == sid
+        shown = c.show(task["id"])
+        assert shown.spec is not None and len(shown.spec["env"]["A"]) == 120_000

@@ -163,7 +163,7 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
     if wait is None:
         t.handed_back = True
         return json_response(201, {"id": t.id, "state": t.state, "session": s.id})
-    return await answer_after(d, t, wait, req.received)
+    return await answer_after(d, t, wait, req.received, echo_env=False)
 
 
 async def _resent(d: Daemon, req: Request, r: SubmitRequest) -> bool:

@@ -31,6 +31,7 @@ from ..protocol import (
     pop_wait,
 )
 from ..records import RecordsError
+from ..sessions import env_weight
 
 if TYPE_CHECKING:
     from ... import TaskSpec
@@ -106,15 +107,23 @@ async def _accept_admitted(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
     return t
 
 
-async def answer_after(d: Daemon, t: DaemonTask, wait: float, since: float) -> Response:
+async def answer_after(d: Daemon, t: DaemonTask, wait: float, since: float, *,
+                       echo_env: bool = True) -> Response:
     """The answer of a request with a ``wait`` bound: 200 with the task and its result if it
     ends within ``wait`` seconds of ``since`` (trio's clock: when the request came); else 202
     with its state and its output so far (the task goes on: nothing is stopped; its session
-    may run its next command meanwhile)."""
+    may run its next command meanwhile).  ``echo_env=False``: the task's spec leaves out its
+    environment, which its client did not send (a session's command: the session's, a MiB
+    of it sent back with every ``true`` took a third of the event loop of a tenant running
+    many; ``GET /v1/tasks/{id}`` has it)."""
     with trio.move_on_at(since + wait):
         await t.done.wait()
     if t.done.is_set():
-        return json_response(200, t.to_json(full=True), t.size)
+        body = t.to_json(full=True)
+        if echo_env or "env" not in body["spec"]:
+            return json_response(200, body, t.size)
+        env = body["spec"].pop("env")
+        return json_response(200, body, (t.size or 0) - env_weight(env))
     t.handed_back = True  # (a session's next command may start: this one goes on beside it)
     so_far = await trio.to_thread.run_sync(output_so_far, t.output)
     return json_response(202, {**t.to_json(full=False, position=d.scheduler.position(t)),
