@@ -47,7 +47,7 @@ from supervisor.client import Client
 PARTS = ("rate", "held", "records", "bytes")
 CONCURRENCY = (1, 4, 16, 64, 256)
 # a running task's fds in the daemon: its pidfd, its leaf's directory, two pipes' read ends,
-# two output files
+# two output files (made at each stream's first byte: a silent task holds four)
 FDS_A_TASK = 6
 
 

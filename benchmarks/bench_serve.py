@@ -20,8 +20,8 @@
 
 Each daemon gets a scratch cgroup and a temporary socket and state directory (in /var/lib,
 where the daemon's records live: on this machine a file created in /var/tmp costs ~1 ms, in
-/var/lib ~0.02 ms, and the daemon creates two output files per task); everything is stopped and
-removed at the end, Ctrl-C included.
+/var/lib ~0.02-0.16 ms, and the daemon creates an output file for each stream a task prints
+on); everything is stopped and removed at the end, Ctrl-C included.
 """
 
 from __future__ import annotations
