@@ -11,6 +11,8 @@ Each name is loaded when first used (``corral ps`` must not pay for the spawn he
 - :func:`open_output`: open a file corral writes (a JSON record, a plot, a log) without
   following a symbolic link planted in its place.
 - :func:`first_leaf`: the first exception that is not a group, inside an exception group.
+- :func:`capability_names`: the names of the capabilities in a mask, lowest number first, as a
+  result names them.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ if TYPE_CHECKING:
 
     from ._errors import first_leaf
     from ._isohost import has_cap
+    from ._isovalues import capability_names
     from ._outfile import open_output
     from ._spawn import SpawnError, signalfd, spawn
 
 _WHERE = {"spawn": "._spawn", "SpawnError": "._spawn", "signalfd": "._spawn",
-          "has_cap": "._isohost", "open_output": "._outfile", "first_leaf": "._errors"}
+          "has_cap": "._isohost", "open_output": "._outfile", "first_leaf": "._errors",
+          "capability_names": "._isovalues"}
 
-__all__ = ["SpawnError", "first_leaf", "has_cap", "open_output", "signalfd", "spawn"]
+__all__ = ["SpawnError", "capability_names", "first_leaf", "has_cap", "open_output",
+           "signalfd", "spawn"]
 
 
 def __getattr__(name: str) -> Any:

@@ -189,7 +189,7 @@ def kept_result(result: TaskResult, result_json: dict[str, Any], output: str,
             part["tail"] = ""
         output_json[stream] = part
     kept["output"] = output_json
-    return kept
+    return _masks_kept(kept)
 
 
 def served_result(kept: dict[str, Any] | None, output: str,
@@ -202,6 +202,7 @@ def served_result(kept: dict[str, Any] | None, output: str,
         return kept
     if kept.get("argv", ()) is None:
         kept = {**kept, "argv": list(argv)}
+    kept = _masks_served(kept)
     if not isinstance(kept.get("output"), dict):
         return kept
     streams = kept["output"]
@@ -212,6 +213,62 @@ def served_result(kept: dict[str, Any] | None, output: str,
                      if isinstance(part, dict) and "in_file" in part else part
                      for name, part in streams.items()}
     return out
+
+
+# the result's capability lists (containment.isolation): every one a root task holds, named,
+# was ~1.3 KiB of a row's ~3 (a list of names, lowest number first, is its mask's exactly)
+_CAPABILITY_LISTS = ("capability_bounding_set", "ambient_capabilities", "capabilities")
+
+
+def _masks_kept(kept: dict[str, Any]) -> dict[str, Any]:
+    """``kept`` with each capability list kept as its mask (``{"mask": "0x..."}``) where
+    the mask names that very list again; a list that it would not (a name corral does not
+    know) stays."""
+    from ..lowlevel import capability_names
+
+    iso = (kept.get("containment") or {}).get("isolation")
+    if not isinstance(iso, dict):
+        return kept
+    masks, numbers = {}, _capability_numbers()
+    for key in _CAPABILITY_LISTS:
+        names = iso.get(key)
+        if not isinstance(names, list) or len(names) < 2:
+            continue
+        if not all(isinstance(n, str) and n in numbers for n in names):
+            continue
+        mask = sum(1 << numbers[n] for n in set(names))
+        if list(capability_names(mask)) == names:
+            masks[key] = {"mask": hex(mask)}
+    if not masks:
+        return kept
+    return {**kept, "containment": {**kept["containment"], "isolation": {**iso, **masks}}}
+
+
+def _masks_served(kept: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`_masks_kept` kept, with each mask its list of names again."""
+    iso = (kept.get("containment") or {}).get("isolation") \
+        if isinstance(kept.get("containment"), dict) else None
+    if not isinstance(iso, dict) or not any(isinstance(iso.get(k), dict)
+                                            for k in _CAPABILITY_LISTS):
+        return kept
+    from ..lowlevel import capability_names
+
+    lists = {k: list(capability_names(int(iso[k]["mask"], 16))) for k in _CAPABILITY_LISTS
+             if isinstance(iso.get(k), dict)}
+    return {**kept, "containment": {**kept["containment"], "isolation": {**iso, **lists}}}
+
+
+_NUMBERS: dict[str, int] = {}
+
+
+def _capability_numbers() -> dict[str, int]:
+    """Capability name -> number, for every number a mask may hold (64: the kernel's two
+    32-bit words), as the core names them."""
+    if not _NUMBERS:
+        from ..lowlevel import capability_names
+
+        _NUMBERS.update((name, n) for n, name in enumerate(capability_names((1 << 64) - 1)))
+    return _NUMBERS
 
 
 def _served_stream(part: dict[str, Any], path: str) -> dict[str, Any]:

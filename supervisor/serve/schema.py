@@ -28,6 +28,8 @@ Versions::
     6  tasks.listed (the command as a listing shows it)
     7  runs.room (the output's room the run measured, and grew to: a later run on a disk
        something else has filled takes no less: ``state.OutputDisk.measure``)
+    8  no table changes: a result's capability lists are kept as their masks
+       (``daemontask.kept_result``), which an older corral would serve as they are
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from collections.abc import Callable
 
 __all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _V1 = """
 CREATE TABLE tasks (
@@ -181,6 +183,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
     5: lambda db, _: _script(db, _V5),
     6: lambda db, _: _script(db, _V6),
     7: lambda db, _: _script(db, _V7),
+    8: lambda db, _: None,  # (the rows' result JSON: its reader changed, not the tables)
 }
 
 

@@ -53,6 +53,33 @@ def test_submit_wait_show_list_and_records(start_daemon: Start) -> None:
     assert row["started_at"] and row["ended_at"] and row["leaf"] == r["id"]
 
 
+def test_a_results_capability_lists_are_kept_as_masks_and_served_as_named(
+        start_daemon: Start) -> None:
+    """A root task holds every capability: its two lists of ~40 names each were 1.3 KiB of a
+    ~3 KiB row.  The row keeps each list as its mask; every answer names them as the core
+    did, a bounding set given included, from memory and from the records alike; a row an
+    older corral wrote (lists) is served as it is."""
+    d = start_daemon("--keep-finished", "1")
+    with d.client() as c:
+        full = c.submit(["true"], wait="20s").result
+        some = c.submit(["true"], wait="20s", properties={
+            "CapabilityBoundingSet": "CAP_NET_RAW CAP_CHOWN"}).result
+        assert full is not None and some is not None
+        from_records = c.show(str(full["id"])).result  # (evicted by the second: its row)
+    iso = full["containment"]["isolation"]
+    assert len(iso["capabilities"]) >= 38 and iso["capabilities"][0] == "CAP_CHOWN"
+    assert iso["capability_bounding_set"] == iso["capabilities"]
+    assert from_records == full
+    assert some["containment"]["isolation"]["capability_bounding_set"] == [
+        "CAP_CHOWN", "CAP_NET_RAW"]
+    rows = {str(r["seq"]): r for r in d.rows()}
+    kept = json.loads(rows[str(full["id"])]["result"])["containment"]["isolation"]
+    assert set(kept["capabilities"]) == {"mask"} and len(rows[str(full["id"])]["result"]) < 2000
+    older = {"containment": {"isolation": {**kept, "capabilities": ["CAP_KILL"]}}}
+    assert served_result(older, "/nonexistent", ["true"])["containment"]["isolation"][
+        "capabilities"] == ["CAP_KILL"]
+
+
 def test_a_listing_pages_through_memory_and_records_with_before(start_daemon: Start) -> None:
     # two finished tasks answered from memory, the other three from the records only
     d = start_daemon("--keep-finished", "2")
