@@ -226,8 +226,8 @@ def _masks_kept(kept: dict[str, Any]) -> dict[str, Any]:
     know) stays."""
     from ..lowlevel import capability_names
 
-    iso = (kept.get("containment") or {}).get("isolation")
-    if not isinstance(iso, dict):
+    iso = _isolation_of(kept)
+    if iso is None:
         return kept
     masks, numbers = {}, _capability_numbers()
     for key in _CAPABILITY_LISTS:
@@ -246,16 +246,20 @@ def _masks_kept(kept: dict[str, Any]) -> dict[str, Any]:
 
 def _masks_served(kept: dict[str, Any]) -> dict[str, Any]:
     """What :func:`_masks_kept` kept, with each mask its list of names again."""
-    iso = (kept.get("containment") or {}).get("isolation") \
-        if isinstance(kept.get("containment"), dict) else None
-    if not isinstance(iso, dict) or not any(isinstance(iso.get(k), dict)
-                                            for k in _CAPABILITY_LISTS):
+    iso = _isolation_of(kept)
+    if iso is None or not any(isinstance(iso.get(k), dict) for k in _CAPABILITY_LISTS):
         return kept
     from ..lowlevel import capability_names
 
     lists = {k: list(capability_names(int(iso[k]["mask"], 16))) for k in _CAPABILITY_LISTS
              if isinstance(iso.get(k), dict)}
     return {**kept, "containment": {**kept["containment"], "isolation": {**iso, **lists}}}
+
+
+def _isolation_of(result: dict[str, Any]) -> dict[str, Any] | None:
+    containment = result.get("containment")
+    iso = containment.get("isolation") if isinstance(containment, dict) else None
+    return iso if isinstance(iso, dict) else None
 
 
 _NUMBERS: dict[str, int] = {}
