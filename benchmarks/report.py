@@ -264,7 +264,7 @@ WHY_NOT = {
         "(the client module and its socket, ~7 ms)"),
     "`corral run -- /bin/true` start-up": (
         "CPython 3.11 makes each dataclass by compiling its methods' source at import: "
-        "corral's 40 take ~42 ms here, the most of what corral adds above `import trio` "
+        "corral's 40 take ~42 ms here, most of what corral adds above `import trio` "
         "(bench_cli's breakdown line: imports, of them the dataclasses, and the run, ~18 ms); "
         "3.13.0 measured the same"),
     "spawn (leaf + clone3": (
