@@ -7,6 +7,7 @@ the records say at each step is in ``records.py``; what a restart does with each
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import TYPE_CHECKING, Any
@@ -262,17 +263,13 @@ def _isolation_of(result: dict[str, Any]) -> dict[str, Any] | None:
     return iso if isinstance(iso, dict) else None
 
 
-_NUMBERS: dict[str, int] = {}
-
-
+@functools.cache
 def _capability_numbers() -> dict[str, int]:
     """Capability name -> number, for every number a mask may hold (64: the kernel's two
     32-bit words), as the core names them."""
-    if not _NUMBERS:
-        from ..lowlevel import capability_names
+    from ..lowlevel import capability_names
 
-        _NUMBERS.update((name, n) for n, name in enumerate(capability_names((1 << 64) - 1)))
-    return _NUMBERS
+    return {name: n for n, name in enumerate(capability_names((1 << 64) - 1))}
 
 
 def _served_stream(part: dict[str, Any], path: str) -> dict[str, Any]:
