@@ -222,8 +222,43 @@ def _records_round(row: dict[str, Any], req: dict[str, Any], size: int,
 
 # ---- bytes -------------------------------------------------------------------------------------
 
+# an agent's shell's environment, about as large as a login's here (~2.5 KiB of JSON)
+SESSION_ENV = {**{k: v for k, v in os.environ.items() if k.isidentifier()},
+               **{f"CI_VARIABLE_{i}": "x" * 40 for i in range(40)}}
+
+
 def part_bytes(quick: bool) -> dict[str, Any]:
+    """SQLite bytes per finished task: ``echo hi`` tasks, then as many commands of one session
+    opened with an environment of ``SESSION_ENV``'s size (each command's request carries it)."""
     n = 200 if quick else 500
+    out: dict[str, Any] = {}
+    for label, run in (("tasks", _echo_tasks), ("session commands", _session_commands)):
+        per, json_per = _bytes_per_row(run, n)
+        print(f"  {n} finished {label}: {per / 1024:.2f} KiB a task after VACUUM (of which "
+              f"result and request JSON {json_per / 1024:.2f} KiB)", flush=True)
+        out[label] = {"tasks": n, "bytes_per_task": per, "json_per_task": json_per}
+    env = len(json.dumps(SESSION_ENV)) / 1024
+    print(f"  (the session's environment: {len(SESSION_ENV)} variables, {env:.2f} KiB of JSON)")
+    return {"tasks": n, "bytes_per_task": out["tasks"]["bytes_per_task"],
+            "json_per_task": out["tasks"]["json_per_task"],
+            "session_bytes_per_task": out["session commands"]["bytes_per_task"]}
+
+
+def _echo_tasks(c: Client, n: int) -> None:
+    for _ in range(n):
+        c.submit(["echo", "hi"], wait=30)
+
+
+def _session_commands(c: Client, n: int) -> None:
+    s = c.open_session(env=SESSION_ENV)
+    for _ in range(n):
+        c.exec(s["id"], "echo hi", wait=30)
+    c.close_session(s["id"])
+
+
+def _bytes_per_row(run: Any, n: int) -> tuple[float, float]:
+    """(bytes of state.db per task row after VACUUM, of which its result and request JSON)
+    once ``run(client, n)`` has made ``n`` finished tasks on a daemon of its own."""
     import shutil
     import tempfile
 
@@ -231,22 +266,15 @@ def part_bytes(quick: bool) -> dict[str, Any]:
     try:
         state = os.path.join(tmp, "state")
         with daemon(state_dir=state) as (sock, _proc), Client(sock) as c:
-            for _ in range(n):
-                c.submit(["echo", "hi"], wait=30)
+            run(c, n)
         db = sqlite3.connect(os.path.join(state, "state.db"))
-        empty = db.execute("SELECT page_size * page_count FROM pragma_page_size(), "
-                           "pragma_page_count()").fetchone()[0]
         db.execute("VACUUM")
         size = os.path.getsize(os.path.join(state, "state.db"))
         rows = db.execute("SELECT count(*) FROM tasks").fetchone()[0]
         row_bytes = db.execute("SELECT sum(length(result)) + sum(length(r.spec)) FROM tasks t "
                                "JOIN requests r ON r.seq = t.seq").fetchone()[0]
         db.close()
-        per = size / rows
-        print(f"  {rows} finished tasks: state.db {size / 1024:.0f} KiB after VACUUM "
-              f"({empty / 1024:.0f} KiB before), {per / 1024:.2f} KiB a task (of which "
-              f"result and request JSON {row_bytes / rows / 1024:.2f} KiB)", flush=True)
-        return {"tasks": rows, "bytes_per_task": per, "json_per_task": row_bytes / rows}
+        return size / rows, row_bytes / rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

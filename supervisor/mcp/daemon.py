@@ -424,7 +424,12 @@ class DaemonBackend:
 
     def _brief_view(self, row: dict[str, Any]) -> dict[str, Any]:
         argv = row.get("argv") or []
-        text = argv[4] if len(argv) == 5 and argv[1] == "-c" else " ".join(argv)
+        # (a session's command is listed as [shell, "-c", command]; before schema 9, as the
+        # shell's whole argv: [shell, "-c", script, name, command])
+        if row.get("session") is not None and len(argv) in (3, 5) and argv[1] == "-c":
+            text = argv[-1]
+        else:
+            text = " ".join(argv)
         outcome = row.get("outcome")
         started, ended = row.get("started_at"), row.get("ended_at")
         return {

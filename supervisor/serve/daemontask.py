@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 STREAMS = ("stdout", "stderr")
 _AFTER = ("signals", "queue_position", "record")  # a listing's keys after the common ones
 
-__all__ = ["DaemonTask", "kept_result", "listed_argv", "listed_json", "row_json",
+__all__ = ["DaemonTask", "kept_result", "listed_argv", "listed_command", "listed_json", "row_json",
            "served_result"]
 
 
@@ -90,7 +90,7 @@ class DaemonTask:
     def listed(self) -> str:
         """Its command as a listing shows it, as JSON text (:func:`listed_json`), made once."""
         if self._listed is None:
-            self._listed = listed_json(self.request.argv)
+            self._listed = listed_command(self.request)
         return self._listed
 
     def entry(self, position: int | None) -> str:
@@ -153,6 +153,17 @@ class DaemonTask:
         return self.handle.stop(force=force)
 
 
+def listed_command(request: SubmitRequest) -> str:
+    """A request's command as a listing shows it (:func:`listed_json`): a session's command
+    as its shell runs it, ``[shell, "-c", command]``, without the script corral wraps it in
+    (~560 characters of every command's row, and all a listing showed of it; ``show`` has
+    the whole argv)."""
+    session = request.session
+    if session is not None and isinstance(session.get("command"), str) and request.argv:
+        return listed_json([request.argv[0], "-c", session["command"]])
+    return listed_json(request.argv)
+
+
 def stream_path(output: str, stream: str) -> str:
     """A task's output file for ``stream`` (``output`` is stdout's)."""
     return output if stream == "stdout" else output + ".stderr"
@@ -167,8 +178,10 @@ def kept_result(result: TaskResult, result_json: dict[str, Any], output: str,
     beyond the file's cap was written beside it (``<file>.tail``).  So a task's row is a few
     KiB whatever it printed, and :func:`served_result` gives the core's JSON back exactly."""
     kept = dict(result_json)
-    if len(result.argv) > 16 and "argv" in kept:
-        kept["argv"] = None  # (the request has it: served_result puts it back)
+    if "argv" in kept and (len(result.argv) > 16 or sum(map(len, result.argv)) > 128):
+        # (the request has it: served_result puts it back; a session's command is its
+        # script's ~560 characters, and every command of a session kept them again)
+        kept["argv"] = None
     output_json = dict(kept.get("output") or {})
     for stream, out in (("stdout", result.output_stdout), ("stderr", result.output_stderr)):
         part = output_json.get(stream)

@@ -180,19 +180,22 @@ def dumps_in_slices(obj: dict[str, Any]) -> str:
 
     if not any(isinstance(v, list | dict) and len(v) > _SLICE for v in obj.values()):
         return json.dumps(obj)
-    parts = []
-    for key, value in obj.items():
-        if isinstance(value, list) and len(value) > _SLICE:
-            text = "[" + ", ".join(json.dumps(value[i:i + _SLICE])[1:-1]
-                                   for i in range(0, len(value), _SLICE)) + "]"
-        elif isinstance(value, dict) and len(value) > _SLICE:
-            items = list(value.items())
-            text = "{" + ", ".join(json.dumps(dict(items[i:i + _SLICE]))[1:-1]
-                                   for i in range(0, len(items), _SLICE)) + "}"
-        else:
-            text = json.dumps(value)
-        parts.append(f"{json.dumps(key)}: {text}")
-    return "{" + ", ".join(parts) + "}"
+    return "{" + ", ".join(f"{json.dumps(key)}: {dumps_value_in_slices(value)}"
+                           for key, value in obj.items()) + "}"
+
+
+def dumps_value_in_slices(value: Any) -> str:
+    """``json.dumps(value)``, exactly, a long list or dict :data:`_SLICE` items at a time."""
+    import json
+
+    if isinstance(value, list) and len(value) > _SLICE:
+        return "[" + ", ".join(json.dumps(value[i:i + _SLICE])[1:-1]
+                               for i in range(0, len(value), _SLICE)) + "]"
+    if isinstance(value, dict) and len(value) > _SLICE:
+        items = list(value.items())
+        return "{" + ", ".join(json.dumps(dict(items[i:i + _SLICE]))[1:-1]
+                               for i in range(0, len(items), _SLICE)) + "}"
+    return json.dumps(value)
 
 
 def parse_json_body(body: bytes) -> Any:

@@ -387,10 +387,11 @@ class Records:
 
     async def accept(self, row: dict[str, Any]) -> str:
         """Write a new task's row (``row["state"]``: queued, or starting when it is started at
-        once); returns its id."""
-        spec = row.get("spec")
-        task_id: str = await self._write(rows.insert, row,
-                                         size=len(spec) if isinstance(spec, str) else 0)
+        once; ``row["env"]``: its environment kept apart, see ``rows.insert``); returns its
+        id."""
+        spec, env = row.get("spec"), row.get("env")
+        size = (len(spec) if isinstance(spec, str) else 0) + (0 if env is None else len(env[1]))
+        task_id: str = await self._write(rows.insert, row, size=size)
         return task_id
 
     async def starting(self, task_id: str, run: int) -> None:

@@ -9,6 +9,7 @@ JSON columns (``spec``, ``result``, ``groups``, ``rlimits``, ``carried``; a sess
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -103,6 +104,9 @@ def row_of(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> dict[str, Any]:
     row = {d[0]: v for d, v in zip(cursor.description, values, strict=True)}
     if "seq" in row:
         row["id"] = str(row.pop("seq"))
+    env = row.pop("spec_env", None)
+    if env is not None:  # (kept apart: ``insert``)
+        row["spec"] = with_env(row["spec"], env)
     for key in ("spec", "result", "groups", "rlimits", "carried", "env", "defaults"):
         if row.get(key) is not None:
             row[key] = json.loads(row[key])
@@ -118,16 +122,39 @@ def execute(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
     db.execute(sql, args)
 
 
+ENV_APART = 512  # bytes of a request's environment (as env_weight counts) kept apart from it
+
+
+def env_apart(env_text: str) -> tuple[str, str]:
+    """A request's environment (its JSON text) as ``insert`` keeps it apart: (its hash, it)."""
+    return hashlib.blake2b(env_text.encode("utf-8", "surrogatepass"),
+                           digest_size=20).hexdigest(), env_text
+
+
+def with_env(spec: str, env: str) -> str:
+    """A request's JSON text (``{...}``, as ``json.dumps`` makes it) with its environment (JSON
+    text) put back as its ``env``."""
+    return f'{spec[:-1]}{", " if spec != "{}" else ""}"env": {env}}}'
+
+
 def insert(db: sqlite3.Connection, row: dict[str, Any]) -> str:
-    """A new task's row and its request (``row["spec"]``: the JSON text, or a dict); its id."""
+    """A new task's row and its request (``row["spec"]``: the JSON text, or a dict); its id.
+    ``row["env"]``, if there, is the request's environment kept apart (``env_apart``: it is
+    not in ``spec``): written once however many requests name the same (each command of a
+    session carries its session's), given back in ``spec`` by ``row_of``."""
     spec = row["spec"] if isinstance(row["spec"], str) else json.dumps(row["spec"])
-    row = {k: v for k, v in row.items() if k != "spec"}
+    env: tuple[str, str] | None = row.get("env")
+    row = {k: v for k, v in row.items() if k not in ("spec", "env")}
     row.update(groups=json.dumps(row.get("groups") or []),
                rlimits=None if row.get("rlimits") is None else json.dumps(row["rlimits"]))
     names = ", ".join(row)
     marks = ", ".join("?" * len(row))
     cur = db.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", tuple(row.values()))
-    db.execute("INSERT INTO requests (seq, spec) VALUES (?, ?)", (cur.lastrowid, spec))
+    if env is not None and db.execute("SELECT 1 FROM envs WHERE hash = ?",
+                                      (env[0],)).fetchone() is None:
+        db.execute("INSERT INTO envs (hash, env) VALUES (?, ?)", env)
+    db.execute("INSERT INTO requests (seq, spec, env) VALUES (?, ?, ?)",
+               (cur.lastrowid, spec, None if env is None else env[0]))
     return str(cur.lastrowid)
 
 
@@ -456,7 +483,11 @@ def _tombstone(db: sqlite3.Connection, rows: list[dict[str, Any]], why: str,
                    "expired_at, why) VALUES (?, ?, ?, ?, ?, ?)",
                    (int(g["id"]), g["uid"], g["idempotency_key"], g["ended_at"], now, why))
         db.execute("DELETE FROM tasks WHERE seq = ?", (int(g["id"]),))
+        env = db.execute("SELECT env FROM requests WHERE seq = ?", (int(g["id"]),)).fetchone()
         db.execute("DELETE FROM requests WHERE seq = ?", (int(g["id"]),))
+        if env is not None and env[0] is not None:  # (the last request naming it: gone too)
+            db.execute("DELETE FROM envs WHERE hash = ? AND NOT EXISTS (SELECT 1 FROM requests "
+                       "WHERE env = ?)", (env[0], env[0]))
     return rows
 
 

@@ -30,6 +30,11 @@ Versions::
        something else has filled takes no less: ``state.OutputDisk.measure``)
     8  no table changes: a result's capability lists are kept as their masks
        (``daemontask.kept_result``), which an older corral would serve as they are
+    9  envs (a request's environment, once for every request that names the same: each
+       command of a session carried the session's whole environment in its request, and a
+       KiB of it was written again with every ``true``); requests.env (its hash, or NULL:
+       the environment is in ``spec``, as in every row before); the view ``task_rows`` gives
+       it beside the request (``spec_env``), which ``rows.row_of`` puts back in
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from collections.abc import Callable
 
 __all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _V1 = """
 CREATE TABLE tasks (
@@ -149,6 +154,22 @@ ALTER TABLE runs ADD COLUMN room INTEGER;
 """
 
 
+# a request's environment kept apart from it, once however many requests name the same
+# (``rows.insert``; removed with the last request naming it, ``rows._tombstone``)
+_V9 = """
+CREATE TABLE envs (
+    id INTEGER PRIMARY KEY,
+    hash TEXT NOT NULL UNIQUE,               -- of the JSON text (rows.env_apart)
+    env TEXT NOT NULL                        -- the environment (JSON object)
+);
+ALTER TABLE requests ADD COLUMN env TEXT;          -- envs.hash; NULL: in spec itself
+CREATE INDEX requests_env ON requests (env) WHERE env IS NOT NULL;
+DROP VIEW task_rows;
+CREATE VIEW task_rows AS SELECT t.*, r.spec AS spec, e.env AS spec_env FROM tasks t
+    JOIN requests r ON r.seq = t.seq LEFT JOIN envs e ON e.hash = r.env;
+"""
+
+
 class SchemaError(Exception):
     """The database's schema cannot be used by this corral (the message has the fix)."""
 
@@ -184,6 +205,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
     6: lambda db, _: _script(db, _V6),
     7: lambda db, _: _script(db, _V7),
     8: lambda db, _: None,  # (the rows' result JSON: its reader changed, not the tables)
+    9: lambda db, _: _script(db, _V9),
 }
 
 

@@ -138,7 +138,8 @@ def read_rows(state: Path, table: str = "task_rows") -> list[dict[str, Any]]:
     db = sqlite3.connect(f"file:{state}/state.db?mode=ro", uri=True)
     try:
         db.row_factory = sqlite3.Row
-        order = "seq" if table in ("tasks", "task_rows", "expired", "sessions") else "id"
+        by_seq = ("tasks", "task_rows", "requests", "expired", "sessions")
+        order = "seq" if table in by_seq else "id"
         return [dict(r) for r in db.execute(f"SELECT * FROM {table} ORDER BY {order}")]
     finally:
         db.close()

@@ -12,9 +12,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_util import CORRAL, RunningDaemon, wait_for
+from hypothesis import given
+from hypothesis import strategies as st
 
 from supervisor.client import ApiError, Client
 from supervisor.serve.schema import _V1, SCHEMA_VERSION
@@ -269,3 +272,71 @@ def test_output_files_without_a_record_are_removed_at_start(start_daemon: Start)
         (d.state / "output" / name).write_bytes(b"left by an interrupted retention pass")
     start_daemon(like=d)
     assert {n.split(".")[0] for n in os.listdir(d.state / "output")} == {kept}
+
+
+def test_a_sessions_commands_keep_its_environment_once_and_expire_it_with_the_last(
+        start_daemon: Start) -> None:
+    """Each command of a session runs with the session's environment, and its request says
+    so; the records keep a large environment once for every request naming the same (schema
+    9: 8.7 KiB a command of a session with a 3.9 KiB environment, 4.9 after), each request
+    read back whole, in memory or from the records, and an environment goes with the last
+    request naming it.  A small one stays in its request."""
+    d = start_daemon("--retain-count", "4", "--keep-finished", "1")
+    opened = {f"VAR_{i}": f"value {i} " * 8 for i in range(40)}
+    with d.client() as c:
+        sid = c.open_session(env=opened)["id"]
+        commands = [c.exec(sid, "true", wait="20s")["id"] for _ in range(3)]
+        carried = c.show_session(sid)["env"]
+        small = c.wait(c.submit(["true"], env={"A": "1"}).id).id
+        envs = d.rows("envs")
+        requests = {str(r["seq"]): r for r in d.rows("requests")}
+        # (the first command ran with the opener's; the next ones with what it carried)
+        assert sorted(json.loads(e["env"]) == opened for e in envs) == [False, True]
+        assert {requests[i]["env"] for i in commands} == {e["hash"] for e in envs}
+        assert all("env" not in json.loads(requests[i]["spec"]) for i in commands)
+        assert requests[small]["env"] is None
+        assert json.loads(requests[small]["spec"])["env"] == {"A": "1"}
+        for i, env in zip(commands, (opened, carried, carried), strict=True):
+            shown = c.show(i)
+            assert shown.spec is not None and shown.spec["env"] == env, i
+            assert shown.spec["session"]["id"] == sid and shown.outcome == "succeeded"
+        for _ in range(4):  # (retention keeps 4: the session's commands go)
+            c.wait(c.submit(["true"]).id)
+        wait_for(lambda: not any(r["session"] for r in d.rows("tasks")),
+                 "retention to expire the session's commands")
+        assert d.rows("envs") == []
+
+
+@given(st.dictionaries(st.text(), st.none() | st.integers() | st.text() | st.lists(st.text())),
+       st.dictionaries(st.text(), st.text()))
+def test_a_request_kept_apart_from_its_environment_reads_back_as_it_was(
+        spec: dict[str, Any], env: dict[str, str]) -> None:
+    """``rows.with_env`` puts a request's environment, kept apart (schema 9), back into the
+    request's JSON text: the same request, whatever the two hold."""
+    from supervisor.serve.protocol import dumps_in_slices, dumps_value_in_slices
+    from supervisor.serve.rows import with_env
+
+    spec.pop("env", None)
+    for text in (json.dumps(spec), dumps_in_slices(spec)):
+        assert json.loads(with_env(text, dumps_value_in_slices(env))) == {**spec, "env": env}
+
+
+def test_a_sessions_command_is_listed_as_its_shell_runs_it(start_daemon: Start) -> None:
+    """A listing (and ``corral ps``) showed a session's command as the script corral wraps it
+    in (``bash -c __corral_command=$1...``, ~400 characters of every command's row, none of
+    them the command): it is listed as ``[shell, "-c", command]``, from memory and from the
+    records alike, and ``show`` has the whole argv."""
+    d = start_daemon("--keep-finished", "1")
+    with d.client() as c:
+        sid = c.open_session(shell="/bin/sh")["id"]
+        first = c.exec(sid, "echo 'one two'", wait="20s")["id"]
+        last = c.exec(sid, "true", wait="20s")["id"]
+        listed = {t.id: t.argv for t in c.list(session=sid)}
+        shown = c.show(first)
+    assert listed == {first: ["/bin/sh", "-c", "echo 'one two'"],
+                      last: ["/bin/sh", "-c", "true"]}  # (the first from the records)
+    assert shown.argv[:2] == ["/bin/sh", "-c"] and len(shown.argv) == 5
+    assert shown.argv[4] == "echo 'one two'" and "__corral_command" in shown.argv[2]
+    assert [len(r["listed"]) < 40 for r in d.rows("tasks")] == [True, True]
+    ps = d.corral("ps")
+    assert ps.returncode == 0 and "/bin/sh -c echo 'one two'" in ps.stdout.decode()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..daemontask import STREAMS, DaemonTask, listed_json, stream_path
+from ..daemontask import STREAMS, DaemonTask, listed_command, stream_path
 from ..dispatch import accepted
 from ..http import Later, Request, Response, json_response
 from ..peers import Peer, PeerGone, rlimits_of
@@ -26,11 +26,13 @@ from ..protocol import (
     ApiError,
     SubmitRequest,
     dumps_in_slices,
+    dumps_value_in_slices,
     parse_json_body,
     parse_submit,
     pop_wait,
 )
 from ..records import RecordsError
+from ..rows import ENV_APART, env_apart
 from ..sessions import env_weight
 
 if TYPE_CHECKING:
@@ -75,7 +77,7 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
 
 
 async def _accept_admitted(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
-                           spec: TaskSpec, text: str,
+                           spec: TaskSpec, text: tuple[str, tuple[str, str] | None],
                            rlimits: dict[str, tuple[int, int]] | None) -> DaemonTask:
     """:func:`accept`'s record and queueing, once the scheduler admitted it."""
     key = None if r.idempotency_key is None else (peer.uid, r.idempotency_key)
@@ -201,19 +203,29 @@ def _rlimits_of(peer: Peer) -> dict[str, tuple[int, int]]:
                        f"connected; submit from a process that waits for the answer") from None
 
 
-def _prepare(d: Daemon, peer: Peer, r: SubmitRequest,
-             rlimits: dict[str, tuple[int, int]] | None) -> tuple[TaskSpec, str]:
+def _prepare(d: Daemon, peer: Peer, r: SubmitRequest, rlimits: dict[str, tuple[int, int]] | None,
+             ) -> tuple[TaskSpec, tuple[str, tuple[str, str] | None]]:
     """The TaskSpec ``r`` makes for ``peer`` (ApiError if refused) and ``r`` as its record
-    keeps it (JSON text): the costly part of an acceptance, made here (in a worker thread for a
-    large request) and not in the records' thread, which every uid's writes share."""
-    return d.spec_for(peer, r, rlimits=rlimits), dumps_in_slices(r.to_json())
+    keeps it: its JSON text, and its environment apart from it if large (``rows.env_apart``:
+    kept once for every request naming the same, as a session's commands do); the costly part
+    of an acceptance, made here (in a worker thread for a large request) and not in the
+    records' thread, which every uid's writes share."""
+    spec = d.spec_for(peer, r, rlimits=rlimits)
+    obj = r.to_json()
+    if env_weight(r.env) < ENV_APART:
+        return spec, (dumps_in_slices(obj), None)
+    # (its variables in order: a shell lists the same environment in another order from one
+    # command to the next, and the same one is kept once)
+    env = env_apart(dumps_value_in_slices(dict(sorted(obj.pop("env").items()))))
+    return spec, (dumps_in_slices(obj), env)
 
 
-def _row(d: Daemon, peer: Peer, r: SubmitRequest, spec: str, starting: bool,
-         rlimits: dict[str, tuple[int, int]] | None) -> dict[str, Any]:
+def _row(d: Daemon, peer: Peer, r: SubmitRequest, text: tuple[str, tuple[str, str] | None],
+         starting: bool, rlimits: dict[str, tuple[int, int]] | None) -> dict[str, Any]:
     return {"uid": peer.uid, "gid": peer.gid, "peer_pid": peer.pid, "groups": list(peer.groups),
-            "name": r.name, "idempotency_key": r.idempotency_key, "spec": spec,
-            "listed": listed_json(r.argv),
+            "name": r.name, "idempotency_key": r.idempotency_key, "spec": text[0],
+            "env": text[1],
+            "listed": listed_command(r),
             "session": None if r.session is None else int(r.session["id"]),
             "state": "starting" if starting else "queued",
             "run": d.run if starting else None, "created_at": time.time(),
