@@ -125,10 +125,15 @@ def execute(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
 ENV_APART = 512  # bytes of a request's environment (as env_weight counts) kept apart from it
 
 
-def env_apart(env_text: str) -> tuple[str, str]:
-    """A request's environment (its JSON text) as ``insert`` keeps it apart: (its hash, it)."""
-    return hashlib.blake2b(env_text.encode("utf-8", "surrogatepass"),
-                           digest_size=20).hexdigest(), env_text
+def env_apart(uid: int, env_text: str) -> tuple[str, str]:
+    """A request's environment (its JSON text) as ``insert`` keeps it apart: (its hash, it).
+    The hash is of the submitter's uid too: two uids never share one (were they shared, the
+    disk's free space after a submission would tell a tenant whether another had sent that
+    very environment: a secret in it guessed one submission at a time)."""
+    h = hashlib.blake2b(digest_size=20)
+    h.update(f"{uid}\0".encode())
+    h.update(env_text.encode("utf-8", "surrogatepass"))
+    return h.hexdigest(), env_text
 
 
 def with_env(spec: str, env: str) -> str:

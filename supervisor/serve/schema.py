@@ -30,7 +30,7 @@ Versions::
        something else has filled takes no less: ``state.OutputDisk.measure``)
     8  no table changes: a result's capability lists are kept as their masks
        (``daemontask.kept_result``), which an older corral would serve as they are
-    9  envs (a request's environment, once for every request that names the same: each
+    9  envs (a request's environment, once for every request of its uid naming the same: each
        command of a session carried the session's whole environment in its request, and a
        KiB of it was written again with every ``true``); requests.env (its hash, or NULL:
        the environment is in ``spec``, as in every row before); the view ``task_rows`` gives

@@ -340,3 +340,26 @@ def test_a_sessions_command_is_listed_as_its_shell_runs_it(start_daemon: Start) 
     assert [len(r["listed"]) < 40 for r in d.rows("tasks")] == [True, True]
     ps = d.corral("ps")
     assert ps.returncode == 0 and "/bin/sh -c echo 'one two'" in ps.stdout.decode()
+
+
+def test_a_queued_task_with_its_environment_kept_apart_runs_with_it_after_a_crash(
+        start_daemon: Start) -> None:
+    """A queued request is read back from the records at the next start and run as it was
+    accepted: its environment, kept apart from it (schema 9), is back in it, and the same
+    request with its idempotency key is still the same task (not a 409 conflict)."""
+    d = start_daemon("--max-running", "1")
+    env = {f"VAR_{i}": f"value {i} " * 8 for i in range(40)}
+    command = ["sh", "-c", 'printf "%s|%s" "$VAR_0" "$VAR_39"']
+    with d.client() as c:
+        c.submit(["sleep", "600"])
+        queued = c.submit(command, env=env, idempotency_key="apart")
+        assert queued.state == "queued"
+    assert [r["env"] is not None for r in d.rows("requests")] == [False, True]
+    d.kill()
+    d2 = start_daemon(like=d)
+    with d2.client() as c:
+        done = c.wait(queued.id, timeout=30)
+        assert done.outcome == "succeeded" and done.result is not None
+        assert done.result["output"]["stdout"]["head"] == f"{env['VAR_0']}|{env['VAR_39']}"
+        again = c.submit(command, env=env, idempotency_key="apart")
+        assert again.id == queued.id

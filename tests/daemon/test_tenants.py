@@ -2125,3 +2125,24 @@ def test_a_new_idempotency_key_is_never_looked_up_and_a_used_one_always_is(
         new = c.submit(["true"], idempotency_key="never-1")
         assert new.id not in (first.id, fresh.id)
         assert _counter(c.metrics(), "corral_records_reads") == reads + 2
+
+
+def test_two_uids_never_share_a_kept_environment(start_daemon: Start,
+                                                 users: list[User]) -> None:
+    """A large environment is kept once for every request naming it (schema 9), but only
+    among one uid's: shared between uids, the disk's free space after a submission would have
+    told a tenant whether another had sent that very environment (a secret in it guessed one
+    submission at a time)."""
+    d = start_daemon()
+    env = {f"TOKEN_{i}": "s3cr3t-" * 10 for i in range(20)}
+
+    def submit_twice() -> list[str]:
+        with Client(d.socket) as c:
+            return [c.wait(c.submit(["true"], env=env).id).id for _ in range(2)]
+
+    mine, theirs = as_users([(users[0], submit_twice), (users[1], submit_twice)])
+    by_id = {str(r["seq"]): r["env"] for r in d.rows("requests")}
+    assert by_id[mine[0]] == by_id[mine[1]] and by_id[theirs[0]] == by_id[theirs[1]]
+    assert by_id[mine[0]] != by_id[theirs[0]] and len(d.rows("envs")) == 2
+    with Client(d.socket) as c:
+        assert all(c.show(i).spec["env"] == env for i in mine + theirs)  # type: ignore[index]

@@ -216,7 +216,7 @@ def _prepare(d: Daemon, peer: Peer, r: SubmitRequest, rlimits: dict[str, tuple[i
         return spec, (dumps_in_slices(obj), None)
     # (its variables in order: a shell lists the same environment in another order from one
     # command to the next, and the same one is kept once)
-    env = env_apart(dumps_value_in_slices(dict(sorted(obj.pop("env").items()))))
+    env = env_apart(peer.uid, dumps_value_in_slices(dict(sorted(obj.pop("env").items()))))
     return spec, (dumps_in_slices(obj), env)
 
 
