@@ -37,7 +37,7 @@ from cgroupfs import Cgroup, CgroupError, CgroupNotFound
 from .daemontask import DaemonTask
 from .dispatch import adopt, dispatch, take_result
 from .peers import Peer
-from .protocol import ApiError, parse_submit
+from .protocol import ApiError, SubmitRequest, parse_submit
 from .sessions import Session, env_weight
 
 if TYPE_CHECKING:
@@ -126,10 +126,16 @@ async def recover(d: Daemon, runs: dict[int, dict[str, Any]],
 
 
 def _task_of(d: Daemon, row: dict[str, Any]) -> DaemonTask:
+    return _task_and_why(d, row)[0]
+
+
+def _task_and_why(d: Daemon, row: dict[str, Any]) -> tuple[DaemonTask, ApiError | None]:
     """The daemon's task for a recorded row (its spec not made yet); a session's command is
-    its session's again (running, and its current one unless in the background)."""
-    t = DaemonTask(row["id"], row["uid"], row["gid"], row["peer_pid"] or 0,
-                   parse_submit(row["spec"], recorded=True), None,
+    its session's again (running, and its current one unless in the background).  A
+    request that no longer parses is read as its command alone, with why it cannot run: one
+    row never stops a start."""
+    request, why = _recorded_request(row)
+    t = DaemonTask(row["id"], row["uid"], row["gid"], row["peer_pid"] or 0, request, None,
                    os.path.join(d.output_dir, row["id"]), row["created_at"],
                    tuple(row["groups"] or ()), size=len(json.dumps(row["spec"])))
     s = None if t.session is None else d.sessions.get(t.session)
@@ -137,11 +143,31 @@ def _task_of(d: Daemon, row: dict[str, Any]) -> DaemonTask:
         s.running.add(t.id)
         if not (t.request.session or {}).get("background"):
             s.current = t.id
-    return t
+    return t, why
+
+
+def _recorded_request(row: dict[str, Any]) -> tuple[SubmitRequest, ApiError | None]:
+    """A row's request as accepted, or, if this corral's parser refuses it (a session's
+    command carried a directory past what a request may say, before that was bounded: every
+    start then failed on it), what of it can be read, and why it cannot be run."""
+    spec = row["spec"]
+    try:
+        return parse_submit(spec, recorded=True), None
+    except ApiError as e:
+        spec = spec if isinstance(spec, dict) else {}
+        argv = [a for a in spec.get("argv") or () if isinstance(a, str)] or ["?"]
+        name = spec.get("name") if isinstance(spec.get("name"), str) else None
+        session = spec.get("session")
+        ok = isinstance(session, dict) and isinstance(session.get("id"), int | str)
+        return SubmitRequest(argv=argv, name=name, session=session if ok else None), e
 
 
 async def _requeue(d: Daemon, row: dict[str, Any]) -> None:
-    t = _task_of(d, row)
+    t, unreadable = _task_and_why(d, row)
+    if unreadable is not None:
+        d.add(t)
+        await _end_refused(d, t, unreadable)
+        return
     peer = Peer(t.peer_pid, t.uid, t.gid, t.groups)
     rlimits = row.get("rlimits")
     try:

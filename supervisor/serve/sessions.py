@@ -38,6 +38,7 @@ MAX_STATE = 1 << 20  # bytes of a command's reported state read (its directory +
 # small state disk, and nothing counted it
 ENV_PER_UID = 4 << 20
 MAX_SESSIONS_PER_UID = 64  # open sessions a uid may hold
+MAX_CWD = 4096  # bytes of a directory a command carries (PATH_MAX; a request's cwd: MAX_TEXT)
 MAGIC = b"corral-session-state 1\0"
 END = b"corral-session-end\0"  # (after the environment: env(1) listed it whole)
 
@@ -147,6 +148,11 @@ def parse_state(data: bytes, truncated: bool) -> Reported | str:
         return "its working directory is not UTF-8"
     if not cwd.startswith("/"):
         return f"its working directory {cwd!r} is not an absolute path"
+    if len(cwd_bytes) > MAX_CWD:
+        # (the command may write this report itself: a MiB of "directory" went into every
+        # later command's request, result and listing, past what a request may say)
+        return (f"its working directory is {len(cwd_bytes)} bytes long, more than a "
+                f"path may be ({MAX_CWD}, PATH_MAX)")
     env: dict[str, str] = {}
     skipped: list[str] = []
     for entry in rest.split(b"\0"):

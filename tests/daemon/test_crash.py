@@ -20,6 +20,7 @@ random moment while they are queued, starting, running and finishing.  After eac
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -296,3 +297,37 @@ def test_followers_reconnect_across_a_crash_and_get_the_final_record(
         assert frames[-1].kind == "end" and frames[-1].result["outcome"] == "lost"
     cli = got["cli"]
     assert cli.stdout == b"first\n" and cli.returncode == 125, cli
+
+
+def test_a_queued_request_this_corral_cannot_read_is_ended_and_the_start_goes_on(
+        start_daemon: Start) -> None:
+    """A queued session command whose recorded request said a directory past what a request
+    may (a command's forged report carried it, before that was bounded) made every start of
+    the daemon fail on it, for every tenant.  One row never stops a start: it is ended,
+    unstarted, saying why, and the rest of the queue runs."""
+    d = start_daemon("--max-running", "1")
+    with d.client() as c:
+        sid = c.open_session(cwd="/tmp")["id"]
+        blocker = c.submit(["sleep", "600"])
+        wait_for(lambda: c.show(blocker.id).state == "running", "the first task to run")
+        bad = c.exec(sid, "true", background=True)["id"]
+        good = c.submit(["true"]).id
+    d.kill()
+    import sqlite3
+
+    db = sqlite3.connect(f"{d.state}/state.db")
+    with db:  # (the row as the unbounded carry left it)
+        spec = json.loads(db.execute("SELECT spec FROM requests WHERE seq = ?",
+                                     (bad,)).fetchone()[0])
+        spec["cwd"] = "/" + "a" * 5000
+        db.execute("UPDATE requests SET spec = ? WHERE seq = ?", (json.dumps(spec), bad))
+    db.close()
+    d2 = start_daemon(like=d)
+    with d2.client() as c:
+        shown = c.wait(bad, timeout=30)
+        assert shown.outcome == "cancelled" and shown.result is not None
+        assert shown.result["started"] is False
+        note = " ".join(shown.result["notes"])
+        assert "refused after it" in note and "cwd must be at most 4096" in note
+        assert c.wait(good, timeout=30).outcome == "succeeded"
+        assert c.exec(sid, "pwd", wait="20s")["outcome"] == "succeeded"

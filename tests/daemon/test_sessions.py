@@ -559,3 +559,21 @@ def test_an_exec_answer_does_not_send_the_sessions_environment_back(
         assert "env" not in task["spec"] and task["spec"]["session"]["id"] == sid
         shown = c.show(task["id"])
         assert shown.spec is not None and len(shown.spec["env"]["A"]) == 120_000
+
+
+def test_a_directory_longer_than_a_path_is_never_carried(start_daemon: Start) -> None:
+    """A command may write its shell's report on fd 3 itself: a "directory" of a MiB was
+    carried into every later command's request and result (a tenant's 34-byte exec made 5 MB
+    of records, and a queued one made every later start of the daemon fail: its recorded
+    request was past the 4,096 characters a cwd may be).  A directory longer than a path may
+    be (PATH_MAX, in bytes) carries nothing, and says so."""
+    d = start_daemon()
+    forge = ("python3 -c \"import os; os.write(3, b'corral-session-state 1\\0/' + "
+             "b'\\xc3\\xa9' * 2100 + b'\\0A=1\\0corral-session-end\\0')\"; trap - EXIT; exit 0")
+    with d.client() as c:
+        sid = c.open_session(cwd="/tmp")["id"]
+        forged = c.exec(sid, forge, wait="20s")
+        after = c.exec(sid, "pwd", wait="20s")
+    assert forged["outcome"] == "succeeded", forged
+    assert "4201 bytes long, more than a path may be (4096" in forged["carried"]["nothing"]
+    assert stdout_of(after) == "/tmp\n" and after["spec"]["cwd"] == "/tmp"
