@@ -141,6 +141,20 @@ def parse_rlimit_key(key: Any, what: str) -> str:
 
 def parse_rlimit(name: str, value: Any, what: str) -> tuple[int, int]:
     """``(soft, hard)`` of one Limit*= value: "N", "SOFT:HARD", "infinity", an int, a pair."""
+    if type(value) in (int, str) or (type(value) is tuple and all(
+            type(v) in (int, str, type(None)) for v in value)):
+        return _parse_rlimit_again(name, value, what)
+    return _parse_rlimit(name, value, what)
+
+
+# (a daemon's tenant's task starts with its submitter's 16 limits, the same ones at every
+# request, each parsed as its text: keyed by exact types, so that True is never taken for 1)
+@functools.lru_cache(maxsize=1024)
+def _parse_rlimit_again(name: str, value: Any, what: str) -> tuple[int, int]:
+    return _parse_rlimit(name, value, what)
+
+
+def _parse_rlimit(name: str, value: Any, what: str) -> tuple[int, int]:
     kind = RLIMITS[name][1]
     if isinstance(value, tuple | list) and len(value) == 2:
         parts = ["infinity" if v is None or v == INFINITY else str(v) for v in value]

@@ -155,18 +155,25 @@ def allowed(peer: Peer, allow_gid: int | None) -> bool:
         allow_gid in peer.groups
 
 
-def run_as_isolation(peer: Peer, asked: Any = None) -> Any:
+def run_as_isolation(peer: Peer, asked: Any = None,
+                     rlimits: dict[str, tuple[int, int]] | None = None) -> Any:
     """The ``supervisor.Isolation`` a non-root submitter's task runs with: what it ``asked``
     for (its properties' Isolation: PrivateNetwork=, Limit*=..., already checked by
-    ``policy.check_tenant``), run as its uid, gid and groups; ``asked`` as it is for root."""
-    if peer.is_root:
-        return asked
+    ``policy.check_tenant``), run as its uid, gid and groups; ``asked`` as it is for root.
+    ``rlimits``: the task's starting resource limits, in place of those asked (None: those
+    asked)."""
     import supervisor
 
+    if peer.is_root:
+        if rlimits is None:
+            return asked
+        return dataclasses.replace(asked or supervisor.Isolation(), rlimits=rlimits)
     kept = {} if asked is None else {
         f.name: getattr(asked, f.name) for f in dataclasses.fields(asked)
         if not f.name.startswith("_") and f.name not in ("user", "group",
                                                          "supplementary_groups")}
+    if rlimits is not None:
+        kept["rlimits"] = rlimits
     return supervisor.Isolation(user=peer.uid, group=peer.gid,
                                 supplementary_groups=tuple(peer.groups), **kept)
 
