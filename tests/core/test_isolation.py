@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import trio
@@ -453,6 +454,19 @@ def test_limit_values_read_as_systemd_reads_them() -> None:
     assert _rlimit("AS", "1G:infinity", "LimitAS") == (2**30, infinity)
     assert _rlimit("NOFILE", (10, None), "rlimits") == (10, infinity)
     assert _rlimit("STACK", ("8M", "16M"), "rlimits") == (8 << 20, 16 << 20)
+
+
+@pytest.mark.parametrize("first, then", [((1, 5), (True, 5)), (1, True), ((0, 5), (False, 5)),
+                                         ((1, 2), (1.0, 2)), ("5", 5.0)])
+def test_a_limit_parsed_again_is_read_by_its_value_and_type(first: Any, then: Any) -> None:
+    """A limit's parse is kept for the same value (a daemon's tenant's 16 limits, at every
+    request), keyed by exact types: ``True`` read after ``1`` is refused as before, never
+    taken from what ``1`` parsed to."""
+    from supervisor._isovalues import parse_rlimit as _rlimit
+
+    assert _rlimit("NOFILE", first, "LimitNOFILE") == _rlimit("NOFILE", first, "LimitNOFILE")
+    with pytest.raises(SpecError):
+        _rlimit("NOFILE", then, "LimitNOFILE")
 
 
 def test_an_empty_assignment_resets_the_setting() -> None:
