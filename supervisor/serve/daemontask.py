@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .protocol import SubmitRequest
-from .rows import compact_json, listed_argv, listed_entry, listed_json
+from .rows import compact_json, listed_argv, listed_carried, listed_entry, listed_json
 
 if TYPE_CHECKING:
     from .. import TaskHandle, TaskResult, TaskSpec
@@ -33,7 +33,7 @@ class DaemonTask:
     __slots__ = ("_entry", "_listed", "carried", "created_at", "demoted", "done", "ended_at",
                  "exit_status", "gid", "groups", "handed_back", "handle", "holds", "id", "kept",
                  "outcome", "output", "peer_pid", "pid", "recorded", "request", "result_json",
-                 "size", "spec", "started", "started_at", "state", "stop_force",
+                 "result_weight", "size", "spec", "started", "started_at", "state", "stop_force",
                  "stop_requests", "uid")
 
     def __init__(self, task_id: str, uid: int, gid: int, peer_pid: int,
@@ -74,6 +74,14 @@ class DaemonTask:
         self.demoted = False
         self._listed: str | None = None  # listed_json of its command, made once
         self._entry: str | None = None  # its listing entry, once it can no longer change
+        self.result_weight = 0  # about how many bytes its result's JSON holds, once it ended
+
+    @property
+    def weight(self) -> int:
+        """About how many bytes its full answer holds (``http.json_response``'s weight): its
+        request, and its result once it ended (a 34-byte exec of a tenant's was answered 5 MB,
+        encoded whole on the event loop, weighed by its request alone)."""
+        return self.size + self.result_weight
 
     @property
     def session(self) -> str | None:
@@ -104,7 +112,7 @@ class DaemonTask:
         text = listed_entry(
             f["id"], f["state"], self.listed, f["uid"], f["gid"], f["name"], f["created_at"],
             f["started_at"], f["ended_at"], f["pid"], f["outcome"], f["exit_status"], session,
-            None if session is None else compact_json(f["carried"]),
+            None if session is None else listed_carried(compact_json(f["carried"])),
             {k: f[k] for k in _AFTER if k in f})
         if self.outcome is not None and self.recorded:
             self._entry = text

@@ -346,6 +346,9 @@ def _carry(d: Daemon, t: DaemonTask,
     return s.id, {"cwd": s.cwd, "env": s.env}
 
 
+SERVED_TEXT = 64 << 10  # bytes of a stream's head and tail a result has (TaskSpec's default)
+
+
 async def write_end(d: Daemon, t: DaemonTask,
                     session: tuple[str, dict[str, Any]] | None = None) -> None:
     """The end record (shielded: it is written whatever else happens), with the new state of
@@ -354,6 +357,11 @@ async def write_end(d: Daemon, t: DaemonTask,
     task stays in memory, ``"record": "pending"``)."""
     assert t.result_json is not None and t.ended_at is not None
     values = end_values(t, notify=d.hooks.enabled)
+    # (served, each stream's head and tail come back from its file: six bytes of JSON a byte
+    # at most, an escape's)
+    text = SERVED_TEXT if t.spec is None else t.spec.output_head + t.spec.output_tail
+    t.result_weight = len(values["result"]) + 6 * sum(
+        min(total, text) for total, _ in t.kept.values())
     d.room.settle(t.uid, t.holds, values["bytes"])  # (its worst case: now what it took)
     if t.holds and d.scheduler.total_queued:
         # (a start may wait for what it held: the disk's room, or its uid's half of it
@@ -407,14 +415,14 @@ def end_values(t: DaemonTask, *, notify: bool) -> dict[str, Any]:
     """The end row's columns for a finished task."""
     assert t.result_json is not None
     result = json.dumps(t.result_json)  # (once: the row stores this text)
+    carried = None if t.carried is None else json.dumps(t.carried)
     printed = tuple(stream for stream, (total, _) in t.kept.items() if total)
     size = output_bytes(t.output, printed) + len(result) + (t.size or len(json.dumps(
         t.request.to_json()))) + row_bytes(t.request.idempotency_key, t.request.name) + len(
-        t.listed)
+        t.listed) + len(carried or "")
     return {"outcome": t.outcome, "exit_status": t.exit_status, "started_at": t.started_at,
             "ended_at": t.ended_at, "pid": t.pid, "result": result, "bytes": size,
-            "notified": 0 if notify else None,
-            "carried": None if t.carried is None else json.dumps(t.carried)}
+            "notified": 0 if notify else None, "carried": carried}
 
 
 async def _retry_end(d: Daemon, t: DaemonTask, values: dict[str, Any],

@@ -33,10 +33,12 @@ __all__ = [
     "insert",
     "insert_run",
     "insert_session",
+    "json_bytes",
     "key_bytes",
     "list_entries",
     "list_sessions",
     "listed_argv",
+    "listed_carried",
     "listed_entry",
     "listed_json",
     "open_sessions",
@@ -244,8 +246,47 @@ def list_entries(db: sqlite3.Connection, uid: int | None, state: str | None,
         out.append((seq, listed_entry(
             str(seq), state_, listed, uid_, gid, name, created, started, ended, pid, outcome,
             status, None if session_ is None else str(session_),
-            None if session_ is None else carried or "null")))
+            None if session_ is None else listed_carried(carried or "null"))))
     return out
+
+
+LISTED_CARRIED = 1024  # bytes of JSON of a command's ``carried`` a listing shows
+
+
+def listed_carried(text: str) -> str:
+    """A session command's ``carried`` (JSON text) as a listing shows it: as kept if it is
+    at most :data:`LISTED_CARRIED` bytes, else its directory and names cut to about that and
+    ``"cut": true`` (``show`` has it whole).  A command's report may carry a directory of
+    4 KiB and 2 KiB of names, and a listing has a thousand commands."""
+    if len(text) <= LISTED_CARRIED:
+        return text
+    carried = json.loads(text)
+    budget = LISTED_CARRIED // 2
+    if isinstance(carried.get("cwd"), str):
+        carried["cwd"] = _cut_text(carried["cwd"], budget // 2)
+    for key in ("set", "unset", "not_carried"):
+        names = carried.get(key)
+        if isinstance(names, list):
+            kept = []
+            for name in names:
+                budget -= json_bytes(name) + 4
+                if budget < 0:
+                    break
+                kept.append(name)
+            carried[key] = kept
+    carried["cut"] = True
+    return compact_json(carried)
+
+
+def _cut_text(text: str, budget: int) -> str:
+    """``text``'s first characters whose JSON fits ``budget`` bytes."""
+    if json_bytes(text) <= budget:
+        return text
+    low, high = 0, min(len(text), budget)
+    while low < high:  # (the longest prefix that fits: escapes make a character 1-12 bytes)
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if json_bytes(text[:mid]) <= budget else (low, mid - 1)
+    return text[:low]
 
 
 def listed_entry(task_id: str, state: str, listed: str, uid: int, gid: int, name: str | None,
@@ -294,7 +335,7 @@ def listed_argv(argv: Sequence[str], count: int | None = None) -> list[str]:
     out: list[str] = []
     room = LISTED_ARGV
     for a in argv:
-        cost = _json_bytes(a)
+        cost = json_bytes(a)
         if cost > room or len(out) == LISTED_ARGS:
             break
         out.append(a)
@@ -305,8 +346,9 @@ def listed_argv(argv: Sequence[str], count: int | None = None) -> list[str]:
                   f"them all)"]
 
 
-def _json_bytes(text: str) -> int:
-    """What ``text`` takes in JSON, without its quotes."""
+def json_bytes(text: str) -> int:
+    """What ``text`` takes in JSON as the records keep it (ASCII: a character outside it is
+    six or twelve bytes there), without its quotes."""
     if text.isascii() and text.isprintable():
         return len(text) + text.count('"') + text.count("\\")
     return len(json.dumps(text)) - 2

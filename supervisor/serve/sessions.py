@@ -29,6 +29,8 @@ import stat
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from .rows import json_bytes
+
 __all__ = ["MAX_STATE", "SCRIPT", "Reported", "Session", "carried_state", "parse_state",
            "session_argv"]
 
@@ -38,6 +40,10 @@ MAX_STATE = 1 << 20  # bytes of a command's reported state read (its directory +
 # small state disk, and nothing counted it
 ENV_PER_UID = 4 << 20
 MAX_SESSIONS_PER_UID = 64  # open sessions a uid may hold
+# characters of variable names a command's ``carried`` lists (set, unset, not carried: the
+# rest are counted as ``omitted``): each command's is in every listing of it, and 500 names of
+# a thousand characters made one half a MB
+CARRIED_NAMES = 2048
 MAX_CWD = 4096  # bytes of a directory a command carries (PATH_MAX; a request's cwd: MAX_TEXT)
 MAGIC = b"corral-session-state 1\0"
 END = b"corral-session-end\0"  # (after the environment: env(1) listed it whole)
@@ -197,10 +203,29 @@ def carried_state(session: Session, outcome: str, background: bool,
     changed = sorted(k for k, v in env.items() if before.get(k) != v)
     gone = sorted(k for k in before if k not in env)
     session.cwd, session.env = cwd, env
-    carried: dict[str, Any] = {"cwd": cwd, "set": changed, "unset": gone}
+    budget = [CARRIED_NAMES]
+    carried: dict[str, Any] = {"cwd": cwd, "set": _names(changed, budget),
+                               "unset": _names(gone, budget)}
     if skipped:  # (each was dropped: the next command starts without it)
-        carried["not_carried"] = skipped
+        carried["not_carried"] = _names(skipped, budget)
+    omitted = len(changed) + len(gone) + len(skipped) - sum(
+        len(v) for k, v in carried.items() if k != "cwd")
+    if omitted:
+        carried["omitted"] = omitted
     return carried
+
+
+def _names(names: list[str], budget: list[int]) -> list[str]:
+    """The first of ``names`` while their JSON fits ``budget[0]`` (which they use up)."""
+    kept = []
+    for name in names:
+        cost = json_bytes(name) + 4
+        if cost > budget[0]:
+            budget[0] = 0
+            break
+        budget[0] -= cost
+        kept.append(name)
+    return kept
 
 
 def state_pipe() -> tuple[int, int]:
@@ -220,5 +245,7 @@ def usable_shell(path: str) -> bool:
 
 
 def env_weight(env: Mapping[str, str] | None) -> int:
-    """About how many bytes ``env`` is as JSON (a sum over its variables, not its bytes)."""
-    return sum(len(k) + len(v) + 6 for k, v in env.items()) if env else 0
+    """How many bytes ``env`` is as JSON, as the records keep it (escapes counted: a tenant's
+    environment of emoji was three times what its characters counted, on the disk's ledger)
+    and a few for each variable's punctuation."""
+    return sum(json_bytes(k) + json_bytes(v) + 6 for k, v in env.items()) if env else 0

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_util import CORRAL, RunningDaemon, wait_for
+from daemon_util import CORRAL, RunningDaemon, raw, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -363,3 +363,58 @@ def test_a_queued_task_with_its_environment_kept_apart_runs_with_it_after_a_cras
         assert done.result["output"]["stdout"]["head"] == f"{env['VAR_0']}|{env['VAR_39']}"
         again = c.submit(command, env=env, idempotency_key="apart")
         assert again.id == queued.id
+
+
+def test_a_rows_bytes_count_what_its_records_keep_escapes_and_all(start_daemon: Start) -> None:
+    """Retention and the disk's room go by each row's ``bytes``: a request was counted by
+    its body, and kept as JSON whose escapes make a character outside ASCII six or twelve
+    bytes (a tenant's emoji filled a state disk at three times what the ledger said, and every
+    uid was refused), and a session command's ``carried`` was not counted at all."""
+    d = start_daemon()
+    names = [f"V{i:03d}_" + "x" * 96 for i in range(60)]
+    # (sent as UTF-8, as any client may: 4 bytes an emoji in the body, 12 in the records)
+    body = json.dumps({"argv": ["true", "\U0001f600" * 20000], "wait": "30s"},
+                      ensure_ascii=False).encode()
+    status, task = raw(d, b"POST /v1/tasks HTTP/1.1\r\nHost: corral\r\nContent-Length: "
+                       b"%d\r\n\r\n%s" % (len(body), body))
+    assert status == 200 and len(body) < 81_000
+    with d.client() as c:
+        sid = c.open_session()["id"]
+        command = c.exec(sid, "".join(f"export {n}=1; " for n in names), wait="20s")
+    assert task["outcome"] == "succeeded" and command["outcome"] == "succeeded"
+    db = sqlite3.connect(f"file:{d.state}/state.db?mode=ro", uri=True)
+    kept = dict(db.execute(
+        "SELECT t.seq, length(r.spec) + coalesce(length(e.env), 0) + length(t.result) + "
+        "length(t.listed) + coalesce(length(t.carried), 0) + coalesce(length(t.rlimits), 0) "
+        "FROM tasks t JOIN requests r ON r.seq = t.seq LEFT JOIN envs e ON e.hash = r.env"))
+    counted = dict(db.execute("SELECT seq, bytes FROM tasks"))
+    db.close()
+    assert kept[int(task["id"])] > 240_000
+    for seq in (int(task["id"]), int(command["id"])):
+        assert counted[seq] >= kept[seq], (seq, counted[seq], kept[seq])
+
+
+def test_a_commands_carried_names_are_bounded_and_a_listing_shows_them_cut(
+        start_daemon: Start) -> None:
+    """A session command's ``carried`` names every variable it set: 500 names of a thousand
+    characters made it half a MB, in every listing of it (80 such commands made one listing
+    216 MB, and the daemon 1.4 GB).  It names 2 KiB of them and counts the rest
+    (``omitted``); a listing shows it cut to about 1 KiB (``"cut": true``); ``show`` has it
+    as kept."""
+    d = start_daemon()
+    names = [f"V{i:03d}_" + "x" * 200 for i in range(200)]
+    with d.client() as c:
+        sid = c.open_session()["id"]
+        answer = c.exec(sid, "".join(f"export {n}=1; " for n in names), wait="20s")
+        carried = answer["carried"]
+        listed = next(t for t in c.list(session=sid) if t.id == answer["id"])
+        shown = c.show(answer["id"])
+        env = c.show_session(sid)["env"]
+    assert all(n in env for n in names)  # (every one carried: only the list is cut)
+    assert carried["set"] == names[:len(carried["set"])] and 8 <= len(carried["set"]) < 12
+    assert carried["omitted"] == 200 - len(carried["set"])
+    assert len(json.dumps(carried["set"])) <= 2048
+    assert shown.carried == carried
+    assert listed.carried is not None and listed.carried["cut"] is True
+    assert len(json.dumps(listed.carried, separators=(",", ":"))) <= 1100
+    assert listed.carried["set"] == names[:len(listed.carried["set"])]

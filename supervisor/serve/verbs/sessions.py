@@ -35,6 +35,7 @@ from ..protocol import (
     query_int,
 )
 from ..records import RecordsError
+from ..rows import json_bytes
 from ..sessions import (
     MAX_SESSIONS_PER_UID,
     Session,
@@ -86,7 +87,11 @@ async def list_sessions(d: Daemon, req: Request) -> Response:
     async with d.shares.reading(req.peer.uid):
         rows = await d.records.list_sessions(None if req.peer.is_root else req.peer.uid,
                                              limit)
-    return json_response(200, {"sessions": [{**_json(d, row), "env": None} for row in rows]})
+    # (each a directory of up to 4 KiB and its defaults of up to 16: a listing of a thousand
+    # is encoded in pieces, at its uid's turn)
+    weight = sum(json_bytes(row["cwd"]) + len(repr(row.get("defaults"))) for row in rows)
+    return json_response(200, {"sessions": [{**_json(d, row), "env": None} for row in rows]},
+                         weight)
 
 
 async def show(d: Daemon, req: Request, id: str) -> Response:

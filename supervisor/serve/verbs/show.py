@@ -14,10 +14,10 @@ if TYPE_CHECKING:
 async def handle(d: Daemon, req: Request, id: str) -> Response:
     t = await d.find(req.peer, id)
     if t is not None:
-        if t.recorded and t.size > HEAVY_ANSWER:  # (finished: its answer is final)
+        if t.recorded and t.weight > HEAVY_ANSWER:  # (finished: its answer is final)
             return await d.finished_answer(req.peer.uid, t.id, lambda: t.to_json(full=True))
         return json_response(200, t.to_json(full=True, position=d.scheduler.position(t)),
-                             t.size)
+                             t.weight)
     cached = d.answers.get(id)  # (a finished task's large answer, made before)
     if cached is not None:
         await d.find_row(req.peer, id, light=True)  # (404 or 410 to whoever may not see it)

@@ -69,6 +69,10 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
             return earlier, None
     rlimits = None if peer.is_root else _rlimits_of(peer)
     spec, text = await d.off_loop(peer.uid, size, _prepare, d, peer, r, rlimits)
+    # (its size is what its accept writes: the request as kept, escapes and all, and what
+    # the exec of a session adds to its body; counted as its body, a tenant's requests of
+    # emoji filled a state disk at three times what its ledger said, refusing everyone)
+    size = max(size, kept_bytes(text, rlimits))
     d.scheduler.admit(peer.uid, size)
     try:
         return None, await _accept_admitted(d, peer, r, size, spec, text, rlimits)
@@ -123,9 +127,9 @@ async def answer_after(d: Daemon, t: DaemonTask, wait: float, since: float, *,
     if t.done.is_set():
         body = t.to_json(full=True)
         if echo_env or "env" not in body["spec"]:
-            return json_response(200, body, t.size)
+            return json_response(200, body, t.weight)
         env = body["spec"].pop("env")
-        return json_response(200, body, (t.size or 0) - env_weight(env))
+        return json_response(200, body, t.weight - env_weight(env))
     t.handed_back = True  # (a session's next command may start: this one goes on beside it)
     so_far = await trio.to_thread.run_sync(output_so_far, t.output)
     return json_response(202, {**t.to_json(full=False, position=d.scheduler.position(t)),
@@ -218,6 +222,15 @@ def _prepare(d: Daemon, peer: Peer, r: SubmitRequest, rlimits: dict[str, tuple[i
     # command to the next, and the same one is kept once)
     env = env_apart(peer.uid, dumps_value_in_slices(dict(sorted(obj.pop("env").items()))))
     return spec, (dumps_in_slices(obj), env)
+
+
+def kept_bytes(text: tuple[str, tuple[str, str] | None],
+               rlimits: dict[str, tuple[int, int]] | None) -> int:
+    """What a new task's accept writes of its request (``_prepare``'s text, and its
+    environment if apart) and of its submitter's limits."""
+    spec, env = text
+    return len(spec) + (0 if env is None else len(env[1])) + (
+        0 if rlimits is None else len(dumps_in_slices(rlimits)))
 
 
 def _row(d: Daemon, peer: Peer, r: SubmitRequest, text: tuple[str, tuple[str, str] | None],

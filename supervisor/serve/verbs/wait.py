@@ -35,7 +35,7 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     with trio.move_on_after(timeout):
         await t.done.wait()
     if t.done.is_set():
-        if t.recorded and t.size > HEAVY_ANSWER:
+        if t.recorded and t.weight > HEAVY_ANSWER:
             return await d.finished_answer(req.peer.uid, t.id, lambda: t.to_json(full=True))
-        return json_response(200, t.to_json(full=True), t.size)
+        return json_response(200, t.to_json(full=True), t.weight)
     return json_response(202, t.to_json(full=False, position=d.scheduler.position(t)))
