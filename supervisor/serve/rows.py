@@ -262,8 +262,9 @@ def listed_carried(text: str) -> str:
         return text
     carried = json.loads(text)
     budget = LISTED_CARRIED // 2
-    if isinstance(carried.get("cwd"), str):
-        carried["cwd"] = _cut_text(carried["cwd"], budget // 2)
+    for key in ("cwd", "nothing"):
+        if isinstance(carried.get(key), str):
+            carried[key] = _cut_text(carried[key], budget // 2)
     for key in ("set", "unset", "not_carried"):
         names = carried.get(key)
         if isinstance(names, list):

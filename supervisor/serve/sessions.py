@@ -152,13 +152,14 @@ def parse_state(data: bytes, truncated: bool) -> Reported | str:
         cwd = cwd_bytes.decode()
     except UnicodeDecodeError:
         return "its working directory is not UTF-8"
-    if not cwd.startswith("/"):
-        return f"its working directory {cwd!r} is not an absolute path"
     if len(cwd_bytes) > MAX_CWD:
         # (the command may write this report itself: a MiB of "directory" went into every
         # later command's request, result and listing, past what a request may say)
         return (f"its working directory is {len(cwd_bytes)} bytes long, more than a "
                 f"path may be ({MAX_CWD}, PATH_MAX)")
+    if not cwd.startswith("/"):
+        shown = cwd if len(cwd) <= 64 else cwd[:61] + "..."
+        return f"its working directory {shown!r} is not an absolute path"
     env: dict[str, str] = {}
     skipped: list[str] = []
     for entry in rest.split(b"\0"):
