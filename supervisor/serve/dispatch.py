@@ -357,10 +357,10 @@ async def write_end(d: Daemon, t: DaemonTask,
     task stays in memory, ``"record": "pending"``)."""
     assert t.result_json is not None and t.ended_at is not None
     values = end_values(t, notify=d.hooks.enabled)
-    # (served, each stream's head and tail come back from its file: six bytes of JSON a byte
-    # at most, an escape's)
+    # (its answer: the result, what it carried; each stream's head and tail come back from
+    # its file, six bytes of JSON a byte at most, an escape's)
     text = SERVED_TEXT if t.spec is None else t.spec.output_head + t.spec.output_tail
-    t.result_weight = len(values["result"]) + 6 * sum(
+    t.result_weight = len(values["result"]) + len(values["carried"] or "") + 6 * sum(
         min(total, text) for total, _ in t.kept.values())
     d.room.settle(t.uid, t.holds, values["bytes"])  # (its worst case: now what it took)
     if t.holds and d.scheduler.total_queued:

@@ -566,18 +566,25 @@ def test_a_directory_longer_than_a_path_is_never_carried(start_daemon: Start) ->
     carried into every later command's request and result (a tenant's 34-byte exec made 5 MB
     of records, and a queued one made every later start of the daemon fail: its recorded
     request was past the 4,096 characters a cwd may be).  A directory longer than a path may
-    be (PATH_MAX, in bytes) carries nothing, and says so."""
+    be (PATH_MAX, in bytes) carries nothing, and says so, naming no more than 64 characters
+    of it."""
     d = start_daemon()
     forge = ("python3 -c \"import os; os.write(3, b'corral-session-state 1\\0/' + "
              "b'\\xc3\\xa9' * 2100 + b'\\0A=1\\0corral-session-end\\0')\"; trap - EXIT; exit 0")
-    relative = forge.replace("\\0/' + ", "\\0' + ").replace("* 2100", "* 1000")
+    long_relative = forge.replace("\\0/' + ", "\\0' + ")
+    relative = long_relative.replace("* 2100", "* 1000")
     with d.client() as c:
         sid = c.open_session(cwd="/tmp")["id"]
         forged = c.exec(sid, forge, wait="20s")
         after = c.exec(sid, "pwd", wait="20s")
         not_absolute = c.exec(sid, relative, wait="20s")
+        long_and_not_absolute = c.exec(sid, long_relative, wait="20s")
     assert forged["outcome"] == "succeeded", forged
     assert "4201 bytes long, more than a path may be (4096" in forged["carried"]["nothing"]
     assert stdout_of(after) == "/tmp\n" and after["spec"]["cwd"] == "/tmp"
     why = not_absolute["carried"]["nothing"]  # (the directory shown cut, not whole)
     assert "is not an absolute path" in why and len(why) < 200, why
+    # (the length is checked first: a MiB of "directory" was quoted whole in why, 5 MB of
+    # records and answers for a small exec: an independent attack)
+    why = long_and_not_absolute["carried"]["nothing"]
+    assert "4200 bytes long, more than a path may be" in why, why
