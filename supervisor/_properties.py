@@ -82,21 +82,38 @@ def _signal(name: str, value: str) -> tuple[str, Any]:
     return "stop_signal", int(parse_signal(value, name))
 
 
+# characters of one Environment= value: shlex builds a word a character at a time, ~0.6 us
+# a character here and more with the square of a word's length (a MiB of one took 25 s of a
+# daemon's thread, and a start re-reads every queued request); a large environment is a
+# request's ``env``
+MAX_ENVIRONMENT = 8192
+
+
 def _environment(name: str, value: str) -> tuple[str, Any]:
     env = {}
+    if len(value) > MAX_ENVIRONMENT:
+        raise UnitsError(f"{name} must be at most {MAX_ENVIRONMENT} characters, got "
+                         f"{len(value)}; give a large environment as the task's own (corral "
+                         f"run -E, a request's \"env\")", what=name, value=value[:80])
     try:
         items = shlex.split(value)
     except ValueError as e:  # an unbalanced quote, a backslash at the end
         raise UnitsError(f'{name} must be space-separated NAME=VALUE assignments, quoted as a '
-                         f'shell would ("A=1 B=\'two words\'"): {e} in "{value}"; close the '
-                         f'quote or escape it with a backslash', what=name, value=value) from None
+                         f'shell would ("A=1 B=\'two words\'"): {e} in "{_cut(value)}"; close '
+                         f'the quote or escape it with a backslash', what=name,
+                         value=value) from None
     for item in items:
         key, eq, val = item.partition("=")
         if not eq or not key:
             raise UnitsError(f'{name} must be space-separated NAME=VALUE assignments like '
-                             f'"A=1 B=2", got "{value}"', what=name, value=value)
+                             f'"A=1 B=2", got "{_cut(value)}"', what=name, value=value)
         env[key] = val
     return "env", env
+
+
+def _cut(value: str) -> str:
+    """``value`` as an error names it: at most 80 characters of it."""
+    return value if len(value) <= 80 else value[:77] + "..."
 
 
 def _directory(name: str, value: str) -> tuple[str, Any]:

@@ -131,6 +131,16 @@ def _options(r: SubmitRequest) -> tuple[dict[str, Any], dict[str, Any]]:
     request's own fields, which win."""
     from ..syntax import parse_properties
 
+    named: dict[str, str] = {}
+    for key in r.properties or {}:
+        # (the parser trims a name's blanks: two spellings of one property were both taken,
+        # and a filter in front of the daemon might judge the one the daemon does not use)
+        name = key.partition("=")[0].strip(" \t")
+        if name in named:
+            raise ApiError(400, "invalid", f"properties name {name} twice ({named[name]!r} "
+                           f"and {key!r}): give each property once, spelled without blanks",
+                           f"properties.{key}")
+        named[name] = key
     props = parse_properties(f"{k}={v}" for k, v in (r.properties or {}).items())
     options: dict[str, Any] = dict(props.options)
     options["env"] = {**options.get("env", {}), **(r.env or {})}

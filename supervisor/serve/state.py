@@ -124,8 +124,9 @@ class OutputDisk(NamedTuple):
         a disk fails the tasks' writes, not their results."""
         try:
             st = os.statvfs(config.state_dir)
-            room = max(held, _share(st.f_bavail * st.f_frsize + held),
-                       min(earlier, _share(st.f_blocks * st.f_frsize)))
+            size = st.f_blocks * st.f_frsize  # (what is free and held is never more)
+            room = max(held, _share(min(st.f_bavail * st.f_frsize + held, size)),
+                       min(earlier, _share(size)))
         except OSError:
             room = 1 << 62
         limit = config.retention.max_bytes
@@ -198,7 +199,7 @@ class Daemon:
         self.disk = disk or OutputDisk.measure(config, held)
         # the disk's room for output: who may start (retention is woken to make room)
         self.room = Room(self.disk.room, held, lambda: self.retention_due.set(),
-                         lambda now: OutputDisk.measure(config, now).room)
+                         lambda now: self._measure(now).room)
         self.room_recorded = self.disk.room  # (in the run's row: a later run takes no less)
         self.sup = sup
         self.records = records
@@ -297,6 +298,16 @@ class Daemon:
             del self.session_env[uid]
         return None
 
+    def _measure(self, held: int) -> OutputDisk:
+        """The state filesystem measured now, with ``held`` bytes held by the ledger, of
+        which the sessions' environments are left out: each is in the records' pages, counted
+        in the filesystem's free space already or not, and a closed session's go to SQLite's
+        free list, not the filesystem, so a next one written there took no new space while the
+        ledger held it again: the room, which never shrinks, grew a MB a session opened,
+        carried and closed, past the filesystem's size, and output then filled the disk (an
+        independent attack)."""
+        return OutputDisk.measure(self.config, max(0, held - sum(self.session_env.values())))
+
     def regrow_disk(self) -> bool:
         """Measure the state filesystem again (retention's passes: at least once a minute):
         if it has more room than at start (a daemon started on a disk something else had
@@ -304,7 +315,7 @@ class Daemon:
         bytes grow to what it has now; whether the cap grew, or the budget by a tenth (worth
         a line of the log).  Nothing shrinks (what ``Room.fits`` says of the room); running
         tasks keep the cap they started with."""
-        now = OutputDisk.measure(self.config, self.room.held)
+        now = self._measure(self.room.held)
         was = self.disk
         grown = OutputDisk(max(was.budget, now.budget), max(was.stream_cap, now.stream_cap),
                            max(was.room, now.room, self.room.room))

@@ -2146,3 +2146,62 @@ def test_two_uids_never_share_a_kept_environment(start_daemon: Start,
     assert by_id[mine[0]] != by_id[theirs[0]] and len(d.rows("envs")) == 2
     with Client(d.socket) as c:
         assert all(c.show(i).spec["env"] == env for i in mine + theirs)  # type: ignore[index]
+
+
+def test_sessions_carrying_and_closing_never_grow_the_outputs_room(
+        start_daemon: Start, small_disk: Callable[..., SmallDisk], tmp_path: Path) -> None:
+    """Found by an independent attack: the output's room (which never shrinks) was measured
+    as the filesystem's free space and what the ledger holds, the sessions' environments
+    among it; a closed session's environment goes to SQLite's free list, not the filesystem,
+    and the next one written there took no new space while the ledger held it again: thirty
+    sessions of a MB each opened, carried and closed grew the room past the filesystem's size,
+    and two tenants' output then filled the disk for everyone.  The room now leaves the
+    sessions' environments out, and is never more than what the filesystem has.  (This short
+    churn, one tenant's, did not grow the room before the change either: the attack's took two
+    tenants' thirty rounds with retention giving pages back between; it holds the bound.)"""
+    state = tmp_path / "small-state"
+    disk = small_disk(state, "32m")
+    d = start_daemon("--max-running", "4", "--retain-count", "1", state_dir=str(state),
+                     wrap=disk.wrap)  # (each task's end expires one: the freed pages go back)
+    # (its own report: 150,000 variables, empty, of three-letter names: ~1.3 MB of weight)
+    forge = ("python3 -c \"import os, itertools; c = b'abcdefghijklmnopqrstuvwxyz0123456789'; "
+             "names = [bytes(t) for t in itertools.product(c, c, c)]; "
+             "b = b'corral-session-state 1\\0/tmp\\0' + b''.join(n + b'=\\0' for n in "
+             "names) + b'corral-session-end\\0'; "
+             "[os.write(3, b[i:i + 65536]) for i in range(0, len(b), 65536)]\"; trap - EXIT")
+    with d.client() as c:
+        first = c.limits()["output_cap_bytes"]
+        caps = []
+        for _ in range(8):
+            sid = c.open_session()["id"]
+            carried = c.exec(sid, forge, wait="60s")["carried"]
+            assert "nothing" not in carried, carried
+            c.close_session(sid)
+            c.wait(c.submit(["true"]).id)  # (a task's end: retention measures the disk again)
+            caps.append(c.limits()["output_cap_bytes"])
+    assert max(caps) <= first * 1.02, (first, caps)
+
+
+def test_a_property_given_twice_or_an_environment_property_too_long_is_refused_at_once(
+        start_daemon: Start) -> None:
+    """Found by an independent attack: ``{"NoNewPrivileges": "yes", " NoNewPrivileges": "no"}``
+    was taken (the parser trims a name's blanks: which one counted, a filter in front of the
+    daemon could not tell); and an Environment= value of a MiB took 25 s of a daemon's
+    thread to split (shlex builds a word a character at a time), again at every start for a
+    queued one.  Both are 400 before anything runs, naming the property."""
+    d = start_daemon()
+    with d.client() as c:
+        for twice in ({"NoNewPrivileges": "yes", " NoNewPrivileges": "no"},
+                      {"WorkingDirectory": "/", "WorkingDirectory ": "/root"}):
+            with pytest.raises(ApiError) as refused:
+                c.submit(["true"], properties=twice)
+            assert refused.value.status == 400 and "twice" in refused.value.message
+        started = time.monotonic()
+        with pytest.raises(ApiError) as refused:
+            c.submit(["true"], properties={"Environment": "A=" + "${B}" * 100_000})
+        assert time.monotonic() - started < 5
+        e = refused.value
+        assert e.status == 400 and e.field == "properties.Environment", e
+        assert "at most 8192 characters" in e.message and len(e.message) < 300, e.message
+        assert c.submit(["true"], properties={"Environment": "A=1 B='two words'"}, wait=30
+                        ).outcome == "succeeded"
