@@ -42,9 +42,8 @@ from .sessions import (
     MAX_STATE,
     Reported,
     carried_state,
-    env_weight,
-    parse_state,
     state_pipe,
+    weigh,
 )
 from .state import Daemon
 
@@ -159,10 +158,12 @@ class _Report:
             await stream.aclose()
             self.ended.set()
 
-    async def state(self) -> Reported | str:
+    async def state(self, d: Daemon, t: DaemonTask) -> Reported | str:
         """What the shell reported, once every writer is gone (the task's processes have all
         ended when its record exists; an escaped one holding the pipe is waited for briefly,
-        then the pipe is let go)."""
+        then the pipe is let go); read, weighed and compared with the environment the
+        command started with off the event loop if large (a MiB of it held the loop for
+        everyone 100-600 ms: an independent attack)."""
         self.close_write()
         with trio.move_on_after(REPORT_WAIT):
             await self.ended.wait()
@@ -170,7 +171,11 @@ class _Report:
             self.scope.cancel()
             return (f"its report was still held open {REPORT_WAIT:g}s after the command "
                     f"ended (fd 3 handed to a process outside its cgroup?)")
-        return parse_state(bytes(self.data), self.truncated)
+        s = d.sessions.get(t.session or "")
+        before = (t.spec.env if t.spec is not None and t.spec.env is not None
+                  else None if s is None else s.env) or {}
+        return await d.off_loop(t.uid, len(self.data), weigh, bytes(self.data),
+                                self.truncated, before)
 
 
 def _running(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
@@ -223,7 +228,7 @@ async def _run(d: Daemon, t: DaemonTask, marked: bool) -> None:
                                            task_status=_Started(d, t, report))
                 if result is None:
                     return
-                reported = await report.state()
+                reported = await report.state(d, t)
             finally:
                 report.close_write()
                 report.scope.cancel()  # (read already, or never to be)
@@ -336,9 +341,11 @@ def _carry(d: Daemon, t: DaemonTask,
         s, str(t.outcome), background, reported, started_with)
     # (the environment only if it changed: a session carrying a MiB of it rewrote that MiB
     # with every command's end, and every other uid's commit waited for it)
-    if env_before is not None and s.env == env_before:
+    if env_before is not None and (s.env is env_before or s.env == env_before):
         return s.id, {"cwd": s.cwd}
-    refused = d.keep_session_env(s.uid, env_weight(s.env) - env_weight(env_before))
+    if isinstance(reported, Reported) and s.env is reported.env:
+        s.weighed = (s.env, reported.weight)  # (weighed where it was read)
+    refused = d.keep_session_env(s.uid, s.weigh(s.env) - s.weigh(env_before))
     if refused is not None:
         s.env, s.cwd = env_before, cwd_before
         t.carried = {"nothing": refused}

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from .rows import json_bytes
 
 __all__ = ["MAX_STATE", "SCRIPT", "Reported", "Session", "carried_state", "parse_state",
-           "session_argv"]
+           "session_argv", "weigh"]
 
 MAX_STATE = 1 << 20  # bytes of a command's reported state read (its directory + environment)
 # bytes of environment a uid's open sessions keep in the records, all together (each command
@@ -79,7 +79,7 @@ class Session:
     """One open (or closed) session, as the daemon holds it."""
 
     __slots__ = ("closed_at", "created_at", "current", "cwd", "defaults", "env", "gid", "groups",
-                 "id", "running", "shell", "uid")
+                 "id", "running", "shell", "uid", "weighed")
 
     def __init__(self, session_id: str, uid: int, gid: int, groups: tuple[int, ...], *,
                  shell: str, cwd: str, env: dict[str, str] | None, defaults: dict[str, Any],
@@ -95,6 +95,16 @@ class Session:
         self.created_at, self.closed_at = created_at, closed_at
         self.current: str | None = None  # the foreground command running now (task id)
         self.running: set[str] = set()  # every task of the session not finished yet
+        # (an environment, and its env_weight: a MiB of it is not walked again on the loop)
+        self.weighed: tuple[Mapping[str, str], int] | None = None
+
+    def weigh(self, env: Mapping[str, str] | None) -> int:
+        """``env_weight(env)``, kept for the last environment weighed."""
+        if env is None:
+            return 0
+        if self.weighed is None or self.weighed[0] is not env:
+            self.weighed = (env, env_weight(env))
+        return self.weighed[1]
 
     def weight(self) -> int:
         """About how many bytes its JSON holds (its environment's, which a tenant chose):
@@ -133,6 +143,23 @@ class Reported(NamedTuple):
     cwd: str
     env: dict[str, str]
     skipped: list[str]
+    # made with it, where the report is read (``weigh``, off the event loop: a MiB of report
+    # is 200,000 variables, and each was walked there three times): env_weight(env), and the
+    # names set and unset against the environment the command started with
+    weight: int = 0
+    changed: list[str] | None = None
+    gone: list[str] | None = None
+
+
+def weigh(data: bytes, truncated: bool, before: Mapping[str, str]) -> Reported | str:
+    """:func:`parse_state`, with what its environment weighs and what it changed against
+    ``before`` (the environment the command started with)."""
+    state = parse_state(data, truncated)
+    if isinstance(state, str):
+        return state
+    changed = sorted(k for k, v in state.env.items() if before.get(k) != v)
+    gone = sorted(k for k in before if k not in state.env)
+    return state._replace(weight=env_weight(state.env), changed=changed, gone=gone)
 
 
 def parse_state(data: bytes, truncated: bool) -> Reported | str:
@@ -199,10 +226,13 @@ def carried_state(session: Session, outcome: str, background: bool,
                            "of corral serve, or corral failed to follow it)"}
     if isinstance(state, str):
         return {"nothing": state}
-    cwd, env, skipped = state
-    before = started_with if started_with is not None else session.env or {}
-    changed = sorted(k for k, v in env.items() if before.get(k) != v)
-    gone = sorted(k for k in before if k not in env)
+    cwd, env, skipped = state.cwd, state.env, state.skipped
+    if state.changed is not None and state.gone is not None:
+        changed, gone = state.changed, state.gone
+    else:
+        before = started_with if started_with is not None else session.env or {}
+        changed = sorted(k for k, v in env.items() if before.get(k) != v)
+        gone = sorted(k for k in before if k not in env)
     session.cwd, session.env = cwd, env
     budget = [CARRIED_NAMES]
     carried: dict[str, Any] = {"cwd": cwd, "set": _names(changed, budget),
