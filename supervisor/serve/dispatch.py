@@ -343,11 +343,13 @@ def _carry(d: Daemon, t: DaemonTask,
     # with every command's end, and every other uid's commit waited for it)
     if env_before is not None and (s.env is env_before or s.env == env_before):
         return s.id, {"cwd": s.cwd}
+    was = s.weigh(env_before)  # (kept from the command before: one environment is kept)
     if isinstance(reported, Reported) and s.env is reported.env:
         s.weighed = (s.env, reported.weight)  # (weighed where it was read)
-    refused = d.keep_session_env(s.uid, s.weigh(s.env) - s.weigh(env_before))
+    refused = d.keep_session_env(s.uid, s.weigh(s.env) - was)
     if refused is not None:
         s.env, s.cwd = env_before, cwd_before
+        s.weighed = None if env_before is None else (env_before, was)
         t.carried = {"nothing": refused}
         return None
     return s.id, {"cwd": s.cwd, "env": s.env}

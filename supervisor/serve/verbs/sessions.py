@@ -119,7 +119,7 @@ async def close(d: Daemon, req: Request, id: str) -> Response:
         raise _unavailable(e, f"session {id} is still open") from None
     s.closed_at = closed_at
     del d.sessions[id]
-    d.keep_session_env(s.uid, -env_weight(s.env))
+    d.keep_session_env(s.uid, -s.weigh(s.env))
     return json_response(200, {**s.to_json(), "stopped": stopped}, s.weight())
 
 
@@ -127,13 +127,16 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
     obj = parse_json_body(req.body)
     wait = pop_wait(obj)
     e = parse_exec(obj)
-    row = await _row(d, req, id)
-    if row["uid"] != req.peer.uid:
+    s = d.sessions.get(id)
+    # (an open session's owner is known here: its record, a MiB of environment decoded, is
+    # read only for a closed or unknown one)
+    mine = s is not None and req.peer.may_see(s.uid)
+    owner = s.uid if s is not None and mine else (await _row(d, req, id))["uid"]
+    if owner != req.peer.uid:
         # (root may see and close a tenant's session, never run in it: the tenant chose its
         # directory and environment, LD_PRELOAD included, and the command would run as root)
-        raise ApiError(403, "forbidden", f"session {id} is uid {row['uid']}'s: only its owner "
+        raise ApiError(403, "forbidden", f"session {id} is uid {owner}'s: only its owner "
                        f"runs commands in it; open a session of your own")
-    s = d.sessions.get(id)
     if s is None:
         raise ApiError(409, "closed", f"session {id} is closed: it takes no more commands; "
                        f"open a new one (POST /v1/sessions)")
@@ -154,7 +157,7 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
                        f"or run this one with \"background\": true", "command")
     # (its size as held and recorded: the body, and the environment the session adds to it;
     # summed over its variables: the encoding of a MiB of environment is no longer made here)
-    size = len(req.body) + env_weight(env)
+    size = len(req.body) + s.weigh(env)  # (kept: a MiB of it is not walked at each exec)
     earlier, t = await accept(d, req.peer, r, size)
     if earlier is not None:
         return json_response(200, earlier, size)
