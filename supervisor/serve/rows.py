@@ -41,6 +41,7 @@ __all__ = [
     "listed_carried",
     "listed_entry",
     "listed_json",
+    "names_within",
     "open_sessions",
     "owner",
     "row_bytes",
@@ -261,22 +262,28 @@ def listed_carried(text: str) -> str:
     if len(text) <= LISTED_CARRIED:
         return text
     carried = json.loads(text)
-    budget = LISTED_CARRIED // 2
+    budget = [LISTED_CARRIED // 2]
     for key in ("cwd", "nothing"):
         if isinstance(carried.get(key), str):
-            carried[key] = _cut_text(carried[key], budget // 2)
+            carried[key] = _cut_text(carried[key], budget[0] // 2)
     for key in ("set", "unset", "not_carried"):
-        names = carried.get(key)
-        if isinstance(names, list):
-            kept = []
-            for name in names:
-                budget -= json_bytes(name) + 4
-                if budget < 0:
-                    break
-                kept.append(name)
-            carried[key] = kept
+        if isinstance(carried.get(key), list):
+            carried[key] = names_within(carried[key], budget)
     carried["cut"] = True
     return compact_json(carried)
+
+
+def names_within(names: list[str], budget: list[int]) -> list[str]:
+    """The first of ``names`` while their JSON fits ``budget[0]`` (which they use up)."""
+    kept = []
+    for name in names:
+        cost = json_bytes(name) + 4
+        if cost > budget[0]:
+            budget[0] = 0
+            break
+        budget[0] -= cost
+        kept.append(name)
+    return kept
 
 
 def _cut_text(text: str, budget: int) -> str:

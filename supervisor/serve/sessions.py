@@ -29,7 +29,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from .rows import json_bytes
+from .rows import json_bytes, names_within
 
 __all__ = ["MAX_STATE", "SCRIPT", "Reported", "Session", "carried_state", "parse_state",
            "session_argv", "weigh"]
@@ -235,28 +235,15 @@ def carried_state(session: Session, outcome: str, background: bool,
         gone = sorted(k for k in before if k not in env)
     session.cwd, session.env = cwd, env
     budget = [CARRIED_NAMES]
-    carried: dict[str, Any] = {"cwd": cwd, "set": _names(changed, budget),
-                               "unset": _names(gone, budget)}
+    carried: dict[str, Any] = {"cwd": cwd, "set": names_within(changed, budget),
+                               "unset": names_within(gone, budget)}
     if skipped:  # (each was dropped: the next command starts without it)
-        carried["not_carried"] = _names(skipped, budget)
+        carried["not_carried"] = names_within(skipped, budget)
     omitted = len(changed) + len(gone) + len(skipped) - sum(
         len(v) for k, v in carried.items() if k != "cwd")
     if omitted:
         carried["omitted"] = omitted
     return carried
-
-
-def _names(names: list[str], budget: list[int]) -> list[str]:
-    """The first of ``names`` while their JSON fits ``budget[0]`` (which they use up)."""
-    kept = []
-    for name in names:
-        cost = json_bytes(name) + 4
-        if cost > budget[0]:
-            budget[0] = 0
-            break
-        budget[0] -= cost
-        kept.append(name)
-    return kept
 
 
 def state_pipe() -> tuple[int, int]:
