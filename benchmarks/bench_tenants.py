@@ -59,6 +59,8 @@ Attacks (``--only``):
                    connections at once, again and again.
   session_env      4 sessions each carry 840 KB of environment (seven variables of 120 KB)
                    and run ``true`` as fast as each is answered.
+  session_vars     4 sessions each set new values of 3,000 variables at every command (a
+                   report of 33 KB, an environment of 57 KB) as fast as each is answered.
   trickle_followers  a task printing `x` a line at a time as fast as `sh` can, its output
                    followed on 100 connections (a uid may follow 64 at once), read as fast
                    as it comes.
@@ -907,6 +909,25 @@ def session_env_loop(sock: str, until: float) -> dict[str, Any]:
     return dict(counts)
 
 
+def session_vars_loop(sock: str, until: float) -> dict[str, Any]:
+    """A session of ours whose every command sets new values of 3,000 variables (a report of
+    ~33 KB, every variable changed), as fast as each is answered: the work is per variable,
+    in a report well under the size at which a request is worked on off the event loop."""
+    counts = collections.Counter({"commands": 0})
+    command = ('r=$RANDOM; i=0; while [ $i -lt 3000 ]; do export V$i=$r; i=$((i+1)); done')
+    with Client(sock, timeout=ANSWER + 5) as c:
+        sid = c.open_session()["id"]
+        while time.monotonic() < until:
+            try:
+                c.exec(sid, command, wait=ANSWER)
+                counts["commands"] += 1
+            except ApiError as e:
+                counts[f"refused {e.status} {e.code}"] += 1
+                time.sleep(0.05)
+        c.close_session(sid)
+    return dict(counts)
+
+
 # ---- attack definitions ---------------------------------------------------------------------
 
 @dataclass
@@ -1008,6 +1029,8 @@ ATTACKS = [
            "again", _many(4, read_output_again, "16M", 4)),
     Attack("session_env", "4 sessions carrying 840 KB of environment, each running `true` as "
            "fast as answered", _many(4, session_env_loop)),
+    Attack("session_vars", "4 sessions each setting new values of 3,000 variables at every "
+           "command (a 33 KB report), as fast as answered", _many(4, session_vars_loop)),
     Attack("trickle_followers", f"a task printing `x` a line at a time, followed on "
            f"{TRICKLE_FOLLOWERS} connections (64 are taken)", _many(1, follow_a_trickle,
                                                                  TRICKLE_FOLLOWERS)),

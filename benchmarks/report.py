@@ -292,6 +292,11 @@ WHY_NOT = {
         "back, but each command's is still encoded and hashed (~2.5 ms) and its report "
         "parsed, weighed and compared, in the worker thread, whose Python shares the GIL "
         "with the loop (a run of this row alone on 1c0145d: 4.41x, p99 11.6 -> 51.3 ms)"),
+    "a tenant's submit-to-result under attack `session_vars`": (
+        "each of the attacker's commands runs a shell loop of 3,000 exports (~70 ms of a "
+        "CPU), and with two CPUs its shells take the victim's; the daemon's part, with the "
+        "shells on a CPU of their own (--pin): 2.91x (9.43x before its work by the variable "
+        "left the event loop; unpinned 11.79x -> 4.57x, cpu_floor 2.43x in that run)"),
 }
 
 

@@ -84,6 +84,11 @@ class DaemonTask:
         return self.size + self.result_weight
 
     @property
+    def work(self) -> int:
+        """What work its request makes, in bytes (``SubmitRequest.work``)."""
+        return self.request.work(self.size)
+
+    @property
     def session(self) -> str | None:
         """The id of the session this task is a command of, if any."""
         return None if self.request.session is None else str(self.request.session["id"])

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .daemontask import DaemonTask, kept_result, served_result, stream_path
+from .protocol import ITEM_WORK
 from .records import RecordsError
 from .rows import row_bytes
 from .schema import output_bytes
@@ -174,8 +175,8 @@ class _Report:
         s = d.sessions.get(t.session or "")
         before = (t.spec.env if t.spec is not None and t.spec.env is not None
                   else None if s is None else s.env) or {}
-        return await d.off_loop(t.uid, len(self.data), weigh, bytes(self.data),
-                                self.truncated, before)
+        work = len(self.data) + ITEM_WORK * self.data.count(b"\0")  # (a variable each)
+        return await d.off_loop(t.uid, work, weigh, bytes(self.data), self.truncated, before)
 
 
 def _running(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
@@ -222,7 +223,7 @@ async def _run(d: Daemon, t: DaemonTask, marked: bool) -> None:
             report = _Report()
             try:
                 d.nursery.start_soon(report.read)
-                spec = await d.off_loop(t.uid, t.size or 0, functools.partial(
+                spec = await d.off_loop(t.uid, t.work, functools.partial(
                     dataclasses.replace, t.spec, pass_fds=(report.w,)))
                 result = await d.sup.start(spec, task_id=t.id,
                                            task_status=_Started(d, t, report))
@@ -299,7 +300,7 @@ async def take_result(d: Daemon, t: DaemonTask, result: TaskResult,
     restart)."""
     t.started.set()
     with trio.CancelScope(shield=True):  # (a large command's JSON is made off the loop)
-        kept, t.result_json = await d.off_loop(t.uid, t.size or 0, _keep, t.output, result)
+        kept, t.result_json = await d.off_loop(t.uid, t.work, _keep, t.output, result)
     t.kept.update(kept)
     t.outcome = str(result.outcome)
     t.exit_status = result.exit_status

@@ -44,6 +44,9 @@ class Metrics:
                                         registry=self.registry)
         self.expired = Counter("corral_tasks_expired", "Finished tasks retention removed",
                                registry=self.registry)
+        self.offloaded = Counter("corral_offloaded_jobs", "Work moved off the event loop to "
+                                 "the offload thread (a large request's, or one of many "
+                                 "variables), by step", ["step"], registry=self.registry)
         self.registry.register(_Gauges(gauges))
 
     def render(self) -> bytes:

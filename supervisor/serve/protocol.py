@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "API",
     "DEFAULT_SOCKET",
+    "ITEM_WORK",
     "MAX_KEY",
     "OWN_SUFFIX",
     "SOCKET_ENV",
@@ -33,6 +34,7 @@ __all__ = [
     "Frame",
     "SubmitRequest",
     "TaskInfo",
+    "body_work",
     "canonical_id",
     "parse_frame",
     "parse_json_body",
@@ -408,6 +410,19 @@ def _stdin(obj: dict[str, Any]) -> tuple[str | None, bytes | None]:
                            f"\"...\"}}, got {shown(value)}")
 
 
+# what one item of a request (an argument, a variable of its environment; a quoted string of a
+# body, a quarter) counts as, in bytes, where the daemon asks whether the work it makes is to be
+# done off its event loop (``Daemon.off_loop``): each is walked in Python at ~0.5-1 us, what
+# ~250 bytes of one long value cost; counted by bytes alone, a session's 3,000 variables
+# in 33 KB were worked on the loop at every command, 5-10 ms each time (an independent attack)
+ITEM_WORK = 256
+
+
+def body_work(body: bytes) -> int:
+    """The work a request body makes, in bytes (:data:`ITEM_WORK`)."""
+    return len(body) + ITEM_WORK * body.count(b'"') // 4
+
+
 class SubmitRequest(NamedTuple):
     """``POST /v1/tasks``: what a client may ask for (checked for shape here, for meaning by
     the core's TaskSpec and property parser in the daemon)."""
@@ -428,6 +443,10 @@ class SubmitRequest(NamedTuple):
     # environment (carried from the command before), no login-like base under it
     session: dict[str, Any] | None = None
     tty: dict[str, int] | None = None  # {"rows", "cols"}: a pseudo-terminal of its own
+
+    def work(self, size: int) -> int:
+        """The work it makes, in bytes (:data:`ITEM_WORK`), as ``size`` bytes."""
+        return size + ITEM_WORK * (len(self.argv) + len(self.env or ()))
 
     def to_json(self) -> dict[str, Any]:
         """The request as JSON (what a client sends, what the daemon records)."""

@@ -35,7 +35,7 @@ from .shares import Shares
 from .specs import build_spec
 
 T = TypeVar("T")
-HEAVY = 64 << 10  # a request above this is worked on off the event loop (Daemon.off_loop)
+HEAVY = 64 << 10  # work above this (bytes, protocol.ITEM_WORK an item) is done off the event loop
 
 if TYPE_CHECKING:
     from .. import Supervisor, TaskSpec
@@ -274,12 +274,16 @@ class Daemon:
                           log_file=log_file, rlimits=rlimits,
                           nofile_soft=self.config.task_nofile_soft)
 
-    async def off_loop(self, uid: int, size: int, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, whose cost grows with a request of ``size`` bytes of ``uid``'s: here
-        if the request is small, else in the offload thread, at ``uid``'s turn (the event
-        loop serves every tenant: no tenant's MiB is walked on it; offload.py)."""
-        if size <= HEAVY:
+    async def off_loop(self, uid: int, work: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, whose cost grows with ``work`` (bytes of a request of ``uid``'s, and
+        ``protocol.ITEM_WORK`` for each of its items: ``SubmitRequest.work``): here if it is
+        small, else in the offload thread, at ``uid``'s turn (the event loop serves every
+        tenant: no tenant's MiB, nor its thousands of variables, is walked on it;
+        offload.py)."""
+        if work <= HEAVY:
             return fn(*args)
+        step = getattr(fn, "func", fn).__name__.lstrip("_")  # (a partial's: its function's)
+        self.metrics.offloaded.labels(step=step).inc()
         return await self.offload.run(uid, fn, *args)
 
     def keep_session_env(self, uid: int, grow: int) -> str | None:

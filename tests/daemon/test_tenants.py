@@ -2205,3 +2205,33 @@ def test_a_property_given_twice_or_an_environment_property_too_long_is_refused_a
         assert "at most 8192 characters" in e.message and len(e.message) < 300, e.message
         assert c.submit(["true"], properties={"Environment": "A=1 B='two words'"}, wait=30
                         ).outcome == "succeeded"
+
+
+def test_a_sessions_thousands_of_small_variables_are_worked_on_off_the_event_loop(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: what a request makes the daemon do was weighed by its
+    bytes alone, but the work is by the variable: a tenant's session setting 3,000 variables
+    (a report of 33 KB, an environment of 57 KB, under the 64 KiB at which work leaves the
+    loop) had its report parsed, compared and weighed, its next command's spec made and its
+    environment encoded, on the event loop at every command: everyone's p99 25-40 times what
+    it was alone.  Each item now counts as ``ITEM_WORK`` bytes; the offload thread's jobs are
+    counted by step (``corral_offloaded_jobs_total``)."""
+    d = start_daemon()
+    many = 'i=0; while [ $i -lt 3000 ]; do export V$i=$i; i=$((i+1)); done'
+
+    def run_in_a_session() -> tuple[dict[str, Any], dict[str, Any]]:
+        with Client(d.socket) as c:
+            sid = c.open_session()["id"]
+            setting = c.exec(sid, many, wait="60s")
+            after = c.exec(sid, 'echo "$V2999"', wait="60s")
+            c.close_session(sid)
+            return setting, after
+
+    setting, after = as_user(users[0], run_in_a_session)
+    assert setting["carried"]["omitted"] > 0
+    assert after["result"]["output"]["stdout"]["head"] == "2999\n"
+    with d.client() as c:
+        jobs = {line.split('"')[1]: float(line.split()[1]) for line in
+                c.metrics().splitlines() if line.startswith("corral_offloaded_jobs_total{")}
+    # (the first command's report; the second command's request made into a spec and kept)
+    assert jobs.get("weigh", 0) >= 1 and jobs.get("prepare", 0) >= 1, jobs
