@@ -35,6 +35,7 @@ from ._isovalues import (
     show,
 )
 from ._spawn import CAPABILITIES, unshare
+from ._units import whole_number
 
 __all__ = [
     "CGROUP_MOUNTS",
@@ -231,7 +232,7 @@ def _id_number(value: str | int, what: str) -> int | None:
     """A uid or gid given as a number (None for a name); SpecError beyond what ids may be."""
     if isinstance(value, str) and not is_number(value):
         return None
-    number = int(value)
+    number = whole_number(value) if isinstance(value, str) else value
     if not 0 <= number <= MAX_ID:
         raise SpecError(what, f"{what} must be a name or an id from 0 to {MAX_ID} (ids are "
                               f"32 bits, and {MAX_ID + 1} means none), got {show(value)}")

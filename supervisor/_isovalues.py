@@ -23,7 +23,7 @@ from typing import Any
 
 from ._errors import SpecError
 from ._spawn import CAPABILITIES, cap_last_cap, capability_name
-from ._units import UnitsError, parse_duration, parse_size
+from ._units import UnitsError, parse_duration, parse_size, whole_number
 
 __all__ = [
     "INFINITY",
@@ -72,8 +72,11 @@ _RLIMIT_RULES = {
 
 
 def show(value: object) -> str:
-    """``value`` as an error message quotes it: strings in double quotes, the rest repr'd."""
-    return f'"{value}"' if isinstance(value, str) else repr(value)
+    """``value`` as an error message quotes it: strings in double quotes, the rest repr'd;
+    past 80 characters, its first 60 and its length (a message is read, and sent back to
+    a daemon's client: 5,000 digits quoted whole were 5 KB of it)."""
+    text = f'"{value}"' if isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def refuse(what: str, rule: str, value: object, fix: str = "") -> SpecError:
@@ -197,7 +200,7 @@ def _rlimit_with_units(text: str, kind: str, what: str) -> int | None:
     if kind == "seconds":  # whole seconds, rounded up (rlimit_parse_sec)
         return math.ceil(parse_duration(text, what, allow_zero=True))
     if kind == "usec":  # a bare number is microseconds (rlimit_parse_usec)
-        return int(text) if is_number(text) else round(
+        return whole_number(text) if is_number(text) else round(
             parse_duration(text, what, allow_zero=True) * 1_000_000)
     size = parse_size(text, what, allow_max=False)
     assert isinstance(size, int)
@@ -207,10 +210,11 @@ def _rlimit_with_units(text: str, kind: str, what: str) -> int | None:
 def _rlimit_plain(text: str, kind: str) -> int | None:
     """A count, or a nice level ("-20".."+19" is 40..1 as RLIMIT_NICE; 0..40 raw)."""
     if kind == "nice" and text[:1] in "+-" and is_number(text[1:]):
-        level = int(text) if text[0] == "-" else int(text[1:])
+        level = -whole_number(text[1:]) if text[0] == "-" else whole_number(text[1:])
         return 20 - level if -20 <= level <= 19 else None
-    if is_number(text) and (kind != "nice" or int(text) <= 40) and int(text) < INFINITY:
-        return int(text)
+    number = whole_number(text) if is_number(text) else None
+    if number is not None and (kind != "nice" or number <= 40) and number < INFINITY:
+        return number
     return None
 
 
@@ -255,7 +259,7 @@ def _capability(word: str | int, what: str, value: object) -> int:
         return word
     if isinstance(word, str):
         text = word.strip().upper()
-        if is_number(text) and int(text) <= cap_last_cap():
+        if is_number(text) and whole_number(text) <= cap_last_cap():
             return int(text)
         if text in CAPABILITIES:
             return CAPABILITIES.index(text)

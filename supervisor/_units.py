@@ -36,6 +36,7 @@ __all__ = [
     "parse_signal",
     "parse_size",
     "parse_weight",
+    "whole_number",
 ]
 
 
@@ -89,7 +90,9 @@ def _exact(token: str) -> Fraction:
     return Fraction(f"{whole or '0'}.{decimals[:100] or '0'}")
 
 
-def _integer(text: str) -> int:
+def whole_number(text: str) -> int:
+    """``int(text)`` of ASCII digits; past 100 digits, 10**100 (int() refuses past 4,300, with
+    a message about Python's own limit: such a number is out of any range anyway)."""
     return int(text) if len(text) <= 100 else _HUGE
 
 
@@ -332,7 +335,7 @@ def parse_count(
             count = _percent_of(text, allow_percent_of, what, rule, value)
             detail = f"{text} of {allow_percent_of} rounds down to 0"
         elif _INTEGER.fullmatch(text):
-            count = _integer(text)
+            count = whole_number(text)
         else:
             raise _refuse(what, rule, value, "" if text else "it is empty")
     if count < 1:
@@ -384,7 +387,7 @@ def parse_weight(value: str | int, what: str, lo: int = 1, hi: int = 10000) -> i
             )
         if not _INTEGER.fullmatch(text):
             raise _refuse(what, rule, value)
-        weight = _integer(text)
+        weight = whole_number(text)
     if not lo <= weight <= hi:
         raise _refuse(what, rule, value)
     return weight
@@ -406,7 +409,7 @@ def parse_signal(value: str | int, what: str = "stop_signal") -> signal.Signals:
         raise _refuse(what, rule, value, _type_detail(value, "a signal"))
     text = value.strip() if isinstance(value, str) else str(value)
     if isinstance(value, int) or _INTEGER.fullmatch(text):
-        number = value if isinstance(value, int) else _integer(text)
+        number = value if isinstance(value, int) else whole_number(text)
         if number == 0:
             raise _refuse(what, rule, value, "signal 0 only probes a process and stops nothing")
         try:

@@ -57,6 +57,7 @@ def test_module_exports_exactly_its_api() -> None:
             "parse_signal",
             "parse_size",
             "parse_weight",
+            "whole_number",
         ]
     )
     assert issubclass(UnitsError, ValueError)

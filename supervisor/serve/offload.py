@@ -1,7 +1,9 @@
 """Work whose cost grows with a request's size, off the event loop and fairly between uids.
 
 A submission of a MiB costs tens of milliseconds of Python to parse, check, serialize and
-record; on the event loop that would stall every tenant's requests for as long.  Such work
+record, and so does one of thousands of small variables (a session's command, and its report:
+its size is counted by its items too, ``protocol.ITEM_WORK``); on the event loop that would
+stall every tenant's requests for as long.  Such work
 goes to :class:`Offload`: one job at a time, in a worker thread, the uids taking turns (round
 robin: a uid with a hundred jobs waiting gets every other turn against a uid with one).  So the
 large requests of every tenant together hold one thread, and the event loop (everyone's small
