@@ -3,11 +3,11 @@
 A submission of a MiB costs tens of milliseconds of Python to parse, check, serialize and
 record, and so does one of thousands of small variables (a session's command, and its report:
 its size is counted by its items too, ``protocol.ITEM_WORK``); on the event loop that would
-stall every tenant's requests for as long.  Such work
-goes to :class:`Offload`: one job at a time, in a worker thread, the uids taking turns (round
-robin: a uid with a hundred jobs waiting gets every other turn against a uid with one).  So the
-large requests of every tenant together hold one thread, and the event loop (everyone's small
-requests) competes with that one thread for the GIL, never with one per tenant.
+stall every tenant's requests for as long.  Such work goes to :class:`Offload`: one job at a
+time, in a worker thread, the uids taking turns (round robin: a uid with a hundred jobs
+waiting gets every other turn against a uid with one).  So the large requests of every tenant
+together hold one thread, and the event loop (everyone's small requests) competes with that
+one thread for the GIL, never with one per tenant.
 
 The thread holds the GIL through each C call of a job (json.loads of a MiB is one call of
 several milliseconds), and the event loop waits for it meanwhile.  So after a job the next one
