@@ -893,30 +893,27 @@ def follow_a_trickle(sock: str, until: float, followers: int) -> dict[str, Any]:
 def session_env_loop(sock: str, until: float) -> dict[str, Any]:
     """A session of ours carrying 840 KB of environment (seven variables of 120 KB), running
     ``true`` in it as fast as each is answered (each carries the environment again)."""
-    counts = collections.Counter({"commands": 0})
-    with Client(sock, timeout=ANSWER + 5) as c:
-        sid = c.open_session()["id"]
-        c.exec(sid, "v=$(head -c 120000 /dev/zero | tr '\\0' a); export B1=$v B2=$v B3=$v "
-                    "B4=$v B5=$v B6=$v B7=$v", wait=ANSWER)
-        while time.monotonic() < until:
-            try:
-                c.exec(sid, "true", wait=ANSWER)
-                counts["commands"] += 1
-            except ApiError as e:
-                counts[f"refused {e.status} {e.code}"] += 1
-                time.sleep(0.05)
-        c.close_session(sid)
-    return dict(counts)
+    return _session_loop(sock, until, "true", first=(
+        "v=$(head -c 120000 /dev/zero | tr '\\0' a); export B1=$v B2=$v B3=$v B4=$v B5=$v "
+        "B6=$v B7=$v"))
 
 
 def session_vars_loop(sock: str, until: float) -> dict[str, Any]:
     """A session of ours whose every command sets new values of 3,000 variables (a report of
     ~33 KB, every variable changed), as fast as each is answered: the work is per variable,
     in a report well under the size at which a request is worked on off the event loop."""
+    return _session_loop(sock, until, "r=$RANDOM; i=0; while [ $i -lt 3000 ]; do "
+                                      "export V$i=$r; i=$((i+1)); done")
+
+
+def _session_loop(sock: str, until: float, command: str, first: str | None = None,
+                  ) -> dict[str, Any]:
+    """A session of ours running ``first``, then ``command`` as fast as each is answered."""
     counts = collections.Counter({"commands": 0})
-    command = ('r=$RANDOM; i=0; while [ $i -lt 3000 ]; do export V$i=$r; i=$((i+1)); done')
     with Client(sock, timeout=ANSWER + 5) as c:
         sid = c.open_session()["id"]
+        if first is not None:
+            c.exec(sid, first, wait=ANSWER)
         while time.monotonic() < until:
             try:
                 c.exec(sid, command, wait=ANSWER)

@@ -32,9 +32,9 @@ class DaemonTask:
 
     __slots__ = ("_entry", "_listed", "carried", "created_at", "demoted", "done", "ended_at",
                  "exit_status", "gid", "groups", "handed_back", "handle", "holds", "id", "kept",
-                 "outcome", "output", "peer_pid", "pid", "recorded", "request", "result_json",
-                 "result_weight", "size", "spec", "started", "started_at", "state", "stop_force",
-                 "stop_requests", "uid")
+                 "limits_bytes", "outcome", "output", "peer_pid", "pid", "recorded", "request",
+                 "result_json", "result_weight", "size", "spec", "started", "started_at", "state",
+                 "stop_force", "stop_requests", "uid")
 
     def __init__(self, task_id: str, uid: int, gid: int, peer_pid: int,
                  request: SubmitRequest, spec: TaskSpec | None, output: str, created_at: float,
@@ -46,6 +46,8 @@ class DaemonTask:
         self.peer_pid = peer_pid
         self.request = request
         self.size = size  # the request's bytes as sent (what a queued task holds: ~5 times)
+        # of which its submitter's limits (a tenant's: ~630), kept in its row, not its request's
+        self.limits_bytes = 0
         self.holds = 0  # the disk's room its output may take while it runs (room.py)
         self.spec = spec  # None: not to be started here (lost, or adopted)
         self.output = output  # stdout's file; stderr's is output + ".stderr"

@@ -91,6 +91,7 @@ async def recover(d: Daemon, runs: dict[int, dict[str, Any]],
         s = d.sessions[row["id"]] = Session.from_row(row)
         # (counted whatever the bound: kept before, it stays until the session closes)
         d.session_env[s.uid] = d.session_env.get(s.uid, 0) + env_weight(s.env)
+        d.session_vars[s.uid] = d.session_vars.get(s.uid, 0) + len(s.env or ())
         d.room.hold(env_weight(s.env))
     rows = await d.records.unfinished()  # (this run has accepted nothing yet)
     fates: dict[int | None, _Cleanup] = {}
@@ -138,6 +139,7 @@ def _task_and_why(d: Daemon, row: dict[str, Any]) -> tuple[DaemonTask, ApiError 
     t = DaemonTask(row["id"], row["uid"], row["gid"], row["peer_pid"] or 0, request, None,
                    os.path.join(d.output_dir, row["id"]), row["created_at"],
                    tuple(row["groups"] or ()), size=len(json.dumps(row["spec"])))
+    t.limits_bytes = 0 if row.get("rlimits") is None else len(json.dumps(row["rlimits"]))
     s = None if t.session is None else d.sessions.get(t.session)
     if s is not None:
         s.running.add(t.id)

@@ -8,8 +8,9 @@ reserve and left every tenant's submissions refused.  So the daemon also keeps a
 of the disk's room for output (``OutputDisk.room``: 80% of what the filesystem had):
 
 - a finished task holds what its row says (``bytes``: its files, its result, its request,
-  its name and key, ``rows.row_bytes``); an expired one's tombstone, its key twice and a few
-  columns (``rows.tomb_bytes``) until it is trimmed (to an eighth of the room, per uid fairly);
+  its name and key, each row in its share of its table's pages: ``rows.row_bytes``); an
+  expired one's tombstone, its key twice and a few columns (``rows.tomb_bytes``) until it is
+  trimmed (to an eighth of the room, per uid fairly);
   a session, the environment it keeps;
 - a running task holds its worst case (:func:`worst`: both streams at the cap with their kept
   tails, its request and result), from the moment it is counted running until its end row

@@ -30,6 +30,7 @@ __all__ = [
     "get",
     "get_session",
     "held_bytes",
+    "in_pages",
     "insert",
     "insert_run",
     "insert_session",
@@ -55,22 +56,41 @@ __all__ = [
 ]
 
 MAX_TOMBSTONES = 100_000  # expired ids remembered at most; each uid's oldest go first
-# What a row takes on disk beside its request, result and output files (``end_values``): its
-# columns and its entries in the tasks' indexes, and its idempotency key twice more (the
-# column and the unique index); a tombstone: its columns, its key twice (the column and its
-# index).  Measured with dbstat (tests/daemon/test_records_room.py): a row of short values
-# takes ~180 bytes, a tombstone ~40, each plus its key twice.
-ROW_BYTES = 256
+# What a task's row takes on disk beside what it keeps (its result, listing, what it carried,
+# its submitter's limits: ``end_values``): its other columns (its leaf's path, times, ids) and
+# its entries in the tasks' indexes, and its idempotency key twice more (the column and the
+# unique index); a tombstone: its columns, its key twice (the column and its index).  Measured
+# with SQLite's dbstat (500 rows of `true`: root's 2,392 bytes of pages a task, a tenant's
+# 4,440), a tombstone ~40 bytes, each plus its key twice.
+ROW_COLUMNS = 128
+ROW_INDEXES = 128
 TOMB_BYTES = 64
+# SQLite's page (the records' default), and what of it a table's leaf gives its rows: a leaf
+# holds whole rows only, so a row of 2.1 KB takes a page alone (a tenant's `true` was counted
+# 3.2 KB and took 4.4: its result and limits are ~2.9 KB); a row past that overflows into pages
+# of PAGE - 4
+PAGE = 4096
+PAGE_ROWS = 4061
 
 
 def key_bytes(key: str | None) -> int:
     return 0 if key is None else len(key.encode("utf-8", "surrogatepass"))
 
 
-def row_bytes(key: str | None, name: str | None) -> int:
-    """What a task's row takes beside its request and result (counted in ``bytes``)."""
-    return ROW_BYTES + 2 * key_bytes(key) + key_bytes(name)
+def in_pages(size: int) -> int:
+    """What a row of ``size`` bytes takes of its table's pages (:data:`PAGE_ROWS`): its share
+    of a page, rows sharing one whole, or the pages it overflows into."""
+    cell = size + 12  # (its header and its rowid)
+    if cell <= PAGE_ROWS:
+        return PAGE // (PAGE_ROWS // cell)
+    return PAGE * -(-cell // (PAGE - 4))
+
+
+def row_bytes(kept: int, key: str | None, name: str | None) -> int:
+    """What a task's row takes with ``kept`` bytes of its own (its result, listing, what it
+    carried, its submitter's limits) in it (counted in ``bytes``, with its request's)."""
+    return in_pages(kept + ROW_COLUMNS + key_bytes(key) + key_bytes(name)) + ROW_INDEXES + \
+        key_bytes(key)
 
 
 def tomb_bytes(key: str | None) -> int:

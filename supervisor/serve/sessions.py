@@ -40,6 +40,10 @@ MAX_STATE = 1 << 20  # bytes of a command's reported state read (its directory +
 # that would carry more carries nothing, and says why): 64 sessions of a MiB each filled a
 # small state disk, and nothing counted it
 ENV_PER_UID = 4 << 20
+# and variables of them (the daemon holds each as Python objects, ~150-250 bytes apiece, two
+# or three times over while a command runs): 30,000 small variables a session, within the
+# bytes above, took a daemon from 49 to 251 MB for two tenants (an independent attack)
+VARS_PER_UID = 32768
 MAX_SESSIONS_PER_UID = 64  # open sessions a uid may hold
 # characters of variable names a command's ``carried`` lists (set, unset, not carried: the
 # rest are counted as ``omitted``): each command's is in every listing of it, and 500 names of

@@ -30,7 +30,7 @@ from .protocol import DEFAULT_SOCKET, ApiError, SubmitRequest
 from .records import Records, Retention
 from .room import BLOCK, Room, worst
 from .scheduler import QueueLimits, Scheduler
-from .sessions import ENV_PER_UID, Session
+from .sessions import ENV_PER_UID, VARS_PER_UID, Session
 from .shares import Shares
 from .specs import build_spec
 
@@ -47,7 +47,7 @@ __all__ = ["DEFAULT_STATE_DIR", "Config", "Daemon", "OutputDisk", "expired_error
 
 DEFAULT_STATE_DIR = "/var/lib/corral"
 ANSWERS_HELD = 32 << 20  # bytes of finished tasks' large answers kept encoded (Answers)
-BIG_REQUEST = 64 << 10  # a finished task with a request above this is not kept in memory
+BIG_REQUEST = 64 << 10  # a finished task whose request's work is above this is not kept
 
 
 class Config(NamedTuple):
@@ -211,6 +211,7 @@ class Daemon:
         self.tasks: dict[str, DaemonTask] = {}
         self.sessions: dict[str, Session] = {}  # the open ones (closed: in the records only)
         self.session_env: dict[int, int] = {}  # bytes of the open sessions' env, per uid
+        self.session_vars: dict[int, int] = {}  # and their variables
         self.keys: dict[tuple[int, str], str] = {}  # (uid, idempotency key) -> task id
         self.key_filter = KeyFilter()  # the keys the records may hold (keyfilter.py)
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -286,20 +287,26 @@ class Daemon:
         self.metrics.offloaded.labels(step=step).inc()
         return await self.offload.run(uid, fn, *args)
 
-    def keep_session_env(self, uid: int, grow: int) -> str | None:
-        """Count ``grow`` more bytes of ``uid``'s sessions' environments (negative: fewer)
-        as kept in the records; why not (the command then carries nothing), or None."""
-        held = self.session_env.get(uid, 0)
+    def keep_session_env(self, uid: int, grow: int, more: int) -> str | None:
+        """Count ``grow`` more bytes and ``more`` variables of ``uid``'s sessions'
+        environments (negative: fewer) as kept in the records and in memory; why not (the
+        command then carries nothing), or None."""
+        held, variables = self.session_env.get(uid, 0), self.session_vars.get(uid, 0)
         if grow > 0 and held + grow > ENV_PER_UID:
             return (f"nothing carried over: your open sessions' environments would hold "
                     f"{held + grow} bytes, above a uid's {ENV_PER_UID}; unset what you do not "
                     f"need, or close sessions you are done with")
+        if more > 0 and variables + more > VARS_PER_UID:
+            return (f"nothing carried over: your open sessions' environments would hold "
+                    f"{variables + more} variables, above a uid's {VARS_PER_UID}; unset what "
+                    f"you do not need, or close sessions you are done with")
         if not self.room.keeps(grow):
             return ("nothing carried over: the state disk has no room for this environment "
                     "(the records keep it); unset what you do not need, or retry later")
-        self.session_env[uid] = held + grow
-        if self.session_env[uid] <= 0:
-            del self.session_env[uid]
+        for counts, by in ((self.session_env, grow), (self.session_vars, more)):
+            counts[uid] = counts.get(uid, 0) + by
+            if counts[uid] <= 0:
+                del counts[uid]
         return None
 
     def _measure(self, held: int) -> OutputDisk:
@@ -377,8 +384,10 @@ class Daemon:
         self.metrics.finished.labels(outcome=t.outcome or "lost").inc()
         self.publish(t, "finished")
         self._finished[t.id] = None
-        if t.size > BIG_REQUEST and t.recorded:
-            self.forget(t.id)  # (answered from its record: a MiB of request held 5 MiB)
+        if t.work > BIG_REQUEST and t.recorded:
+            # (answered from its record: a MiB of request held 5 MiB, and 256 session commands
+            # of 3,000 variables each held 3,000 of their own, as Python objects)
+            self.forget(t.id)
         self.evict()
         self.task_left()
         self.retention_due.set()

@@ -556,7 +556,8 @@ async def test_a_users_stop_of_a_queued_task_written_once_the_drain_began_is_not
             t = SimpleNamespace(
                 id=reason, uid=1, holds=0, state="queued", outcome="cancelled",
                 exit_status=None, started_at=None, ended_at=1.0, pid=None, output="/nonexistent",
-                size=10, listed="", carried=None, recorded=False, handle=None, spec=None, kept={},
+                size=10, limits_bytes=0, listed="", carried=None, recorded=False, handle=None,
+                spec=None, kept={},
                 done=trio.Event(), request=SimpleNamespace(idempotency_key=None, name=None,
                                                            argv=["true"]),
                 result_json={"outcome": "cancelled", "stop": {"reason": reason}})

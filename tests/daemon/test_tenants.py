@@ -2163,11 +2163,12 @@ def test_sessions_carrying_and_closing_never_grow_the_outputs_room(
     disk = small_disk(state, "32m")
     d = start_daemon("--max-running", "4", "--retain-count", "1", state_dir=str(state),
                      wrap=disk.wrap)  # (each task's end expires one: the freed pages go back)
-    # (its own report: 150,000 variables, empty, of three-letter names: ~1.3 MB of weight)
+    # (its own report: 30,000 variables of three-letter names, each six control characters,
+    # six bytes apiece in JSON: ~1.4 MB of weight, within a uid's 32,768 variables)
     forge = ("python3 -c \"import os, itertools; c = b'abcdefghijklmnopqrstuvwxyz0123456789'; "
-             "names = [bytes(t) for t in itertools.product(c, c, c)]; "
-             "b = b'corral-session-state 1\\0/tmp\\0' + b''.join(n + b'=\\0' for n in "
-             "names) + b'corral-session-end\\0'; "
+             "names = [bytes(t) for t in itertools.product(c, c, c)][:30000]; "
+             "b = b'corral-session-state 1\\0/tmp\\0' + b''.join(n + b'=' + b'\\1' * 6 + "
+             "b'\\0' for n in names) + b'corral-session-end\\0'; "
              "[os.write(3, b[i:i + 65536]) for i in range(0, len(b), 65536)]\"; trap - EXIT")
     with d.client() as c:
         first = c.limits()["output_cap_bytes"]
@@ -2235,3 +2236,32 @@ def test_a_sessions_thousands_of_small_variables_are_worked_on_off_the_event_loo
                 c.metrics().splitlines() if line.startswith("corral_offloaded_jobs_total{")}
     # (the first command's report; the second command's request made into a spec and kept)
     assert jobs.get("weigh", 0) >= 1 and jobs.get("prepare", 0) >= 1, jobs
+
+
+def test_a_uids_sessions_keep_a_bounded_number_of_variables(start_daemon: Start,
+                                                             users: list[User]) -> None:
+    """Found by an independent attack: a uid's sessions' environments were bounded by their
+    bytes (4 MiB), but the daemon holds each variable as Python objects, ~150-250 bytes
+    apiece: two tenants' sessions of 30,000 small variables each took the daemon from 49 to
+    251 MB.  A uid's open sessions keep at most 32,768 variables together: a command that would
+    carry more carries nothing and says why; closing a session gives its variables back."""
+    d = start_daemon()
+
+    def forge(n: int) -> str:  # (its own report on fd 3: n empty variables)
+        return ("/usr/bin/python3 -c \"import os; b = b'corral-session-state 1\\0/tmp\\0' + "
+                f"b''.join(b'V%d=\\0' % i for i in range({n})) + b'corral-session-end\\0'; "
+                "[os.write(3, b[i:i + 65536]) for i in range(0, len(b), 65536)]\"; trap - EXIT")
+
+    def carry_in_two_sessions() -> list[dict[str, Any]]:
+        with Client(d.socket) as c:
+            one, two = c.open_session()["id"], c.open_session()["id"]
+            carried = [c.exec(one, forge(20_000), wait="60s")["carried"],
+                       c.exec(two, forge(20_000), wait="60s")["carried"]]
+            c.close_session(one)
+            carried.append(c.exec(two, forge(20_000), wait="60s")["carried"])
+            c.close_session(two)
+            return carried
+
+    first, second, after_closing = as_user(users[0], carry_in_two_sessions)
+    assert "nothing" not in first and "nothing" not in after_closing, (first, after_closing)
+    assert "40" in second["nothing"] and "above a uid's 32768" in second["nothing"], second

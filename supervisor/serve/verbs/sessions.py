@@ -127,7 +127,7 @@ async def close(d: Daemon, req: Request, id: str) -> Response:
         raise _unavailable(e, f"session {id} is still open") from None
     s.closed_at = closed_at
     del d.sessions[id]
-    d.keep_session_env(s.uid, -s.weigh(s.env))
+    d.keep_session_env(s.uid, -s.weigh(s.env), -len(s.env or ()))
     return json_response(200, {**s.to_json(), "stopped": stopped}, s.weight())
 
 

@@ -111,6 +111,7 @@ async def _accept_admitted(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
     t = DaemonTask(task_id, peer.uid, peer.gid, peer.pid, r, spec, output, time.time(),
                    peer.groups, size=size)
     t.holds = cost if reserved else 0
+    t.limits_bytes = limits_bytes(rlimits)
     accepted(d, t, reserved=reserved)
     return t
 
@@ -231,8 +232,12 @@ def kept_bytes(text: tuple[str, tuple[str, str] | None],
     """What a new task's accept writes of its request (``_prepare``'s text, and its
     environment if apart) and of its submitter's limits."""
     spec, env = text
-    return len(spec) + (0 if env is None else len(env[1])) + (
-        0 if rlimits is None else len(dumps_in_slices(rlimits)))
+    return len(spec) + (0 if env is None else len(env[1])) + limits_bytes(rlimits)
+
+
+def limits_bytes(rlimits: dict[str, tuple[int, int]] | None) -> int:
+    """What the submitter's limits take in its task's row."""
+    return 0 if rlimits is None else len(dumps_in_slices(rlimits))
 
 
 def _row(d: Daemon, peer: Peer, r: SubmitRequest, text: tuple[str, tuple[str, str] | None],
