@@ -343,6 +343,7 @@ def _carry(d: Daemon, t: DaemonTask,
     # (the environment only if it changed: a session carrying a MiB of it rewrote that MiB
     # with every command's end, and every other uid's commit waited for it)
     if env_before is not None and (s.env is env_before or s.env == env_before):
+        s.env = env_before  # (the same: its weight, kept, is not walked again at the next exec)
         return s.id, {"cwd": s.cwd}
     was = s.weigh(env_before)  # (kept from the command before: one environment is kept)
     if isinstance(reported, Reported) and s.env is reported.env:

@@ -136,10 +136,11 @@ def _task_and_why(d: Daemon, row: dict[str, Any]) -> tuple[DaemonTask, ApiError 
     request that no longer parses is read as its command alone, with why it cannot run: one
     row never stops a start."""
     request, why = _recorded_request(row)
+    limits = 0 if row.get("rlimits") is None else len(json.dumps(row["rlimits"]))
     t = DaemonTask(row["id"], row["uid"], row["gid"], row["peer_pid"] or 0, request, None,
                    os.path.join(d.output_dir, row["id"]), row["created_at"],
-                   tuple(row["groups"] or ()), size=len(json.dumps(row["spec"])))
-    t.limits_bytes = 0 if row.get("rlimits") is None else len(json.dumps(row["rlimits"]))
+                   tuple(row["groups"] or ()), size=len(json.dumps(row["spec"])) + limits)
+    t.limits_bytes = limits  # (as an accept counts them: in its size, kept in its row)
     s = None if t.session is None else d.sessions.get(t.session)
     if s is not None:
         s.running.add(t.id)
