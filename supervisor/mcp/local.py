@@ -50,9 +50,9 @@ from ..serve.sessions import (
     MAX_STATE,
     Session,
     carried_state,
-    parse_state,
     session_argv,
     state_pipe,
+    weigh,
 )
 from ..syntax import parse_properties
 from .backend import (
@@ -261,7 +261,8 @@ class LocalBackend:
         elif cmd.demoted:
             cmd.carried = {"nothing": DEMOTED}
         else:
-            state = parse_state(bytes(cmd.state), cmd.truncated) if result.started else None
+            state = weigh(bytes(cmd.state), cmd.truncated, session.env or {}) \
+                if result.started else None
             cmd.carried = carried_state(session, str(result.outcome), cmd.background,
                                         state if state is not None else "it never ran")
         cmd.ended.set()

@@ -336,10 +336,9 @@ def _carry(d: Daemon, t: DaemonTask,
     if s.current == t.id:
         s.current = None
     background = bool((t.request.session or {}).get("background"))
-    started_with = None if t.spec is None or t.spec.env is None else dict(t.spec.env)
     env_before, cwd_before = s.env, s.cwd
     t.carried = {"nothing": DEMOTED} if t.demoted else carried_state(
-        s, str(t.outcome), background, reported, started_with)
+        s, str(t.outcome), background, reported)
     # (the environment only if it changed: a session carrying a MiB of it rewrote that MiB
     # with every command's end, and every other uid's commit waited for it)
     if env_before is not None and (s.env is env_before or s.env == env_before):

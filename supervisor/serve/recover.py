@@ -38,7 +38,7 @@ from .daemontask import DaemonTask
 from .dispatch import adopt, dispatch, take_result
 from .peers import Peer
 from .protocol import ApiError, SubmitRequest, parse_submit
-from .sessions import Session, env_weight
+from .sessions import Session
 
 if TYPE_CHECKING:
     from .. import TaskHandle
@@ -90,9 +90,10 @@ async def recover(d: Daemon, runs: dict[int, dict[str, Any]],
     for row in await d.records.open_sessions():
         s = d.sessions[row["id"]] = Session.from_row(row)
         # (counted whatever the bound: kept before, it stays until the session closes)
-        d.session_env[s.uid] = d.session_env.get(s.uid, 0) + env_weight(s.env)
+        weight = s.weigh(s.env)  # (once, and kept for its first exec)
+        d.session_env[s.uid] = d.session_env.get(s.uid, 0) + weight
         d.session_vars[s.uid] = d.session_vars.get(s.uid, 0) + len(s.env or ())
-        d.room.hold(env_weight(s.env))
+        d.room.hold(weight)
     rows = await d.records.unfinished()  # (this run has accepted nothing yet)
     fates: dict[int | None, _Cleanup] = {}
     counts = {"queued": 0, "adopted": 0, "lost": 0}

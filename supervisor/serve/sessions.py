@@ -221,13 +221,11 @@ DEMOTED = ("the session ran another command before this one ended: it became bac
 
 
 def carried_state(session: Session, outcome: str, background: bool,
-                  state: Reported | str | None,
-                  started_with: dict[str, str] | None = None) -> dict[str, Any]:
+                  state: Reported | str | None) -> dict[str, Any]:
     """What a finished command leaves its session (and the session updated): the ``carried``
     JSON of its row, ``{"cwd", "set", "unset"}`` (the variables it changed, against the
-    environment it started with: ``started_with``, else the session's; and
-    ``"not_carried"``, the names of those that are not UTF-8, if any) or
-    ``{"nothing": why}``."""
+    environment it started with, as :func:`weigh` compared them; and ``"not_carried"``, the
+    names of those that are not UTF-8, if any) or ``{"nothing": why}``."""
     if background:
         return {"nothing": "a background command carries nothing over"}
     if outcome not in CARRIES:
@@ -237,13 +235,9 @@ def carried_state(session: Session, outcome: str, background: bool,
                            "of corral serve, or corral failed to follow it)"}
     if isinstance(state, str):
         return {"nothing": state}
-    cwd, env, skipped = state.cwd, state.env, state.skipped
-    if state.changed is not None and state.gone is not None:
-        changed, gone = state.changed, state.gone
-    else:
-        before = started_with if started_with is not None else session.env or {}
-        changed = sorted(k for k, v in env.items() if before.get(k) != v)
-        gone = sorted(k for k in before if k not in env)
+    cwd, env, skipped, changed, gone = state.cwd, state.env, state.skipped, state.changed, \
+        state.gone
+    assert changed is not None and gone is not None, "a report is read by weigh()"
     session.cwd, session.env = cwd, env
     budget = [CARRIED_NAMES]
     carried: dict[str, Any] = {"cwd": cwd, "set": names_within(changed, budget),
