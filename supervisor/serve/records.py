@@ -303,7 +303,10 @@ class Records:
         """Queue a write and return once it is committed (``fn`` None: just flush the lazy
         updates).  The first writer to find no flush running flushes (every write queued at
         that moment, its own among them), then hands the turn to the oldest write queued
-        meanwhile (:meth:`_hand_over`); the others wait for theirs.  Shielded:
+        meanwhile (:meth:`_hand_over`); the others wait for theirs, and return (a writer
+        whose write another's flush committed handed the turn over too, and a second flush
+        began beside the one running: commits of one or two writes each, ~1.5 under two
+        tenants' floods, each flush waiting for the records' thread).  Shielded:
         once asked for, a write is finished or failed, never abandoned half way.
         Every write but a new task's or session's records what already happened (a task's
         start or end, a run's, retention) and may use the reserve (:class:`Reserve`) when
@@ -314,10 +317,11 @@ class Records:
         with trio.CancelScope(shield=True):
             if self._flushing:
                 await w.wake.wait()  # committed, or it is this write's turn to flush
-            self._flushing = True
-            while not w.done:
-                await self._flush_batch()
-            self._hand_over()
+            if not w.done:  # (committed by another's flush: that one hands the turn over)
+                self._flushing = True
+                while not w.done:
+                    await self._flush_batch()
+                self._hand_over()
         if w.error is not None:
             self.failures += 1
             raise w.error
