@@ -50,6 +50,7 @@ MAX_SESSIONS_PER_UID = 64  # open sessions a uid may hold
 # a thousand characters made one half a MB
 CARRIED_NAMES = 2048
 MAX_CWD = 4096  # bytes of a directory a command carries (PATH_MAX; a request's cwd: MAX_TEXT)
+MAX_VARIABLE = 131072  # bytes of one NAME=VALUE an exec takes, its NUL included (MAX_ARG_STRLEN)
 MAGIC = b"corral-session-state 1\0"
 END = b"corral-session-end\0"  # (after the environment: env(1) listed it whole)
 
@@ -193,9 +194,11 @@ def parse_state(data: bytes, truncated: bool) -> Reported | str:
         shown = cwd if len(cwd) <= 64 else cwd[:61] + "..."
         return f"its working directory {shown!r} is not an absolute path"
     try:  # (all of it at once, the usual case: a variable at a time is a us each)
-        entries = (e.partition("=") for e in rest.decode().split("\0"))
-        return Reported(cwd, {k: v for k, eq, v in entries if eq and k
-                              and k not in NOT_CARRIED}, [])
+        parts = rest.decode().split("\0")
+        if max(map(len, parts)) < MAX_VARIABLE // 4:  # (else: one may be too long, below)
+            entries = (e.partition("=") for e in parts)
+            return Reported(cwd, {k: v for k, eq, v in entries if eq and k
+                                  and k not in NOT_CARRIED}, [])
     except UnicodeDecodeError:
         pass
     env: dict[str, str] = {}
@@ -203,6 +206,12 @@ def parse_state(data: bytes, truncated: bool) -> Reported | str:
     for entry in rest.split(b"\0"):
         name, eq, value = entry.partition(b"=")
         if not eq or not name:
+            continue
+        if len(entry) >= MAX_VARIABLE:
+            # (no exec takes it: every later command of the session failed to start, E2BIG;
+            # a shell cannot report one, env(1) fails first: a report written by hand)
+            shown = name[:64].decode(errors="backslashreplace")
+            skipped.append(shown + "..." * (len(name) > 64))
             continue
         try:
             key, text = name.decode(), value.decode()

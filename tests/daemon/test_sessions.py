@@ -561,6 +561,26 @@ def test_an_exec_answer_does_not_send_the_sessions_environment_back(
         assert shown.spec is not None and len(shown.spec["env"]["A"]) == 120_000
 
 
+def test_a_variable_no_exec_takes_is_never_carried(start_daemon: Start) -> None:
+    """Found by an independent attack: a command's own report on fd 3 with a variable of
+    900 KB (name or value; a shell cannot report one, env(1) fails first) was carried, and
+    every later command of the session failed to start (E2BIG).  A variable past the 128 KiB
+    one exec's string may be is not carried, and named (its first 64 characters) in
+    ``not_carried``; the others carry, and the next command runs."""
+    d = start_daemon()
+    forge = ("python3 -c \"import os; os.write(3, b'corral-session-state 1\\0/tmp\\0' + "
+             "b'N' * 900000 + b'=1\\0B=' + b'v' * 140000 + b'\\0A=1\\0corral-session-end\\0')\"; "
+             "trap - EXIT; exit 0")
+    with d.client() as c:
+        sid = c.open_session(cwd="/tmp")["id"]
+        forged = c.exec(sid, forge, wait="20s")
+        after = c.exec(sid, 'echo "$A"', wait="20s")
+    assert forged["outcome"] == "succeeded", forged
+    carried = forged["carried"]
+    assert carried["set"] == ["A"] and carried["not_carried"] == ["B", "N" * 64 + "..."], carried
+    assert after["outcome"] == "succeeded" and stdout_of(after) == "1\n", after
+
+
 def test_a_directory_longer_than_a_path_is_never_carried(start_daemon: Start) -> None:
     """A command may write its shell's report on fd 3 itself: a "directory" of a MiB was
     carried into every later command's request and result (a tenant's 34-byte exec made 5 MB
