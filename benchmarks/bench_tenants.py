@@ -46,6 +46,8 @@ Attacks (``--only``):
   connections      one process holds as many idle connections as it can (1024 tried, 300 with
                    --quick), making a new one for each the daemon closes.
   slow_headers     the same, each sending a request head one byte every 0.1 s.
+  two_floods       two attacker tenants (a second user), each submitting ``true`` with a
+                   ``wait`` for its result from 6 threads at once, as fast as answered.
   retention        4 connections finish ``true`` tasks as fast as they can, --retain-count 50;
                    the victim's result made just before each attack phase must still be there
                    after it (the victim makes at most 20 requests per phase here, to stay
@@ -86,6 +88,7 @@ import json
 import math
 import os
 import pwd
+import re
 import secrets
 import select
 import selectors
@@ -113,6 +116,7 @@ WARM_UP = 0.5  # seconds the attack runs before the victim's phase starts
 TICK = 0.25  # seconds between two RSS samples
 GOAL = 3.0  # p99 under attack / p99 alone
 RETAIN = 50  # --retain-count for the retention attack
+FLOOD_THREADS = 6  # two_floods: threads of each attacker (an independent attack: 1-12)
 TRICKLE_FOLLOWERS = 100  # the trickle_followers attack's connections following one output
 SUBSCRIBERS = 240  # the subscribers attack's unread event streams (asked for; 16 are taken)
 RETENTION_REQUESTS = 20  # victim requests per phase there: fewer than RETAIN / 2
@@ -151,19 +155,20 @@ class User(NamedTuple):
 # ---- the run's users, programs and daemons ---------------------------------------------------
 
 @contextlib.contextmanager
-def tenants() -> Iterator[tuple[User, User]]:
-    """(attacker, victim): two users made with useradd, removed with userdel on the way out
-    (a user some process still runs as cannot be removed: everything of theirs ends first)."""
+def tenants() -> Iterator[tuple[User, User, User]]:
+    """(attacker, victim, second attacker): three users made with useradd, removed with
+    userdel on the way out (a user some process still runs as cannot be removed: everything
+    of theirs ends first)."""
     tag = secrets.token_hex(3)
     made: list[User] = []
     try:
-        for role in ("a", "v"):
+        for role in ("a", "v", "b"):
             name = f"corral-bench-{tag}-{role}"
             subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
                             "/usr/sbin/nologin", name], check=True, capture_output=True)
             pw = pwd.getpwnam(name)
             made.append(User(name, pw.pw_uid, pw.pw_gid))
-        yield made[0], made[1]
+        yield made[0], made[1], made[2]
     finally:
         for u in made:
             r = subprocess.run(["userdel", u.name], capture_output=True, text=True)
@@ -303,10 +308,10 @@ AFFINITY: dict[int, set[int]] = {}  # --pin: uid -> the CPUs its processes are h
 
 
 @contextlib.contextmanager
-def pinned(cgroup: str, uid: int) -> Iterator[None]:
-    """(--pin) Meanwhile, a thread on ``uid``'s CPUs moves every process and thread of that
-    uid it finds under ``cgroup`` there, every :data:`PIN_EVERY` s."""
-    cpus = AFFINITY.get(uid)
+def pinned(cgroup: str, uids: set[int]) -> Iterator[None]:
+    """(--pin) Meanwhile, a thread on the attackers' CPUs moves every process and thread of
+    ``uids`` it finds under ``cgroup`` there, every :data:`PIN_EVERY` s."""
+    cpus = next((AFFINITY[u] for u in uids if u in AFFINITY), None)
     if cpus is None:
         yield
         return
@@ -323,7 +328,7 @@ def pinned(cgroup: str, uid: int) -> Iterator[None]:
                     found.update(int(tid) for tid in f.read().split())
             for tid in found - moved:
                 with contextlib.suppress(OSError):  # (gone meanwhile)
-                    if os.stat(f"/proc/{tid}").st_uid == uid:
+                    if os.stat(f"/proc/{tid}").st_uid in uids:
                         os.sched_setaffinity(tid, cpus)
             moved = found
 
@@ -442,13 +447,15 @@ def victim_requests(sock: str, seconds: float, interval: float,
     much of each was the submission (until its 201), and why the others were not answered."""
     took: list[float] = []
     submits: list[float] = []
+    phases: list[list[float]] = []  # (request -> created, -> started, -> ended, -> answer)
     failed: list[str] = []
     end = time.monotonic() + seconds
     next_at = time.monotonic()
+    ran, waited = _schedstat()
     while time.monotonic() < end and (limit is None or len(took) + len(failed) < limit):
         time.sleep(max(0.0, next_at - time.monotonic()))
         next_at = time.monotonic() + interval
-        t0 = time.perf_counter()
+        t0, wall = time.perf_counter(), time.time()
         problem = None
         try:
             with Client(sock, timeout=ANSWER + 5) as c:
@@ -464,6 +471,9 @@ def victim_requests(sock: str, seconds: float, interval: float,
         except OSError as e:  # (DaemonUnavailable, a socket timeout)
             problem = f"{type(e).__name__}: {e}"[:120]
         elapsed = time.perf_counter() - t0
+        if problem is None and info.created_at and info.started_at and info.ended_at:
+            phases.append([info.created_at - wall, info.started_at - info.created_at,
+                           info.ended_at - info.started_at, wall + elapsed - info.ended_at])
         if problem is None and elapsed > ANSWER:
             problem = f"answered after {elapsed:.0f}s"
         if problem is None:
@@ -471,7 +481,16 @@ def victim_requests(sock: str, seconds: float, interval: float,
             submits.append(submitted)
         else:
             failed.append(problem)
-    return {"took": took, "submits": submits, "failed": failed}
+    ran_after, waited_after = _schedstat()
+    return {"took": took, "submits": submits, "phases": phases, "failed": failed,
+            "own_cpu": [ran_after - ran, waited_after - waited, len(took) + len(failed)]}
+
+
+def _schedstat() -> tuple[float, float]:
+    """This thread's seconds on a CPU and waiting for one, so far (/proc/self/schedstat)."""
+    with open("/proc/thread-self/schedstat") as f:
+        ran, waited, _ = f.read().split()
+    return int(ran) / 1e9, int(waited) / 1e9
 
 
 def victim_marker(sock: str) -> str:
@@ -812,6 +831,21 @@ def keyed_submissions(sock: str, until: float) -> dict[str, Any]:
     return {"tasks": done, **refused}
 
 
+def waited_submissions(sock: str, until: float, threads: int) -> dict[str, Any]:
+    """``true`` submitted with a ``wait`` for its result (one request each), as fast as
+    answered, from ``threads`` threads at once (a connection each)."""
+    done = collections.Counter({"tasks": 0})
+
+    def loop() -> None:
+        with Client(sock, timeout=ANSWER + 5) as c:
+            while time.monotonic() < until:
+                c.submit(["true"], wait=ANSWER)
+                done["tasks"] += 1
+
+    _in_threads(threads, loop)
+    return dict(done)
+
+
 def show_big_task(sock: str, until: float) -> dict[str, Any]:
     """A finished task of ours with a 1 MiB argv, then its ``GET /v1/tasks/ID`` (a 2.5 MB
     answer) as fast as the daemon answers it."""
@@ -934,6 +968,7 @@ class Env:
     victim: User
     stopper: str
     connections: int
+    second: User  # a second attacker (two_floods)
     disk: str | None = None
 
 
@@ -967,6 +1002,11 @@ def _start_sigstop(crew: Crew, env: Env, until: float) -> Started:
                             user=a.uid, group=a.gid, extra_groups=[], start_new_session=True)
     return Started([crew.fork_as(a, "submitter", keep_stoppable_tasks, env.sock, until,
                                  keep_root=True)], [loop])
+
+
+def _start_two_floods(crew: Crew, env: Env, until: float) -> Started:
+    return Started([crew.fork_as(user, f"attacker {user.name}", waited_submissions, env.sock,
+                                 until, FLOOD_THREADS) for user in (env.attacker, env.second)])
 
 
 def _start_connections(slow: bool) -> Callable[[Crew, Env, float], Started]:
@@ -1011,6 +1051,9 @@ ATTACKS = [
            f"200-character names, --retain-count {RETAIN}, state on a {DISK} tmpfs",
            _many(4, keyed_submissions), daemon_args=("--retain-count", str(RETAIN)),
            disk=DISK),
+    Attack("two_floods", f"two attacker tenants, each submitting `true` with a wait for its "
+           f"result from {FLOOD_THREADS} threads at once, as fast as answered",
+           _start_two_floods),
     Attack("subscribers", f"{SUBSCRIBERS} event streams opened and never read, and 4 "
            f"connections finishing `true` tasks (each event of theirs for every stream)",
            _start_subscribers),
@@ -1045,6 +1088,11 @@ class Outcome:
     failed_alone: list[str] = field(default_factory=list)
     failed_under: list[str] = field(default_factory=list)
     submits: dict[str, list[float]] = field(default_factory=lambda: {"alone": [], "under": []})
+    phases: dict[str, list[list[float]]] = field(
+        default_factory=lambda: {"alone": [], "under": []})
+    # the victim's process: seconds on a CPU, waiting for one, requests
+    own_cpu: dict[str, list[float]] = field(
+        default_factory=lambda: {"alone": [0.0, 0.0, 0], "under": [0.0, 0.0, 0]})
     rss_before: int = 0
     rss_end: int = 0
     rss_peak: int = 0
@@ -1054,6 +1102,7 @@ class Outcome:
     attacker: dict[str, Any] = field(default_factory=dict)  # counts, summed
     attacker_errors: list[str] = field(default_factory=list)
     stopped_after: int = 0  # attacker tasks force-stopped between phases
+    rationed: int = 0  # the daemon's rounds that kept a uid's steps for a later one
     kept: list[str] = field(default_factory=list)  # retention: the victim's marker, per round
     disk_used: int = 0  # output_flood: bytes in use on the state tmpfs, at most
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -1066,9 +1115,10 @@ def run_attack(out: Outcome, base: Env, rounds: int, seconds: float) -> None:
     """``rounds`` of (alone, attack) on a daemon of the attack's own; figures into ``out``."""
     attack = out.attack
     with (daemon(attack.daemon_args, attack.disk) as d, Crew() as crew,
-          pinned(d.cgroup, base.attacker.uid)):
+          pinned(d.cgroup, {base.attacker.uid, base.second.uid})):
         out.daemon = d
-        env = Env(d.sock, base.attacker, base.victim, base.stopper, base.connections, d.disk)
+        env = Env(d.sock, base.attacker, base.victim, base.stopper, base.connections,
+                  base.second, d.disk)
         warm = crew.fork_as(env.victim, "victim warm-up", victim_requests, d.sock, 0.3, 0.0)
         crew.collect(warm, ANSWER * 2)
         interval = seconds / attack.victim_limit if attack.victim_limit else INTERVAL
@@ -1095,6 +1145,8 @@ def victim_phase(out: Outcome, key: str, crew: Crew, env: Env, seconds: float,
     if "error" in got:
         return {"took": [], "failed": [f"the victim's process: {got['error']}"]}
     out.submits[key] += got["submits"]
+    out.phases[key] += got["phases"]
+    out.own_cpu[key] = [a + b for a, b in zip(out.own_cpu[key], got["own_cpu"], strict=True)]
     return got  # type: ignore[no-any-return]
 
 
@@ -1146,9 +1198,12 @@ def _after_attack(out: Outcome, crew: Crew, env: Env, answers: list[Any],
         out.disk_used = max(out.disk_used, (st.f_blocks - st.f_bfree) * st.f_frsize)
     with Client(env.sock, timeout=ANSWER) as root:
         held = root.limits()["daemon"]
+        rationed = re.search(r"^corral_loop_rationed_rounds (\S+)", root.metrics(), re.M)
     out.held.append(f"{held['running']}/{held['queued']}")
+    out.rationed = int(float(rationed.group(1))) if rationed else 0
     count_outcomes(out, env)
-    out.stopped_after += stop_leftovers(env.sock, env.attacker.uid)
+    out.stopped_after += sum(stop_leftovers(env.sock, u) for u in {env.attacker.uid,
+                                                                   env.second.uid})
     if marker is not None:
         out.kept.append(_look_up_marker(crew, env, marker, answers))
 
@@ -1295,9 +1350,18 @@ def report(o: Outcome) -> None:
     sub = {k: ms(median(v)) if v else "-" for k, v in o.submits.items()}
     print(f"  of which the submission (until its 201): median {sub['alone']} ms alone, "
           f"{sub['under']} ms under attack")
+    steps = {k: " / ".join(ms(median([p[i] for p in v])) for i in range(4)) if v else "-"
+             for k, v in o.phases.items()}
+    print(f"  its request -> created / -> started / -> ended / -> answered (the daemon's "
+          f"clock), medians ms: alone {steps['alone']}; under attack {steps['under']}")
+    own = {k: f"{ms(r / max(1, n))} / {ms(w / max(1, n))}" for k, (r, w, n) in o.own_cpu.items()}
+    print(f"  the victim's own process per request, ms on a CPU / waiting for one: alone "
+          f"{own['alone']}, under attack {own['under']}")
     print(f"  daemon RSS: before {mib(o.rss_before)} MiB, at the end {mib(o.rss_end)} MiB, "
           f"peak {mib(o.rss_peak)} MiB; {mib(o.rss_after)} MiB 1 s after the last phase's "
           f"leftovers were stopped")
+    print(f"  daemon's event-loop rounds rationed (a uid's steps kept for a later round), "
+          f"since its start: {o.rationed}")
     print(f"  daemon running/queued tasks (all uids) at each attack phase's end: "
           f"{', '.join(o.held)}")
     print(f"  daemon CPU: {_share(o.cpu, 'alone')} of a core alone, {_share(o.cpu, 'under')} "
@@ -1396,15 +1460,15 @@ def main() -> int:
           f"within {ANSWER:g} s, an error, or not succeeded")
     outcomes: list[Outcome] = []
     failed: list[str] = []
-    with tenants() as (attacker, victim), stopper_program() as stopper:
+    with tenants() as (attacker, victim, second), stopper_program() as stopper:
         print(f"attacker {attacker.name} (uid {attacker.uid}), victim {victim.name} "
               f"(uid {victim.uid})\n")
         if args.pin:
-            AFFINITY[attacker.uid] = {cpus[-1]}
+            AFFINITY[attacker.uid] = AFFINITY[second.uid] = {cpus[-1]}
             os.sched_setaffinity(0, cpus[:-1])  # (the daemons and the victim inherit it)
             print(f"pinned: the attacker's processes and tasks on CPU {cpus[-1]}; the daemon, "
                   f"the victim and its tasks on CPU {','.join(map(str, cpus[:-1]))}\n")
-        base = Env("", attacker, victim, stopper, connections)
+        base = Env("", attacker, victim, stopper, connections, second)
         for attack in (a for a in ATTACKS if a.name in only):
             out = Outcome(attack)
             try:

@@ -311,6 +311,8 @@ async def take(lock: trio.Lock) -> None:
 WINDOW = 0.1  # seconds over which a uid's use of the event loop is counted (decaying)
 CONTENDED = 0.6  # the loop busier than this: each uid active on it gets an equal share
 LONGEST = 0.05  # seconds a uid over its share waits at most at once
+LIGHT = 0.5  # of an equal share: a uid using less than this is never kept back
+ROUND_STEPS = 1  # steps a round of a uid over its share of a busy loop (``_ration``)
 OUTPUT_SHARE = 0.5  # of an equal share: a uid's tasks' output read at most, others waiting
 
 
@@ -319,26 +321,39 @@ class LoopShare(trio.abc.Instrument):
     connection's, a task life's, and those they start), decaying over :data:`WINDOW`.
     While the loop is busier than :data:`CONTENDED`, a uid using more than an equal share
     of it among the uids using it waits (:meth:`wait`: before a request is answered, before
-    each piece of a large answer) until its use decays to that share.
+    each piece of a large answer) until its use decays to that share; and each round of the
+    loop runs at most :data:`ROUND_STEPS` steps of each uid (:meth:`_ration`).
 
     Counting costs every step of every task a call (the daemon's CPU per task at 16 clients
     5.61 ms counted, 5.19 not, three runs each), so it is on only while two uids other than
     root are active (hold a connection or a running task: :meth:`enter`, :meth:`leave`); one
-    tenant alone, or root, pays nothing."""
+    tenant alone, or root, pays nothing.  How busy the loop is, and whose the tasks a task
+    starts are, is known while any uid other than root is active (:class:`_Rounds`: two
+    calls a round and one a task started, not one a step), and when a second uid comes, the
+    loop's use so far is counted as the first's: a uid arriving beside a flood is rationed
+    from its first round, not once a tenth of a second of the flood's use is counted."""
 
     def __init__(self) -> None:
         self.owner: weakref.WeakKeyDictionary[trio.lowlevel.Task, int] = \
             weakref.WeakKeyDictionary()
         self.used: dict[int, list[float]] = {}  # uid -> [decayed seconds, when]
-        self.busy = [0.0, 0.0]  # the loop's, all tasks
+        self.busy = [0.0, 0.0]  # the loop's: its rounds' time, with the offload's (charge)
         self.active: collections.Counter[int] = collections.Counter()  # uid -> holds
-        self.on = False
+        self.on = False  # counting each step's time as its uid's
         self._last = 0.0  # when the last step (or the wait for I/O) ended
         # a step's cost is the loop thread's CPU time, not the clock's: a step waiting for the
         # GIL (held by the offload's or the records' thread) costs its uid nothing it did not
         # use; uses decay with the clock
         self._cpu = time.thread_time
         self._clock = time.monotonic
+        # the steps of this round that wait for a later one (:meth:`_ration`), oldest first;
+        # the pump keeps the loop turning while there are
+        self.deferred: collections.deque[trio.lowlevel.Task] = collections.deque()
+        self.rationed = 0  # rounds that kept a step for a later one
+        self._rounds = _Rounds(self)
+        self._runq: collections.deque[trio.lowlevel.Task] | None = None
+        self._pump_lot = trio.lowlevel.ParkingLot()
+        self._pumping: object = None  # the run the pump was started in
 
     def enter(self, uid: int) -> None:
         """The current task is ``uid``'s (its steps, and those of the tasks it starts, are
@@ -347,10 +362,18 @@ class LoopShare(trio.abc.Instrument):
         if uid == 0:
             return
         self.active[uid] += 1
+        if not self._rounds.on:
+            self._rounds.on = True
+            self._start_pump()
+            self._rounds.round_began = self._cpu()
+            trio.lowlevel.add_instrument(self._rounds)
         if not self.on and len(self.active) >= 2:
             self.on = True
             self._last = self._cpu()
             trio.lowlevel.add_instrument(self)
+            if len(self.active) == 2:  # (the loop's use so far was the other uid's: it was
+                other = next(u for u in self.active if u != uid)  # the one active)
+                self.used[other] = list(self.busy)
 
     def leave(self, uid: int) -> None:
         if uid == 0:
@@ -359,34 +382,118 @@ class LoopShare(trio.abc.Instrument):
         if self.active[uid] <= 0:
             del self.active[uid]
         if self.on and len(self.active) < 2:
+            self._stop_counting()
+        if not self.active:
             self.off()
 
-    def off(self) -> None:
-        """Stop counting (idempotent: trio removes an instrument of its own accord if one of
-        its calls raises)."""
+    def _stop_counting(self) -> None:
         self.on = False
         with contextlib.suppress(KeyError):
             trio.lowlevel.remove_instrument(self)
+        self._flush()  # (nobody is rationed with one uid active)
+
+    def off(self) -> None:
+        """Stop counting and rationing (idempotent: trio removes an instrument of its own
+        accord if one of its calls raises)."""
+        self._stop_counting()
+        self._rounds.on = False
+        with contextlib.suppress(KeyError):
+            trio.lowlevel.remove_instrument(self._rounds)
+
+    def _start_pump(self) -> None:
+        """The round's queue, and the task that keeps the loop turning while steps wait in
+        :attr:`deferred` (their tasks are runnable, but not in the queue: without it, a
+        round whose every task then waits for I/O would wait in the kernel for as long as
+        nothing comes, the deferred steps with it): once per run."""
+        run = trio.lowlevel.current_trio_token()
+        if self._pumping is run:
+            return
+        self._pumping = run
+        self._runq = _run_queue()
+        if self._runq is not None:
+            trio.lowlevel.spawn_system_task(self._pump, name="corral loop share pump")
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                await self._pump_lot.park()
+                while self.deferred:
+                    await trio.lowlevel.checkpoint()
+        finally:  # (the run ends: nothing is kept back any more)
+            self._runq = None
+            self._flush()
+
+    def _flush(self) -> None:
+        """Every deferred step back into the round's queue."""
+        if self.deferred:
+            runq = self._runq if self._runq is not None else _run_queue()
+            if runq is not None:
+                runq.extend(self.deferred)
+            self.deferred = collections.deque()
+
+    def _round(self) -> None:
+        """A round begins (after the loop's wait for I/O): ration it while the loop is
+        contended and two or more uids active."""
+        runq = self._runq
+        if runq is None:
+            return
+        if len(self.active) >= 2 and _share(self.busy, self._clock()) >= CONTENDED:
+            try:
+                self._ration(runq)
+            except BaseException:  # (never: but trio drops an instrument that raises, and
+                self._runq = None  # the steps it kept back would wait for ever)
+                self._flush()
+                raise
+        elif self.deferred:
+            self._flush()
+
+    def _ration(self, runq: collections.deque[trio.lowlevel.Task]) -> None:
+        """At most :data:`ROUND_STEPS` steps of each uid other than root in this round, its
+        oldest first; the rest wait for a later round, in order.  Trio runs every runnable
+        task once a round, so every step of a request waits for the whole of a round: a
+        flood's many requests and tasks in flight made each round many of its steps long,
+        and another uid's request, ~20 rounds from its first byte to its answer, waited
+        for all of them in each (two tenants' floods of `true`: another's median 7 ->
+        53-148 ms, an independent attack).  Rationed, a round holds a step or two of each
+        uid: a uid with a request or two in flight goes through the rounds at nearly its own
+        pace, and the floods share the rest of the loop by turns, the loop never idle while
+        they wait."""
+        now = self._clock()
+        fair = 1.0 / max(2, len(self.active))
+        most: dict[int, int] = {}  # uid -> its steps this round at most
+        steps: collections.Counter[int] = collections.Counter()
+        keep: list[trio.lowlevel.Task] = []
+        later: collections.deque[trio.lowlevel.Task] = collections.deque()
+        owner = self.owner
+        for task in itertools.chain(self.deferred, runq):
+            uid = owner.get(task)
+            if uid:  # (root's and the daemon's own: never kept back)
+                limit = most.get(uid)
+                if limit is None:
+                    used = self.used.get(uid)
+                    share = _share(used, now) if used is not None else 0.0
+                    limit = most[uid] = 1 << 30 if share <= fair * LIGHT else ROUND_STEPS
+                if steps[uid] >= limit:
+                    later.append(task)
+                    continue
+                steps[uid] += 1
+            keep.append(task)
+        runq.clear()
+        runq.extend(keep)
+        self.deferred = later
+        if later:
+            self.rationed += 1
+            self._pump_lot.unpark()  # (no-op while it turns already)
 
     def charge(self, uid: int, seconds: float) -> None:
         """``seconds`` of work off the loop that held the GIL (the loop waited for it) count
         as ``uid``'s time on the loop (``Offload``'s jobs), and the loop's."""
-        if not self.on or uid == 0:
+        if uid == 0:
             return
         now = self._clock()
         _add(self.busy, seconds, now)
-        self._use(uid, seconds, now)
-
-    def task_spawned(self, task: trio.lowlevel.Task) -> None:
-        try:
-            uid = self.owner.get(trio.lowlevel.current_task())
-        except RuntimeError:  # (spawned outside any task's step)
-            return
-        if uid is not None:
-            self.owner[task] = uid
-
-    def after_io_wait(self, timeout: float) -> None:
-        self._last = self._cpu()
+        if self.on:
+            self._use(uid, seconds, now)
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         # (a step's time: since the previous step, or the wait for I/O, ended; one call per
@@ -394,11 +501,9 @@ class LoopShare(trio.abc.Instrument):
         cpu = self._cpu()
         took = cpu - self._last
         self._last = cpu
-        now = self._clock()
-        _add(self.busy, took, now)
         uid = self.owner.get(task)
         if uid is not None:
-            self._use(uid, took, now)
+            self._use(uid, took, self._clock())
 
     def charge_step(self, uid: int, seconds: float) -> None:
         """``seconds`` of a step of the loop that is no task's (the I/O reactor's reads of
@@ -471,6 +576,45 @@ class LoopShare(trio.abc.Instrument):
             self.used = {u: v for u, v in self.used.items() if shares[u] > 1e-4}
         using = sum(1 for v in shares.values() if v > 0.02)
         return shares.get(uid, 0.0), using, max(shares.values(), default=0.0)
+
+
+class _Rounds(trio.abc.Instrument):
+    """The loop's rounds, while any uid other than root is active (:class:`LoopShare`): how
+    busy it is (the loop thread's CPU time from each wait for I/O to the next), whose the
+    tasks its uids' tasks start are, and each round rationed."""
+
+    def __init__(self, share: LoopShare) -> None:
+        self.share = share
+        self.on = False
+        self.round_began = 0.0
+
+    def before_io_wait(self, timeout: float) -> None:
+        share = self.share
+        _add(share.busy, share._cpu() - self.round_began, share._clock())
+
+    def after_io_wait(self, timeout: float) -> None:
+        share = self.share
+        share._last = self.round_began = share._cpu()
+        share._round()
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        try:
+            uid = self.share.owner.get(trio.lowlevel.current_task())
+        except RuntimeError:  # (spawned outside any task's step)
+            return
+        if uid is not None:
+            self.share.owner[task] = uid
+
+
+def _run_queue() -> collections.deque[trio.lowlevel.Task] | None:
+    """Trio's queue of the tasks to run in the next round (its run loop takes the queue
+    whole, after its wait for I/O and the instruments' ``after_io_wait``), or None where a
+    version of trio keeps it otherwise (then nothing is rationed: ``LoopShare._ration``).
+    Trio has no public way to order its rounds: its run loop's own comment expects "some
+    variant of fair queueing" one day."""
+    runner = getattr(getattr(trio._core._run, "GLOBAL_RUN_CONTEXT", None), "runner", None)
+    runq = getattr(runner, "runq", None)
+    return runq if isinstance(runq, collections.deque) else None
 
 
 def _add(acc: list[float], took: float, now: float) -> None:

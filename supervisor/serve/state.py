@@ -436,6 +436,9 @@ class Daemon:
                                      self.records.reads),
             "corral_connections": ("Open client connections", self.shares.count),
             "corral_event_subscribers": ("GET /v1/events streams", len(self.hub)),
+            "corral_loop_rationed_rounds": ("Rounds of the event loop in which a uid's steps "
+                                            "waited for a later round, since the start "
+                                            "(its share: shares.py)", self.shares.loop.rationed),
             "corral_draining": ("1 while shutting down", int(self.draining)),
         }
 

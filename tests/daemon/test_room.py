@@ -6,6 +6,7 @@ test_tenants.py (``test_a_tenants_output_never_fills_the_disk_however_fast_its_t
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 from supervisor.serve.room import BLOCK, RESULT_ROOM, Room, worst
@@ -174,6 +175,83 @@ def test_one_uids_requests_are_answered_at_a_bounded_rate_after_a_burst() -> Non
     assert waits[-1] > 5 / REQUESTS  # (the tenth past the burst: some turns later)
     assert waits == sorted(waits)
     assert other == 0.0 and root == 0.0
+
+
+def test_each_round_of_a_busy_event_loop_runs_one_step_of_a_flood_and_all_of_the_others() -> None:
+    """Found by an independent attack: two tenants submitting `true` from twelve threads
+    each took another's median from 7 to 53-148 ms, each of its request's ~20 rounds of the
+    event loop as long as all of the floods' steps in flight.  While the loop is contended,
+    a round runs one step of each uid over half an equal share (the oldest first), every
+    step of the others, root's and the daemon's own: a light uid's steps run in consecutive
+    rounds beside a flood of eight; the flood's are all run, in their order, none lost.  A
+    second uid's arrival counts the loop's use so far as the first's (rationed at once);
+    with one uid alone nothing is held back."""
+    import time
+
+    import trio
+
+    from supervisor.serve.shares import WINDOW, LoopShare
+
+    rounds: list[collections.Counter[int | None]] = []
+
+    class Rounds(trio.abc.Instrument):
+        def __init__(self, ls: LoopShare) -> None:
+            self.ls = ls
+            self.now: collections.Counter[int | None] = collections.Counter()
+
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            self.now[self.ls.owner.get(task)] += 1
+
+        def before_io_wait(self, timeout: float) -> None:
+            if self.now:
+                rounds.append(self.now)
+            self.now = collections.Counter()
+
+    async def main() -> dict[str, Any]:
+        ls = LoopShare()
+        trio.lowlevel.add_instrument(Rounds(ls))
+        order: list[tuple[int, int]] = []
+        light_rounds: dict[int, list[int]] = {1001: [], 0: []}
+
+        async def flood(i: int) -> None:
+            ls.enter(1000)
+            for step in range(20):
+                order.append((i, step))
+                await trio.lowlevel.checkpoint()
+
+        async def light(uid: int, steps: int) -> None:
+            ls.enter(uid)
+            for _ in range(steps):
+                light_rounds[uid].append(len(rounds))
+                await trio.lowlevel.checkpoint()
+
+        ls.enter(1000)  # (the flood's connection: alone, nothing rationed)
+        async with trio.open_nursery() as n:
+            for i in range(8):
+                n.start_soon(flood, i)
+            await trio.sleep(0)
+        alone = ls.rationed
+        ls.busy = [100 * WINDOW, time.monotonic()]  # (a loop busy of late: the flood's)
+        del order[:]
+        start = len(rounds)
+        async with trio.open_nursery() as n:
+            n.start_soon(light, 1001, 10)  # (another tenant arrives: rationing from now)
+            await trio.sleep(0)
+            for i in range(8):
+                n.start_soon(flood, i)
+            n.start_soon(light, 0, 10)  # (root: never held back)
+        return {"alone": alone, "rounds": rounds[start:], "order": order,
+                "light": light_rounds, "rationed": ls.rationed, "deferred": len(ls.deferred)}
+
+    got = trio.run(main)
+    assert got["alone"] == 0
+    busy = [r for r in got["rounds"] if r[1001]]
+    assert busy and all(r[1000] <= 1 for r in busy), busy  # (one of the flood's a round)
+    for light in got["light"].values():  # (a round after another)
+        assert light == list(range(light[0], light[0] + 10)), light
+    assert sorted(got["order"]) == [(i, s) for i in range(8) for s in range(20)]
+    assert [s for i, s in got["order"] if i == 3] == list(range(20))  # (each in its order)
+    assert got["rationed"] > 0 and got["deferred"] == 0
 
 
 def test_a_uid_over_its_share_of_a_busy_event_loop_waits_and_no_one_else_does() -> None:
