@@ -484,8 +484,9 @@ def expire(db: sqlite3.Connection, policy: Retention, now: float,
 
 
 def _tombs_by_uid(db: sqlite3.Connection) -> dict[int, int]:
+    """Each uid's tombstones' bytes (``expired_usage``, kept by the schema's triggers)."""
     return {uid: int(b) for uid, b in db.execute(
-        f"SELECT uid, sum({_TOMB_SQL}) FROM expired GROUP BY uid").fetchall()}
+        "SELECT uid, bytes FROM expired_usage").fetchall()}
 
 
 def trim_tombstones(db: sqlite3.Connection, cap: int = MAX_TOMBSTONES,
@@ -496,7 +497,7 @@ def trim_tombstones(db: sqlite3.Connection, cap: int = MAX_TOMBSTONES,
     must still answer 410 and whose expired idempotency keys must never start a task again.
     The bytes it gave back."""
     usage = {uid: (n, b) for uid, n, b in db.execute(
-        f"SELECT uid, count(*), sum({_TOMB_SQL}) FROM expired GROUP BY uid").fetchall()}
+        "SELECT uid, n, bytes FROM expired_usage").fetchall()}
     count_level = fair_level({u: n for u, (n, _) in usage.items()}, cap)
     bytes_level = float("inf") if cap_bytes is None else fair_level(
         {u: b for u, (_, b) in usage.items()}, cap_bytes)
@@ -554,7 +555,10 @@ def _tombstone(db: sqlite3.Connection, rows: list[dict[str, Any]], why: str,
                now: float) -> list[dict[str, Any]]:
     for g in rows:
         g["why"] = why
-        db.execute("INSERT OR REPLACE INTO expired (seq, uid, idempotency_key, ended_at, "
+        # (a REPLACE's delete fires no trigger: expired_usage would count it twice)
+        db.execute("DELETE FROM expired WHERE seq = ? OR (uid = ? AND idempotency_key = ?)",
+                   (int(g["id"]), g["uid"], g["idempotency_key"]))
+        db.execute("INSERT INTO expired (seq, uid, idempotency_key, ended_at, "
                    "expired_at, why) VALUES (?, ?, ?, ?, ?, ?)",
                    (int(g["id"]), g["uid"], g["idempotency_key"], g["ended_at"], now, why))
         db.execute("DELETE FROM tasks WHERE seq = ?", (int(g["id"]),))
@@ -570,7 +574,7 @@ def held_bytes(db: sqlite3.Connection) -> int:
     """What finished tasks hold on disk, by their records, and the tombstones of expired ones."""
     rows = db.execute("SELECT coalesce(sum(bytes), 0) FROM tasks WHERE "
                       "state = 'finished'").fetchone()[0]
-    tombs = db.execute(f"SELECT coalesce(sum({_TOMB_SQL}), 0) FROM expired").fetchone()[0]
+    tombs = db.execute("SELECT coalesce(sum(bytes), 0) FROM expired_usage").fetchone()[0]
     return int(rows) + int(tombs)
 
 

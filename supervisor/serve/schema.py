@@ -45,7 +45,7 @@ from collections.abc import Callable
 
 __all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 _V1 = """
 CREATE TABLE tasks (
@@ -169,6 +169,40 @@ CREATE VIEW task_rows AS SELECT t.*, r.spec AS spec, e.env AS spec_env FROM task
     JOIN requests r ON r.seq = t.seq LEFT JOIN envs e ON e.hash = r.env;
 """
 
+# each uid's tombstones, counted and weighed as they come and go (a retention pass read them
+# whole each time: 40 ms at 100,000 tombstones, and a pass that a start waiting for the disk's
+# room ran took 181 ms of the records' thread, every uid's writes behind it: an independent
+# attack).  A tombstone costs what ``rows.tomb_bytes`` says: TOMB_BYTES (64) and twice its key.
+_V10 = """
+CREATE TABLE expired_usage (
+    uid INTEGER PRIMARY KEY,
+    n INTEGER NOT NULL,                      -- its tombstones
+    bytes INTEGER NOT NULL                   -- what they take (rows.tomb_bytes)
+);
+INSERT INTO expired_usage SELECT uid, count(*),
+    sum(64 + 2 * coalesce(length(CAST(idempotency_key AS BLOB)), 0)) FROM expired GROUP BY uid;
+CREATE TRIGGER expired_added AFTER INSERT ON expired BEGIN
+    INSERT INTO expired_usage (uid, n, bytes) VALUES (NEW.uid, 1,
+        64 + 2 * coalesce(length(CAST(NEW.idempotency_key AS BLOB)), 0))
+    ON CONFLICT (uid) DO UPDATE SET n = n + 1, bytes = bytes + excluded.bytes;
+END;
+CREATE TRIGGER expired_removed AFTER DELETE ON expired BEGIN
+    UPDATE expired_usage SET n = n - 1,
+        bytes = bytes - (64 + 2 * coalesce(length(CAST(OLD.idempotency_key AS BLOB)), 0))
+    WHERE uid = OLD.uid;
+    DELETE FROM expired_usage WHERE uid = OLD.uid AND n <= 0;
+END;
+CREATE TRIGGER expired_changed AFTER UPDATE OF uid, idempotency_key ON expired BEGIN
+    UPDATE expired_usage SET n = n - 1,
+        bytes = bytes - (64 + 2 * coalesce(length(CAST(OLD.idempotency_key AS BLOB)), 0))
+    WHERE uid = OLD.uid;
+    DELETE FROM expired_usage WHERE uid = OLD.uid AND n <= 0;
+    INSERT INTO expired_usage (uid, n, bytes) VALUES (NEW.uid, 1,
+        64 + 2 * coalesce(length(CAST(NEW.idempotency_key AS BLOB)), 0))
+    ON CONFLICT (uid) DO UPDATE SET n = n + 1, bytes = bytes + excluded.bytes;
+END;
+"""
+
 
 class SchemaError(Exception):
     """The database's schema cannot be used by this corral (the message has the fix)."""
@@ -206,6 +240,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {
     7: lambda db, _: _script(db, _V7),
     8: lambda db, _: None,  # (the rows' result JSON: its reader changed, not the tables)
     9: lambda db, _: _script(db, _V9),
+    10: lambda db, _: _script(db, _V10),
 }
 
 
