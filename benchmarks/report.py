@@ -277,11 +277,18 @@ WHY_NOT = {
         "the attacker's submissions cost what the victim's do, and the turns are shared "
         "equally: its flood halves the victim's share of the event loop, by design"),
     "a tenant's submit-to-result under attack `keyed_flood`": (
-        "the flood's task lives (~3.5 ms of the event loop each, ~300 a second) fill the "
-        "loop's rounds, and the victim's request waits about a round at each of the ~8 "
-        "hand-overs on its way (accept, its record, the spawn, the exit, the end record, the "
-        "answer); its uid is answered one request at a time already; with the attacker's "
-        "processes on a CPU of their own (--pin) still 4-6x: the one event loop's"),
+        "the flood's task lives (~3 ms of the event loop each, ~300 a second) fill the loop; "
+        "each round runs one step of the flood's and every step of the victim's "
+        "(LoopShare._ration), and the records commit each flush's writes together: with the "
+        "attacker's processes on a CPU of their own (--pin) the victim's median 25.8 -> 16.3 "
+        "ms, p99 54.8 -> 39.4 (one round of the flood's step at each of its ~20 rounds is "
+        "still more than its own)"),
+    "a tenant's submit-to-result under attack `two_floods`": (
+        "two tenants' 12 submissions in flight take the loop and both CPUs (the daemon ~85% "
+        "of one, their clients and tasks the rest); pinned, the victim's median 71 -> 23 ms "
+        "(one flush at a time in the records, 1.5 writes a commit before; the loop's rounds "
+        "rationed), p99 107 -> 42: its request still waits for the floods' steps in its "
+        "rounds and for their writes in its records' flushes"),
     "a tenant's submit-to-result under attack `subscribers`": (
         "16 unread event streams take every event of the attacker's flood of `true` "
         "(one per state change), on top of that flood's own task lives (see keyed_flood)"),
