@@ -19,9 +19,11 @@ under attack within 3x of its p99 alone, and nothing unanswered.  The daemon's V
 before the first attack phase, at the end of the last, every 0.25 s during them (peak), and
 once the attacker's leftovers are stopped; an attack that takes it past 2 GiB is cut short (the
 box's memory is shared) and the output says so.  Also printed, to tell where time went: how
-much of the victim's latency was its submission (until the 201), the daemon's CPU use alone and
-under attack, what the attacker got (answers by status, its tasks by outcome).  Nothing is
-asserted about time.
+much of the victim's latency was its submission (until the 201), the medians of its request's
+phases on the daemon's clock (to created, started, ended, answered), its own process's time on
+a CPU and waiting for one per request, the daemon's event-loop rounds rationed
+(``corral_loop_rationed_rounds``), the daemon's CPU use alone and under attack, what the
+attacker got (answers by status, its tasks by outcome).  Nothing is asserted about time.
 
 Attacks (``--only``):
   cpu_floor        not an attack but the floor under the others: one attacker process per
