@@ -38,6 +38,7 @@ from .daemontask import DaemonTask
 from .dispatch import adopt, dispatch, take_result
 from .peers import Peer
 from .protocol import ApiError, SubmitRequest, parse_submit
+from .rows import limits_bytes
 from .sessions import Session
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ def _task_and_why(d: Daemon, row: dict[str, Any]) -> tuple[DaemonTask, ApiError 
     request that no longer parses is read as its command alone, with why it cannot run: one
     row never stops a start."""
     request, why = _recorded_request(row)
-    limits = 0 if row.get("rlimits") is None else len(json.dumps(row["rlimits"]))
+    limits = limits_bytes(row.get("rlimits"))
     t = DaemonTask(row["id"], row["uid"], row["gid"], row["peer_pid"] or 0, request, None,
                    os.path.join(d.output_dir, row["id"]), row["created_at"],
                    tuple(row["groups"] or ()), size=len(json.dumps(row["spec"])) + limits)

@@ -36,6 +36,7 @@ __all__ = [
     "insert_session",
     "json_bytes",
     "key_bytes",
+    "limits_bytes",
     "list_entries",
     "list_sessions",
     "listed_argv",
@@ -84,6 +85,12 @@ def in_pages(size: int) -> int:
     if cell <= PAGE_ROWS:
         return PAGE // (PAGE_ROWS // cell)
     return PAGE * -(-cell // (PAGE - 4))
+
+
+def limits_bytes(rlimits: Mapping[str, Any] | None) -> int:
+    """What a submitter's limits take in its task's row (its ``rlimits`` column), as accepted
+    or as read back."""
+    return 0 if rlimits is None else len(json.dumps(rlimits))
 
 
 def row_bytes(kept: int, key: str | None, name: str | None) -> int:

@@ -448,16 +448,16 @@ class LoopShare(trio.abc.Instrument):
             self._flush()
 
     def _ration(self, runq: collections.deque[trio.lowlevel.Task]) -> None:
-        """At most :data:`ROUND_STEPS` steps of each uid other than root in this round, its
-        oldest first; the rest wait for a later round, in order.  Trio runs every runnable
-        task once a round, so every step of a request waits for the whole of a round: a
-        flood's many requests and tasks in flight made each round many of its steps long,
-        and another uid's request, ~20 rounds from its first byte to its answer, waited
-        for all of them in each (two tenants' floods of `true`: another's median 7 ->
-        53-148 ms, an independent attack).  Rationed, a round holds a step or two of each
-        uid: a uid with a request or two in flight goes through the rounds at nearly its own
-        pace, and the floods share the rest of the loop by turns, the loop never idle while
-        they wait."""
+        """At most :data:`ROUND_STEPS` steps in this round of each uid other than root using more
+        than :data:`LIGHT` of an equal share, its oldest first; the rest wait for a later round, in
+        order.  Trio runs every runnable task once a round, so every step of a request waits for the
+        whole of a round: a flood's many requests and tasks in flight made each round many of its
+        steps long, and another uid's request, ~20 rounds from its first byte to its answer, waited
+        for all of them in each (two tenants' floods of `true`: another's median 7 -> 53-148 ms, an
+        independent attack).  Rationed, a round holds one step of each uid above half an equal share
+        and every step of the others: a uid with a request or two in flight goes through the rounds
+        at nearly its own pace, and the floods share the rest of the loop by turns, the loop never
+        idle while they wait."""
         now = self._clock()
         fair = 1.0 / max(2, len(self.active))
         most: dict[int, int] = {}  # uid -> its steps this round at most

@@ -33,7 +33,7 @@ from ..protocol import (
     pop_wait,
 )
 from ..records import RecordsError
-from ..rows import ENV_APART, env_apart
+from ..rows import ENV_APART, env_apart, limits_bytes
 from ..sessions import env_weight
 
 if TYPE_CHECKING:
@@ -233,11 +233,6 @@ def kept_bytes(text: tuple[str, tuple[str, str] | None],
     environment if apart) and of its submitter's limits."""
     spec, env = text
     return len(spec) + (0 if env is None else len(env[1])) + limits_bytes(rlimits)
-
-
-def limits_bytes(rlimits: dict[str, tuple[int, int]] | None) -> int:
-    """What the submitter's limits take in its task's row."""
-    return 0 if rlimits is None else len(dumps_in_slices(rlimits))
 
 
 def _row(d: Daemon, peer: Peer, r: SubmitRequest, text: tuple[str, tuple[str, str] | None],
