@@ -200,6 +200,21 @@ class Supervisor:
         # (the caller's second request: the cancellation was its first)
         request_stop(task, StopReason.CANCEL, by_caller=True, by_signal=signal.SIGINT)
 
+    @property
+    def retain_results(self) -> int:
+        """How many records ``results`` keeps (the oldest go first).  Lowering it lets the
+        oldest go now; a caller that keeps its own records (the daemon, once it has taken
+        over an earlier run's) sets 0: a record holds its command's argv, and sixteen of a
+        MiB each held 75 MiB of strings."""
+        return self._retain
+
+    @retain_results.setter
+    def retain_results(self, n: int) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"retain_results must be a count of 0 or more, got {n!r}")
+        self._retain = n
+        self._let_go()
+
     def _recorded(self, result: TaskResult) -> None:
         """Keep ``result`` in ``results``, which are in the order the tasks were made
         (oldest first), however they ended; the oldest go beyond ``retain_results``."""
@@ -214,6 +229,9 @@ class Supervisor:
         self.results[result.id] = result
         for kept in reversed(later):
             self.results.move_to_end(kept)
+        self._let_go()
+
+    def _let_go(self) -> None:
         while len(self.results) > self._retain:
             gone, _ = self.results.popitem(last=False)
             self._order.pop(gone, None)

@@ -120,9 +120,9 @@ PUBLIC_STATE = {QUEUED: "queued", STARTING: "starting", RUNNING: "running", TERM
 class Task:
     """One accepted task, as the supervisor knows it (internal; users hold ``handle``)."""
 
-    __slots__ = ("began", "cgroup", "created_at", "done", "driver", "handed_over", "handle",
-                 "id", "io", "notes", "pid", "result", "rt", "signals", "signals_omitted",
-                 "spec", "stage", "stderr", "stdout", "stop", "taps", "time_limit")
+    __slots__ = ("began", "cgroup", "created_at", "done", "driver", "handed_over", "id", "io",
+                 "notes", "pid", "result", "rt", "signals", "signals_omitted", "spec", "stage",
+                 "stderr", "stdout", "stop", "taps", "time_limit")
 
     def __init__(self, rt: Runtime, task_id: str, spec: TaskSpec, time_limit: float | None,
                  notes: tuple[str, ...]) -> None:
@@ -149,7 +149,14 @@ class Task:
         # and how many between them were not kept (keep_signal)
         self.signals: list[SignalSent] = []
         self.signals_omitted = 0
-        self.handle = TaskHandle(self)
+
+    @property
+    def handle(self) -> TaskHandle:
+        """A handle on this task (handles of one task compare equal).  Made at each ask, not
+        kept: a task that kept its handle, which keeps the task, was a cycle, freed only by
+        the cyclic collector, with its command and output: each a daemon's finished task
+        held until then (tens of them, 4.7 MiB each for a command of 65,000 arguments)."""
+        return TaskHandle(self)
 
     def capture(self, stream: str) -> StreamCapture | None:
         if stream not in ("stdout", "stderr"):
@@ -200,6 +207,12 @@ class TaskHandle:
 
     def __init__(self, task: Task) -> None:
         self._t = task
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TaskHandle) and other._t is self._t
+
+    def __hash__(self) -> int:
+        return id(self._t)
 
     def __repr__(self) -> str:
         t = self._t

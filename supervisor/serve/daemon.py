@@ -65,8 +65,8 @@ T = TypeVar("T")
 
 HANDOVER_START_WAIT = 30.0  # seconds tasks being started may take before a hand-over
 UNRECORDED_WAIT = 10.0  # seconds a drain retries end records that failed
-# the core's own results kept in memory (the daemon records each itself: these only carry the
-# records of tasks a hand-over could not adopt to recover(); a result holds its argv)
+# the core's own results kept in memory until recover() has taken those of tasks a hand-over
+# could not adopt; none after (the daemon records each itself, and a result holds its argv)
 CORE_RESULTS = 16
 SWITCH_INTERVAL = 0.001  # seconds (sys.setswitchinterval; see serve)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain; again: kill (HUP: ignored)
@@ -113,6 +113,7 @@ async def serve(config: Config, *,
                     d = Daemon(config, sup, records, tasks_nursery, notifier, hooks, run, disk,
                                held)
                     summary = await recover(d, runs, adopted)
+                    sup.retain_results = 0  # (the records keep every result from now on)
                     records.serving()
                     log.info("started (run %d, cgroup root %s): from earlier runs %d task(s) "
                              "queued again, %d adopted, %d recorded lost; %d orphan output "

@@ -69,7 +69,7 @@ async def expire_now(d: Daemon) -> int | None:
     pressed = d.room.pressed()
     # (what the ledger holds that no pass may expire counts too: running worst cases, the
     # waiting start's, sessions' environments; rows.expire adds each uid's tombstones)
-    room = None if pressed is None else (d.room.room, {
+    room = None if pressed is None else (d.room.aim, {
         u: pressed.get(u, 0) + d.session_env.get(u, 0) for u in {*pressed, *d.session_env}})
     try:
         if d.room.room > d.room_recorded:  # (the next run takes no less: OutputDisk.measure)

@@ -19,7 +19,8 @@ of the disk's room for output (``OutputDisk.room``: 80% of what the filesystem h
   not, it waits at the head of its uid's queue and retention is asked at once, without its
   one-second gap, to expire finished tasks, fairly between uids with everything else the
   ledger holds of a uid (running worst cases, tombstones, sessions' environments) counted as
-  its own (``rows.expire``): the uid whose tasks write most loses its own.  A start whose own
+  its own (``rows.expire``): the uid whose tasks write most loses its own, down to a margin
+  below the room (:attr:`Room.aim`), so that the next starts need no pass.  A start whose own
   uid would hold more than its fair share of the room with it waits for its own, and the
   other uids' starts go first (:meth:`Room.over_share`); everyone else's wait for it.  One
   uid's running tasks reserve at most half the room (:meth:`Room.capped`): retention can
@@ -43,6 +44,7 @@ __all__ = ["BLOCK", "RESULT_ROOM", "UID_SHARE", "Room", "worst"]
 BLOCK = 64 << 10  # a file takes whole blocks: its bytes are rounded up to this
 RESULT_ROOM = 64 << 10  # a result's JSON beyond its request's argv, env and names
 UID_SHARE = 0.5  # of the room, what one uid's running tasks may reserve (Room.capped)
+MARGIN = 16  # a pass made for a waiting start leaves this part of the room free beyond it
 
 
 def worst(stream_cap: int, tail: int, request: int) -> int:
@@ -177,6 +179,17 @@ class Room:
         if self.fits(uid, cost):
             return True
         return None if self.capped(uid, cost) or self.over_share(uid, cost, kept) else False
+
+    @property
+    def aim(self) -> int:
+        """What a pass made for a waiting start expires finished tasks down to, with what
+        :meth:`pressed` says: the room less a :data:`MARGIN`th of it, so that the next starts
+        fit without a pass of their own.  (A pass that made just the room the start needed
+        left the next one short by the row the last had added: one tenant's idle task kept
+        the room tight, and every start of its flood ran a pass, 5 ms at 10,000 finished rows
+        and more with tombstones, while others' requests waited behind it: an independent
+        attack.)  The margin is taken, as the rest, from the uids above their fair share."""
+        return self.room - self.room // MARGIN
 
     def pressed(self) -> dict[int, int] | None:
         """What each uid holds running, with the waiting start's worst case counted as its
