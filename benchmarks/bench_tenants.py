@@ -50,6 +50,8 @@ Attacks (``--only``):
   slow_headers     the same, each sending a request head one byte every 0.1 s.
   two_floods       two attacker tenants (a second user), each submitting ``true`` with a
                    ``wait`` for its result from 6 threads at once, as fast as answered.
+  held_slots       two attacker tenants each hold 8 long ``sleep`` tasks running (each its
+                   share of the 16 slots) for the whole phase.
   retention        4 connections finish ``true`` tasks as fast as they can, --retain-count 50;
                    the victim's result made just before each attack phase must still be there
                    after it (the victim makes at most 20 requests per phase here, to stay
@@ -119,6 +121,7 @@ TICK = 0.25  # seconds between two RSS samples
 GOAL = 3.0  # p99 under attack / p99 alone
 RETAIN = 50  # --retain-count for the retention attack
 FLOOD_THREADS = 6  # two_floods: threads of each attacker (an independent attack: 1-12)
+HELD_SLOTS = 8  # held_slots: long tasks of each attacker (the per-uid share of 16 slots)
 TRICKLE_FOLLOWERS = 100  # the trickle_followers attack's connections following one output
 SUBSCRIBERS = 240  # the subscribers attack's unread event streams (asked for; 16 are taken)
 RETENTION_REQUESTS = 20  # victim requests per phase there: fewer than RETAIN / 2
@@ -848,6 +851,16 @@ def waited_submissions(sock: str, until: float, threads: int) -> dict[str, Any]:
     return dict(done)
 
 
+def hold_slots(sock: str, until: float, n: int) -> dict[str, Any]:
+    """``n`` long ``sleep`` tasks of ours running for the whole phase, then stopped."""
+    with Client(sock, timeout=ANSWER + 5) as c:
+        ids = [c.submit(["sleep", "3600"]).id for _ in range(n)]
+        time.sleep(max(0.0, until - time.monotonic()))
+        for task_id in ids:
+            c.stop(task_id, force=True)
+    return {"held": len(ids)}
+
+
 def show_big_task(sock: str, until: float) -> dict[str, Any]:
     """A finished task of ours with a 1 MiB argv, then its ``GET /v1/tasks/ID`` (a 2.5 MB
     answer) as fast as the daemon answers it."""
@@ -1011,6 +1024,11 @@ def _start_two_floods(crew: Crew, env: Env, until: float) -> Started:
                                  until, FLOOD_THREADS) for user in (env.attacker, env.second)])
 
 
+def _start_held_slots(crew: Crew, env: Env, until: float) -> Started:
+    return Started([crew.fork_as(user, f"holder {user.name}", hold_slots, env.sock, until,
+                                 HELD_SLOTS) for user in (env.attacker, env.second)])
+
+
 def _start_connections(slow: bool) -> Callable[[Crew, Env, float], Started]:
     def start(crew: Crew, env: Env, until: float) -> Started:
         return Started([crew.fork_as(env.attacker, "holder", hold_connections, env.sock, until,
@@ -1056,6 +1074,8 @@ ATTACKS = [
     Attack("two_floods", f"two attacker tenants, each submitting `true` with a wait for its "
            f"result from {FLOOD_THREADS} threads at once, as fast as answered",
            _start_two_floods),
+    Attack("held_slots", f"two attacker tenants, each holding {HELD_SLOTS} long `sleep` tasks "
+           f"running (its share of the 16 slots)", _start_held_slots),
     Attack("subscribers", f"{SUBSCRIBERS} event streams opened and never read, and 4 "
            f"connections finishing `true` tasks (each event of theirs for every stream)",
            _start_subscribers),

@@ -57,6 +57,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-running", type=int, default=16, metavar="N")
     p.add_argument("--max-running-per-uid", type=int, default=None, metavar="N",
                    help="default: half of --max-running (one uid never holds every slot)")
+    p.add_argument("--first-task-slots", type=int, default=None, metavar="N",
+                   help="the last N free slots are kept for uids running nothing: a uid's "
+                        "second task never takes them (default: a quarter of --max-running, "
+                        "at most what --max-running-per-uid leaves over)")
     p.add_argument("--max-queued", type=int, default=10000, metavar="N")
     p.add_argument("--max-queued-per-uid", type=int, default=1000, metavar="N")
     p.add_argument("--max-queued-bytes", default="64M", metavar="SIZE",
@@ -135,9 +139,15 @@ def _config(args: argparse.Namespace) -> Any:
     per_uid = args.max_running_per_uid or max(1, args.max_running // 2)
     if per_uid < 1:
         die(f"--max-running-per-uid must be at least 1, got {per_uid}")
+    kept = args.first_task_slots
+    if kept is not None and not 0 <= kept < args.max_running:
+        die(f"--first-task-slots must be from 0 to one less than --max-running "
+            f"({args.max_running - 1}), got {kept}: it is how many of the last free slots "
+            f"only a uid running nothing may take")
     queue = QueueLimits(args.max_running, per_uid, args.max_queued, args.max_queued_per_uid,
                         _size(args.max_queued_bytes, "--max-queued-bytes"),
-                        _size(args.max_queued_bytes_per_uid, "--max-queued-bytes-per-uid"))
+                        _size(args.max_queued_bytes_per_uid, "--max-queued-bytes-per-uid"),
+                        kept)
     if (args.on_finish_url is None) != (args.on_finish_socket is None):
         die("--on-finish-url and --on-finish-socket go together: the URL is POSTed over the "
             "socket (as curl --unix-socket SOCKET URL)")

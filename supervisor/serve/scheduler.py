@@ -12,8 +12,14 @@ filled, end records failed.)  In memory a queued task holds about five times its
 Dispatch: at most ``max_running`` tasks run at once, at most ``max_running_per_uid`` of one
 uid (by default half the global: one uid never holds every slot); the next task comes from
 the next uid in turn that has one waiting and room to run, so one busy uid cannot starve the
-others.  FIFO within a uid.  A task may also need room on the disk for its output
-(``room.py``): the one whose turn it is waits for it, and the others with it.
+others.  FIFO within a uid.  The last ``first_task_slots`` free slots are kept for uids
+running nothing: a uid's second and later tasks never take them (by default a quarter of the
+slots, and never more than the per-uid limit leaves over, so that a uid alone still reaches
+its limit).  So whatever two or three uids run, another's first task starts at once.  (Two
+tenants at their share held all sixteen slots with long tasks, and a third tenant's `true`
+waited until one of theirs ended: 10 s and more, an independent attack.)  A task may also
+need room on the disk for its output (``room.py``): the one whose turn it is waits for it,
+and the others with it.
 
 Pure bookkeeping on the trio thread: no awaits, no locks.
 """
@@ -26,7 +32,7 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from .protocol import ApiError
 
-__all__ = ["QUEUED_END", "QueueLimits", "Scheduler", "queued_bytes"]
+__all__ = ["QUEUED_END", "QueueLimits", "Scheduler", "default_first_task_slots", "queued_bytes"]
 
 QUEUED_END = 2048  # bytes of a task's end record beyond what repeats its request (measured)
 
@@ -56,9 +62,23 @@ class QueueLimits(NamedTuple):
     max_queued_per_uid: int = 1000
     max_queued_bytes: int = 64 << 20
     max_queued_bytes_per_uid: int = 16 << 20
+    first_task_slots: int | None = None  # None: default_first_task_slots
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int | None]:
         return self._asdict()
+
+    @property
+    def kept_free(self) -> int:
+        """The free slots a uid that runs a task already may not take (see the module
+        docstring)."""
+        if self.first_task_slots is not None:
+            return self.first_task_slots
+        return default_first_task_slots(self.max_running, self.max_running_per_uid)
+
+
+def default_first_task_slots(max_running: int, max_running_per_uid: int) -> int:
+    """A quarter of the slots, at most what a uid alone could never take anyway."""
+    return max(0, min(max_running // 4, max_running - max_running_per_uid))
 
 
 class Scheduler(Generic[T]):
@@ -169,7 +189,7 @@ class Scheduler(Generic[T]):
             return None
         for _ in range(len(self._turns)):
             uid = self._turns[0]
-            if self._running[uid] >= lim.max_running_per_uid:
+            if self._running[uid] >= lim.max_running_per_uid or self._kept_from(uid):
                 self._turns.rotate(-1)  # skipped: its next turn comes after the others
                 continue
             waiting = self._waiting[uid]
@@ -198,14 +218,20 @@ class Scheduler(Generic[T]):
         record and scheduling round each, and a tenant's queue standing behind its own stopped
         tasks made every other uid's `true` three times as slow: an independent attack.)"""
         lim = self.limits
-        if self.total_running >= lim.max_running or \
+        if self.total_running >= lim.max_running or self._kept_from(uid) or \
                 self._running[uid] >= lim.max_running_per_uid or uid in self._waiting:
             return False
         if self.total_queued and any(self._running[u] < lim.max_running_per_uid
-                                     for u in self._turns):
+                                     and not self._kept_from(u) for u in self._turns):
             return False
         self._count(uid)
         return True
+
+    def _kept_from(self, uid: int) -> bool:
+        """Whether ``uid`` runs a task already and the free slots are the ones kept for uids
+        running nothing."""
+        return bool(self._running[uid]) and \
+            self.limits.max_running - self.total_running <= self.limits.kept_free
 
     def running(self, uid: int) -> None:
         """Count a task that runs already (handed over by the daemon before) as running."""

@@ -207,3 +207,49 @@ def test_one_uid_holds_half_the_running_slots_by_default(start_daemon: Start,
         assert c.limits()["quotas"]["max_running"] == 2
         gate.touch()
         assert {c.wait(i).outcome for i in ids} == {"succeeded"}
+
+
+def test_two_tenants_at_their_share_never_hold_the_slot_of_anothers_first_task(
+        start_daemon: Start, users: list[User]) -> None:
+    """Attack 29: two tenants each running eight long tasks (their share: half of sixteen)
+    held every slot, and a third tenant's `true` was still queued after its 10 s wait.  The
+    last free slots (a quarter by default) are kept for uids running nothing: the second
+    tenant's ninth to twelfth tasks run, its last four wait, and the third's starts at once."""
+    d = start_daemon()
+    a, b, c = users[0], users[1], users[2]
+
+    def sleeps() -> Any:
+        with Client(d.socket) as cl:
+            return [cl.submit(["sleep", "60"]).id for _ in range(8)]
+
+    a_ids = as_user(a, sleeps)
+    b_ids = as_user(b, sleeps)
+    with d.client() as root:
+        wait_for(lambda: sum(root.show(i).state == "running" for i in a_ids + b_ids) == 12,
+                 "twelve of the sixteen running")
+        assert [root.show(i).state for i in b_ids[4:]] == ["queued"] * 4
+        assert root.limits()["daemon"]["first_task_slots"] == 4
+
+        def first_task() -> Any:
+            with Client(d.socket) as cl:
+                done = cl.submit(["true"], wait=30)
+                return done.outcome, done.state
+
+        assert as_user(c, first_task) == ["succeeded", "finished"]
+        mine = root.submit(["sleep", "60"])  # (root is a uid like any other: its first runs)
+        assert root.show(mine.id).state == "running"
+        second = root.submit(["true"])  # (its second waits with the others' for a slot)
+        assert root.show(second.id).state == "queued"
+        for task_id in [*a_ids, *b_ids, mine.id, second.id]:
+            root.stop(task_id, force=True)
+        for task_id in [*a_ids, *b_ids, mine.id, second.id]:
+            root.wait(task_id)
+
+
+@pytest.mark.parametrize("kept", ["-1", "4"])
+def test_first_task_slots_outside_the_slots_is_refused_naming_the_range(
+        start_daemon: Start, kept: str) -> None:
+    d = start_daemon("--max-running", "4", "--first-task-slots", kept, expect_exit=True)
+    assert d.proc.returncode == 125
+    assert (f"--first-task-slots must be from 0 to one less than --max-running (3), got "
+            f"{kept}") in d.log_text()

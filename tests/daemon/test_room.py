@@ -411,15 +411,21 @@ def test_a_task_starts_at_once_beside_a_queue_that_could_not_take_its_slot() -> 
         def __init__(self, uid: int) -> None:
             self.uid, self.size = uid, 0
 
-    s: Scheduler[Task] = Scheduler(QueueLimits(max_running=4, max_running_per_uid=2))
-    assert s.reserve(1) and s.reserve(1)  # (uid 1 at its limit)
-    s.enqueue(Task(1))
-    assert s.reserve(2)  # (uid 1's waiting task could not take the slot)
-    s.enqueue(Task(2))
-    assert not s.reserve(2)  # (its own waits first)
-    assert not s.reserve(3)  # (uid 2's waiting task could take the slot: it goes first)
-    assert s.next_ready() is not None and s.total_running == 4
-    assert not s.reserve(3)  # (every slot taken)
+    for kept in (0, None):  # (None: the default, the last slot kept for a first task)
+        s: Scheduler[Task] = Scheduler(QueueLimits(max_running=4, max_running_per_uid=2,
+                                                   first_task_slots=kept))
+        assert s.reserve(1) and s.reserve(1)  # (uid 1 at its limit)
+        s.enqueue(Task(1))
+        assert s.reserve(2)  # (uid 1's waiting task could not take the slot)
+        s.enqueue(Task(2))
+        assert not s.reserve(2)  # (its own waits first)
+        if kept == 0:
+            assert not s.reserve(3)  # (uid 2's waiting task could take the slot: it goes first)
+            assert s.next_ready() is not None and s.total_running == 4
+        else:  # (uid 2 runs one already: the last slot is uid 3's first task's)
+            assert s.limits.kept_free == 1 and s.next_ready() is None
+            assert s.reserve(3) and s.total_running == 4
+        assert not s.reserve(3)  # (every slot taken)
 
 
 def test_submissions_being_recorded_count_as_queued() -> None:

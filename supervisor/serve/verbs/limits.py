@@ -39,6 +39,7 @@ async def handle(d: Daemon, req: Request) -> Response:
         "daemon": {"max_running": q.max_running, "max_queued": q.max_queued,
                    "max_queued_bytes": q.max_queued_bytes,
                    "max_connections": d.config.max_connections,
+                   "first_task_slots": q.kept_free,
                    "running": d.scheduler.total_running, "queued": d.scheduler.total_queued},
         "max_body_bytes": d.config.http.max_body,
         "output_cap_bytes": d.disk.stream_cap,
