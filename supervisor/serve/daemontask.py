@@ -97,9 +97,19 @@ class DaemonTask:
 
     @property
     def live_state(self) -> str:
-        if self.handle is not None and self.outcome is None:
-            return self.handle.state
-        return self.state
+        """Its state as answered: the core's while it runs, ``stopping`` from the core's end
+        until its end row is written, then ``finished``.  (The core's ``finished`` was
+        answered while the daemon still kept the result, its outcome null: a listing of the
+        finished tasks of an independent attack held three such, each a MiB of command whose
+        result waited for the offload thread.)"""
+        if self.state == "finished" or self.state == "queued":
+            return self.state
+        if self.outcome is not None:
+            return "stopping"  # (its end row is being written)
+        if self.handle is None:
+            return self.state
+        state = self.handle.state
+        return "stopping" if state == "finished" else state
 
     @property
     def listed(self) -> str:

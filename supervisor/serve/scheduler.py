@@ -32,7 +32,7 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from .protocol import ApiError
 
-__all__ = ["QUEUED_END", "QueueLimits", "Scheduler", "default_first_task_slots", "queued_bytes"]
+__all__ = ["QUEUED_END", "QueueLimits", "Scheduler", "queued_bytes"]
 
 QUEUED_END = 2048  # bytes of a task's end record beyond what repeats its request (measured)
 
@@ -62,7 +62,7 @@ class QueueLimits(NamedTuple):
     max_queued_per_uid: int = 1000
     max_queued_bytes: int = 64 << 20
     max_queued_bytes_per_uid: int = 16 << 20
-    first_task_slots: int | None = None  # None: default_first_task_slots
+    first_task_slots: int | None = None  # None: the default (kept_free)
 
     def to_json(self) -> dict[str, int | None]:
         return self._asdict()
@@ -70,15 +70,11 @@ class QueueLimits(NamedTuple):
     @property
     def kept_free(self) -> int:
         """The free slots a uid that runs a task already may not take (see the module
-        docstring)."""
+        docstring): ``first_task_slots``, by default a quarter of the slots, at most what a
+        uid alone could never take anyway."""
         if self.first_task_slots is not None:
             return self.first_task_slots
-        return default_first_task_slots(self.max_running, self.max_running_per_uid)
-
-
-def default_first_task_slots(max_running: int, max_running_per_uid: int) -> int:
-    """A quarter of the slots, at most what a uid alone could never take anyway."""
-    return max(0, min(max_running // 4, max_running - max_running_per_uid))
+        return max(0, min(self.max_running // 4, self.max_running - self.max_running_per_uid))
 
 
 class Scheduler(Generic[T]):

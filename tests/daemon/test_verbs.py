@@ -53,6 +53,30 @@ def test_submit_wait_show_list_and_records(start_daemon: Start) -> None:
     assert row["started_at"] and row["ended_at"] and row["leaf"] == r["id"]
 
 
+def test_a_task_is_answered_finished_only_once_its_end_is_recorded() -> None:
+    """Found by the tenants benchmark: a task was answered (and listed) `finished` with a
+    null outcome from the core's end until the daemon had kept its result and written its
+    end row (a MiB of command waits for the offload thread meanwhile).  Until then it is
+    `stopping`."""
+    from supervisor.serve.daemontask import DaemonTask
+    from supervisor.serve.protocol import SubmitRequest
+
+    class Core:  # (the core's handle: its state, and signals for the answer)
+        state = "running"
+        signals = ()
+
+    t = DaemonTask("7", 1000, 1000, 1, SubmitRequest(["true"]), None, "/nonexistent", 0.0)
+    assert t.live_state == "queued"
+    t.state, t.handle = "running", Core()  # type: ignore[assignment]
+    assert t.live_state == "running"
+    Core.state = "finished"  # (the core's end: the daemon keeps the result next)
+    assert t.live_state == "stopping" and t.to_json(full=False)["outcome"] is None
+    t.outcome = "succeeded"  # (its end row being written)
+    assert t.live_state == "stopping"
+    t.state, t.handle = "finished", None
+    assert t.live_state == "finished"
+
+
 def test_a_results_capability_lists_are_kept_as_masks_and_served_as_named(
         start_daemon: Start) -> None:
     """A root task holds every capability: its two lists of ~40 names each were 1.3 KiB of a
