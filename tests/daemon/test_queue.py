@@ -237,7 +237,7 @@ def test_two_tenants_at_their_share_never_hold_the_slot_of_anothers_first_task(
 
         assert as_user(c, first_task) == ["succeeded", "finished"]
         mine = root.submit(["sleep", "60"])  # (root is a uid like any other: its first runs)
-        assert root.show(mine.id).state == "running"
+        wait_for(lambda: root.show(mine.id).state == "running", "root's first task to run")
         second = root.submit(["true"])  # (its second waits with the others' for a slot)
         assert root.show(second.id).state == "queued"
         for task_id in [*a_ids, *b_ids, mine.id, second.id]:
