@@ -210,9 +210,7 @@ class Supervisor:
 
     @retain_results.setter
     def retain_results(self, n: int) -> None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"retain_results must be a count of 0 or more, got {n!r}")
-        self._retain = n
+        self._retain = _retain_count(n)
         self._let_go()
 
     def _recorded(self, result: TaskResult) -> None:
@@ -559,6 +557,14 @@ def _config_duration(name: str, value: Any) -> float | None:
         raise ConfigError(str(e)) from None
 
 
+def _retain_count(n: Any) -> int:
+    """``retain_results`` checked: a whole number of records, 0 or more (ConfigError)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"retain_results must be a count of records to keep, 0 or more, "
+                          f"got {n!r}")
+    return n
+
+
 @asynccontextmanager
 async def open_supervisor(cgroup_root: str | None = None, default_time_limit: Any = None,
                           max_time_limit: Any = None, *, retain_results: int = 1000,
@@ -580,10 +586,7 @@ async def open_supervisor(cgroup_root: str | None = None, default_time_limit: An
     default = _config_duration("default_time_limit", default_time_limit)
     ceiling = _config_duration("max_time_limit", max_time_limit)
     interval = _config_duration("sample_interval", sample_interval)
-    if isinstance(retain_results, bool) or not isinstance(retain_results, int) \
-            or retain_results < 0:
-        raise ConfigError(f"retain_results must be a whole number of records to keep, 0 or "
-                          f"more, got {retain_results!r}")
+    _retain_count(retain_results)
     if interval is not None and interval < 0.1:
         raise ConfigError(f"sample_interval must be at least 0.1s (or None for no sampling), "
                           f"got {sample_interval!r}")
