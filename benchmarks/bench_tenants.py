@@ -59,6 +59,8 @@ Attacks (``--only``):
   signals          4 connections send SIGWINCH to the attacker's task of 1,000 sleeping
                    processes (made before the phase), as fast as the daemon answers.
   big_submissions  4 connections send 1 MiB submissions (argv of 65,000 strings) continuously.
+  big_environments  1 connection sends submissions of 65,000 environment variables (964 KB),
+                   one after another.
   big_answers      4 connections each show their own finished task with a 1 MiB argv (a 2.5 MB
                    answer) as fast as the daemon answers.
   output_readers   4 attacker processes each read their own task's 16 MB output whole on 4
@@ -603,6 +605,11 @@ def big_request() -> bytes:
     return post({"argv": ["true", *(["abcdefghijkl"] * 65000)]})
 
 
+def big_environment() -> bytes:
+    """A submission of 65,000 environment variables (964 KB, under the default --max-body)."""
+    return post({"argv": ["true"], "env": {f"V{i}": "x" for i in range(65000)}})
+
+
 def stream_flood(sock: str, until: float) -> dict[str, Any]:
     """Open ``GET /v1/events`` or a followed output of our own ``sleep`` (in turn), then write
     64 KiB chunks into the connection until the daemon closes it (or stops reading)."""
@@ -1085,6 +1092,8 @@ ATTACKS = [
            f"processes, as fast as answered", _start_signals),
     Attack("big_submissions", "4 connections: 1 MiB submissions (argv of 65,000 strings)",
            _many(4, request_loop, [big_request()])),
+    Attack("big_environments", "1 connection: submissions of 65,000 environment variables "
+           "(964 KB), one after another", _many(1, request_loop, [big_environment()])),
     Attack("big_answers", "4 connections: each its own finished task with a 1 MiB argv shown "
            "(a 2.5 MB answer), as fast as answered", _many(4, show_big_task)),
     Attack("output_readers", "16 connections: 4 tasks' 16 MB outputs read whole, again and "

@@ -273,6 +273,11 @@ WHY_NOT = {
     "a tenant's submit-to-result under attack `big_submissions`": (
         "a 1 MiB JSON body is parsed in one C call (~7 ms) that holds the GIL: the worker "
         "thread it runs in still takes the event loop's interpreter from under it"),
+    "a tenant's submit-to-result under attack `big_environments`": (
+        "a body of 65,000 variables is made into Python objects in one C call of json.loads "
+        "(26-45 ms here; a pickle of the same dict still 14 ms) that holds the GIL whatever "
+        "thread runs it; 8,192 variables: 2.8x. A helper process handing the body back in "
+        "pieces would bound each call (docs/testing.md, attack 31)"),
     "a tenant's submit-to-result under attack `retention`": (
         "the attacker's submissions cost what the victim's do, and the turns are shared "
         "equally: its flood halves the victim's share of the event loop, by design"),

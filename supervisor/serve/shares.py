@@ -24,6 +24,10 @@ share is the one shed:
   large JSON answer, a chunk of output read and encoded), so that a uid reading a large
   output on sixteen connections, or asking for a MiB-long task over and over, takes one slice
   of the event loop in turn with everyone else, not sixteen;
+- at most :data:`OUTPUT_PIECES` pieces of a uid's output streams are held at once, each
+  from its making until it is sent (``output_piece``; root: any number): a reader that does
+  not read holds its piece until the send timeout, and its uid's other readers wait, not the
+  daemon's memory (250 readers of a tenant reading a byte at a time held ~290 KB each);
 - one read of the records at a time per uid (``reading``): the reader thread serves the uids
   in turn, not a flood of one uid's reads first;
 - while two or more uids other than root are active, each one's time on the event loop is
@@ -46,10 +50,11 @@ import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import trio
 
-__all__ = ["LINGERING", "RATE", "TURNS", "Held", "LoopShare", "Shares", "take"]
+__all__ = ["LINGERING", "OUTPUT_PIECES", "RATE", "TURNS", "Held", "LoopShare", "Shares", "take"]
 
 TURNS = 4  # requests of one uid answered at once (the others wait their turn)
 REQUESTS = 500.0  # requests a second one uid's connections are answered at, after a burst
@@ -57,6 +62,8 @@ BURST = 500  # of that many at once
 SIGNALLED = 5000.0  # processes a second one uid's signals reach (``signalled``), after a burst
 SIGNALLED_BURST = 5000  # of that many at once
 LINGERING = 64  # refused connections answered at once; past that, closed without an answer
+OUTPUT_PIECES = 64  # pieces of one uid's output streams held at once, made and not yet sent
+# (as many as it may follow outputs: ``verbs.output.FOLLOWERS``)
 RATE = 100.0  # connections a second one uid may open (a client keeps its connection: a CLI
 # command opens one, a busy agent host's tool calls tens a second)
 
@@ -98,6 +105,7 @@ class Shares:
         self._turns: dict[int, _Turns] = {}
         self._heavy: dict[int, trio.Lock] = {}
         self._reading: dict[int, trio.Lock] = {}
+        self._pieces: dict[int, list[Any]] = {}  # uid -> [its Semaphore, holders and waiters]
         self.refusing = 0  # refused connections being answered (each lingers a moment)
         self._answered: dict[int, float] = {}  # uid -> when a refusal of its was answered
         self._rate: dict[int, tuple[float, float]] = {}  # uid -> (connections left, when)
@@ -237,6 +245,26 @@ class Shares:
         answer one step)."""
         return _one_at_a_time(self._heavy, uid, self.loop, a_round=True)
 
+    @contextlib.asynccontextmanager
+    async def output_piece(self, uid: int) -> AsyncIterator[None]:
+        """Held from the making of a piece of one of ``uid``'s output streams (a chunk read
+        and encoded, a stream's last frame with its result) until it is sent: at most
+        :data:`OUTPUT_PIECES` of a uid's at once (root: any)."""
+        if uid == 0:
+            yield
+            return
+        held = self._pieces.get(uid)
+        if held is None:
+            held = self._pieces[uid] = [trio.Semaphore(OUTPUT_PIECES), 0]
+        held[1] += 1
+        try:
+            async with held[0]:
+                yield
+        finally:
+            held[1] -= 1
+            if not held[1]:
+                del self._pieces[uid]
+
     def reading(self, uid: int) -> AbstractAsyncContextManager[None]:
         """Held while a read of the records is made for ``uid``: the records' reader thread
         is everyone's, first come first served, so each uid has one read in it at a time
@@ -312,7 +340,7 @@ WINDOW = 0.1  # seconds over which a uid's use of the event loop is counted (dec
 CONTENDED = 0.6  # the loop busier than this: each uid active on it gets an equal share
 LONGEST = 0.05  # seconds a uid over its share waits at most at once
 LIGHT = 0.5  # of an equal share: a uid using less than this is never kept back
-ROUND_STEPS = 1  # steps a round of a uid over its share of a busy loop (``_ration``)
+ROUND_STEPS = 1  # steps a round of the uids over their share of a busy loop (``_ration``)
 OUTPUT_SHARE = 0.5  # of an equal share: a uid's tasks' output read at most, others waiting
 
 
@@ -322,7 +350,8 @@ class LoopShare(trio.abc.Instrument):
     While the loop is busier than :data:`CONTENDED`, a uid using more than an equal share
     of it among the uids using it waits (:meth:`wait`: before a request is answered, before
     each piece of a large answer) until its use decays to that share; and each round of the
-    loop runs at most :data:`ROUND_STEPS` steps of each uid (:meth:`_ration`).
+    loop runs at most :data:`ROUND_STEPS` steps of the uids over half an equal share, which
+    take turns (:meth:`_ration`).
 
     Counting costs every step of every task a call (the daemon's CPU per task at 16 clients
     5.61 ms counted, 5.19 not, three runs each), so it is on only while two uids other than
@@ -350,6 +379,7 @@ class LoopShare(trio.abc.Instrument):
         # the pump keeps the loop turning while there are
         self.deferred: collections.deque[trio.lowlevel.Task] = collections.deque()
         self.rationed = 0  # rounds that kept a step for a later one
+        self._heavy_turn = 0  # the uid over its share whose steps the last rationed round ran
         self._rounds = _Rounds(self)
         self._runq: collections.deque[trio.lowlevel.Task] | None = None
         self._pump_lot = trio.lowlevel.ParkingLot()
@@ -448,8 +478,8 @@ class LoopShare(trio.abc.Instrument):
             self._flush()
 
     def _ration(self, runq: collections.deque[trio.lowlevel.Task]) -> None:
-        """At most :data:`ROUND_STEPS` steps in this round of each uid other than root using more
-        than :data:`LIGHT` of an equal share, its oldest first; the rest wait for a later round, in
+        """At most :data:`ROUND_STEPS` steps in this round of the uids other than root using more
+        than :data:`LIGHT` of an equal share, oldest first; the rest wait for a later round, in
         order.  Trio runs every runnable task once a round, so every step of a request waits for the
         whole of a round: a flood's many requests and tasks in flight made each round many of its
         steps long, and another uid's request, ~20 rounds from its first byte to its answer, waited
@@ -457,26 +487,35 @@ class LoopShare(trio.abc.Instrument):
         independent attack).  Rationed, a round holds one step of each uid above half an equal share
         and every step of the others: a uid with a request or two in flight goes through the rounds
         at nearly its own pace, and the floods share the rest of the loop by turns, the loop never
-        idle while they wait."""
+        idle while they wait.  The uids over the share take turns by rounds, too: a round runs
+        :data:`ROUND_STEPS` of one of them (the next by uid after the last served), so a light
+        uid's step waits behind one flood's step, not one of each (two tenants' floods: a
+        round held a step of each, and the light uid's ~17 rounds each waited for both)."""
         now = self._clock()
         fair = 1.0 / max(2, len(self.active))
-        most: dict[int, int] = {}  # uid -> its steps this round at most
-        steps: collections.Counter[int] = collections.Counter()
+        owner = self.owner
+        tasks = list(itertools.chain(self.deferred, runq))
+        heavy: set[int] = set()  # the uids over the share with a step waiting
+        light: set[int] = set()
+        for task in tasks:
+            uid = owner.get(task)
+            if uid and uid not in heavy and uid not in light:
+                used = self.used.get(uid)
+                share = _share(used, now) if used is not None else 0.0
+                (light if share <= fair * LIGHT else heavy).add(uid)
+        # the heavy uid whose turn this round is: the next after the last one served
+        turn = min((u for u in heavy if u > self._heavy_turn), default=min(heavy, default=0))
+        self._heavy_turn = turn
+        steps = 0
         keep: list[trio.lowlevel.Task] = []
         later: collections.deque[trio.lowlevel.Task] = collections.deque()
-        owner = self.owner
-        for task in itertools.chain(self.deferred, runq):
+        for task in tasks:
             uid = owner.get(task)
-            if uid:  # (root's and the daemon's own: never kept back)
-                limit = most.get(uid)
-                if limit is None:
-                    used = self.used.get(uid)
-                    share = _share(used, now) if used is not None else 0.0
-                    limit = most[uid] = 1 << 30 if share <= fair * LIGHT else ROUND_STEPS
-                if steps[uid] >= limit:
+            if uid in heavy:  # (root's, the daemon's own and the light uids': never kept back)
+                if uid != turn or steps >= ROUND_STEPS:
                     later.append(task)
                     continue
-                steps[uid] += 1
+                steps += 1
             keep.append(task)
         runq.clear()
         runq.extend(keep)

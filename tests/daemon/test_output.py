@@ -97,6 +97,7 @@ def test_a_task_no_longer_in_memory_is_answered_from_its_records(start_daemon: S
     assert frames[-1].kind == "end" and frames[-1].finished and frames[-1].exit_status == 0
     assert shown.outcome == "succeeded" and shown.exit_status == 0 and shown.result
     assert waited.state == "finished" and waited.result == shown.result
+    assert frames[-1].result == shown.result  # (its row read again for the last frame)
 
 
 def test_a_task_that_prints_nothing_makes_no_output_file_and_reads_as_empty(

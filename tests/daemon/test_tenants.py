@@ -2320,3 +2320,102 @@ def test_a_uids_sessions_keep_a_bounded_number_of_variables(start_daemon: Start,
     first, second, after_closing = as_user(users[0], carry_in_two_sessions)
     assert "nothing" not in first and "nothing" not in after_closing, (first, after_closing)
     assert "40" in second["nothing"] and "above a uid's 32768" in second["nothing"], second
+
+
+def test_a_tenants_readers_that_do_not_read_hold_a_bounded_part_of_its_output(
+        start_daemon: Start, users: list[User]) -> None:
+    """Attack 31: two tenants each opened 250 connections reading their own task's large
+    output a byte at a time: the daemon went from 49 to 194 MB (~290 KB a connection: each
+    held its 64 KiB chunk, the chunk's base64 and its frame until sent), counted in no uid's
+    share.  Now a uid's output pieces made and not yet sent are at most ``OUTPUT_PIECES`` at
+    once, its other readers waiting their turn, holding nothing; another tenant is answered
+    meanwhile, and a reader that reads gets every byte."""
+    from supervisor.serve.shares import OUTPUT_PIECES
+
+    d = start_daemon()
+    attacker, other = users[0], users[1]
+    size = 3 << 20
+
+    def make() -> str:
+        with Client(d.socket, timeout=60) as c:
+            t = c.submit(["head", "-c", str(size), "/dev/zero"], wait=60)
+            assert t.outcome == "succeeded", t
+            return t.id
+
+    task_id = as_user(attacker, make)
+    readers = 250
+    assert readers > 3 * OUTPUT_PIECES // 2
+
+    def hold() -> dict[str, Any]:
+        return {"held": _held_by_readers_that_do_not_read(d, task_id, readers)}
+
+    def answered() -> str:
+        time.sleep(3)
+        with Client(d.socket, timeout=30) as c:
+            return c.submit(["true"], wait=30).outcome
+
+    before = _rss(d.proc.pid)
+    out, outcome = as_users([(attacker, hold), (other, answered)])
+    grew = out["held"] - before
+    assert outcome == "succeeded"
+    assert grew < 24 << 20, grew >> 20  # (65 MiB before: ~260 KB a reader; 18 now)
+
+    def read_all() -> int:
+        with Client(d.socket, timeout=30) as c:  # (the readers gone: a reader gets it all)
+            return sum(len(f.data) for f in c.output(task_id) if f.kind == "data")
+
+    assert as_user(attacker, read_all) == size
+
+
+def _held_by_readers_that_do_not_read(d: RunningDaemon, task_id: str, readers: int) -> int:
+    """The daemon's RSS while ``readers`` connections (of the calling uid) ask for the
+    output of ``task_id`` and never read it (a 1-byte receive buffer each)."""
+    from supervisor.serve.shares import RATE
+
+    head = f"GET /v1/tasks/{task_id}/output HTTP/1.1\r\nhost: x\r\n\r\n".encode()
+    conns = []
+    for _ in range(readers):  # (within a uid's connections a second: RATE)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+        s.connect(d.socket)
+        s.sendall(head)
+        conns.append(s)
+        time.sleep(1.2 / RATE)
+    time.sleep(2)  # (each made what it could, and is blocked sending it)
+    held = _rss(d.proc.pid)
+    for s in conns:
+        s.close()
+    return held
+
+
+def test_readers_of_a_recorded_tasks_output_do_not_each_hold_its_command(
+        start_daemon: Start, users: list[User]) -> None:
+    """A task no longer in memory (``--keep-finished 1``) has its output read from the file
+    and its result from its row: each reader held the row, a command of 65,000 arguments
+    (~5 MiB as Python strings) among it, for as long as it read.  Now the row is read again
+    for the last frame only."""
+    d = start_daemon("--keep-finished", "1")
+    attacker = users[0]
+    argv = ["sh", "-c", "head -c 3000000 /dev/zero", *(["abcdefghijkl"] * 65000)]
+
+    def make() -> str:
+        with Client(d.socket, timeout=60) as c:
+            t = c.submit(argv, wait=60)
+            c.submit(["true"], wait=60)  # (evicts the first from memory)
+            return t.id
+
+    task_id = as_user(attacker, make)
+    readers = 60
+
+    before = _rss(d.proc.pid)
+    grew = as_user(attacker, lambda: _held_by_readers_that_do_not_read(d, task_id, readers)) \
+        - before
+    assert grew < 64 << 20, grew >> 20  # (284 MiB before: ~4.7 MiB a reader; 21 now)
+
+    def read_all() -> Any:
+        with Client(d.socket, timeout=30) as c:
+            frames = list(c.output(task_id))
+        return [sum(len(f.data) for f in frames if f.kind == "data"),
+                frames[-1].finished, len(frames[-1].result["argv"])]
+
+    assert as_user(attacker, read_all) == [3000000, True, len(argv)]

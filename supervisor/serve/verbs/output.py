@@ -13,7 +13,11 @@ a client that reconnects with the offset after its last frame loses nothing.  Fr
 Past the cap, the file stops growing; at the end the result's kept tail (the last bytes) is
 sent after a gap frame that says exactly which bytes are lost.  A follower is woken by the
 task's output (``TaskHandle.on_output``: each chunk only wakes it, and the bytes come from the
-file, so no follower, slow or not, makes the daemon hold output in memory).  Each chunk is
+file).  A reader, following or not, holds the one piece it is being sent, from its making until
+it is sent, and a uid's readers hold at most ``Shares.output_piece``'s number of pieces at once
+(250 readers of a tenant reading a byte at a time held ~260 KB each, counted in no share); a
+reader of a task no longer in memory holds none of its row (its command: up to a MiB) while it
+reads.  Each chunk is
 read and encoded at the caller's uid's turn (``Shares.heavy``): sixteen readers of one uid
 take one slice of the event loop in turn with the others, not sixteen.  A follower reads at
 most every :data:`REST` seconds while the output keeps coming (a task printing a line at a
@@ -32,9 +36,9 @@ import binascii
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
@@ -53,6 +57,14 @@ FOLLOWERS = 64  # followed outputs a uid may have open at once (root: any)
 
 
 Turn = Callable[[], AbstractAsyncContextManager[None]]
+
+
+class _Turns(NamedTuple):
+    """A reader's uid's turns: ``heavy``, to make a piece (``Shares.heavy``); ``piece``, held
+    from its making until it is sent (``Shares.output_piece``)."""
+
+    heavy: Turn
+    piece: Turn
 
 
 def _line(obj: dict[str, Any]) -> bytes:
@@ -77,19 +89,22 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
     t = await d.find(req.peer, id)
     uid = req.peer.uid
 
-    def turn() -> AbstractAsyncContextManager[None]:
-        return d.shares.heavy(uid)
-
+    turns = _Turns(lambda: d.shares.heavy(uid), lambda: d.shares.output_piece(uid))
     if t is None:
         row = await d.find_row(req.peer, id)
         path = os.path.join(d.output_dir, row["id"])
         if tail is not None:
             offset = _tail_offset(stream_path(path, stream), tail)
-        return Streaming(200, _Recorded(row, stream, offset, path, turn).produce)
+        peer = req.peer
+
+        async def again() -> dict[str, Any]:
+            return await d.find_row(peer, id)
+
+        return Streaming(200, _Recorded(row, stream, offset, path, turns, again).produce)
     if tail is not None:  # (the last ``tail`` bytes held: a reattaching terminal's screen)
         offset = _tail_offset(stream_path(t.output, stream), tail)
     if not follow:
-        return Streaming(200, _Follower(t, stream, offset, follow, turn).produce)
+        return Streaming(200, _Follower(t, stream, offset, follow, turns).produce)
     if d.following[uid] >= FOLLOWERS and not req.peer.is_root:
         raise ApiError(429, "too_many_streams", f"uid {uid} follows {d.following[uid]} "
                        f"outputs (?follow=true), the most one uid may at once; close one "
@@ -101,7 +116,7 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
         if d.following[uid] <= 0:
             del d.following[uid]
 
-    return Streaming(200, _Follower(t, stream, offset, follow, turn).produce, release=unfollow)
+    return Streaming(200, _Follower(t, stream, offset, follow, turns).produce, release=unfollow)
 
 
 def _tail_offset(path: str, tail: int) -> int:
@@ -143,9 +158,10 @@ class _Wake:
 
 class _Follower:
     def __init__(self, t: DaemonTask, stream: str, offset: int, follow: bool,
-                 turn: Turn) -> None:
+                 turns: _Turns) -> None:
         self.t = t
-        self.turn = turn
+        self.turn = turns.heavy
+        self.piece = turns.piece
         self.stream = stream
         self.pos = offset
         self.follow = follow
@@ -180,21 +196,26 @@ class _Follower:
                     rest := caught_up + REST - trio.current_time()) > 0:
                 await trio.sleep(rest)  # (what comes meanwhile is read in one go)
             done = t.done.is_set()  # before reading: then the file is complete
-            async with self.turn():
-                data = self._read()
-                line = _data_line(self.stream, self.pos, data) if data else b""
-            if len(data) < CHUNK:
+            async with self.piece():
+                async with self.turn():
+                    data = self._read()
+                    line = _data_line(self.stream, self.pos, data) if data else b""
+                read = len(data)
+                del data  # (what a reader that does not read holds is its line alone)
+                if read:
+                    await send(line)
+            if read < CHUNK:
                 caught_up = trio.current_time()
-            if data:
-                await send(line)
-                self.pos += len(data)
+            if read:
+                self.pos += read
                 continue
             if done:
                 total, tail = t.kept.get(self.stream, (self.pos, b""))
                 await _after_file(send, self, total, tail)
-                await send(_line({"end": True, "exit_status": t.exit_status,
-                                  "result": served_result(t.result_json, t.output,
-                                                         t.request.argv)}))
+                async with self.piece():
+                    await send(_line({"end": True, "exit_status": t.exit_status,
+                                      "result": served_result(t.result_json, t.output,
+                                                             t.request.argv)}))
                 return
             if not self.follow:
                 await send(_line({"end": False, "offset": self.pos, "state": t.live_state}))
@@ -215,23 +236,30 @@ async def _after_file(send: Send, reader: _Follower | _Recorded, total: int,
     rest = tail[reader.pos - tail_start:]
     for i in range(0, len(rest), CHUNK):
         piece = rest[i:i + CHUNK]
-        async with reader.turn():
-            line = _data_line(reader.stream, reader.pos, piece)
-        await send(line)
+        async with reader.piece():
+            async with reader.turn():
+                line = _data_line(reader.stream, reader.pos, piece)
+            await send(line)
         reader.pos += len(piece)
 
 
 class _Recorded:
-    """A task the daemon no longer holds in memory: the file, then a gap to the total."""
+    """A task the daemon no longer holds in memory: the file, then a gap to the total.  Its
+    row is read again for the last frame (its result), not held while the file is sent: a
+    row holds the task's command, a MiB of it at most, and a tenant's 250 slow readers of
+    such a task each held their copy for as long as they read."""
 
     def __init__(self, row: dict[str, Any], stream: str, offset: int, path: str,
-                 turn: Turn) -> None:
-        self.row = row
-        self.turn = turn
+                 turns: _Turns, again: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        self.turn = turns.heavy
+        self.piece = turns.piece
+        self.again = again
         self.output = path
         self.path = stream_path(path, stream)
         self.stream = stream
         self.pos = offset
+        self.state: str = row["state"]
+        self.total = _total(row.get("result"), stream)
 
     async def produce(self, send: Send) -> None:
         try:
@@ -240,24 +268,37 @@ class _Recorded:
             fd = None
         try:
             while fd is not None:
-                async with self.turn():
-                    data = os.pread(fd, CHUNK, self.pos)
-                    line = _data_line(self.stream, self.pos, data) if data else b""
-                if not data:
+                async with self.piece():
+                    async with self.turn():
+                        data = os.pread(fd, CHUNK, self.pos)
+                        line = _data_line(self.stream, self.pos, data) if data else b""
+                    read = len(data)
+                    del data
+                    if read:
+                        await send(line)
+                if not read:
                     break
-                await send(line)
-                self.pos += len(data)
+                self.pos += read
         finally:
             if fd is not None:
                 os.close(fd)
-        result = served_result(self.row.get("result"), self.output,
-                               self.row["spec"]["argv"])
-        await _after_file(send, self, _total(result, self.stream), _read_tail(self.path))
-        finished = self.row["state"] == "finished"
-        await send(_line({"end": True, "exit_status": self.row["exit_status"],
-                          "result": result} if finished else
-                         {"end": False, "offset": self.pos,
-                          "state": self.row["state"]}))
+        await _after_file(send, self, self.total, _read_tail(self.path))
+        async with self.piece():
+            await send(await self._last())
+
+    async def _last(self) -> bytes:
+        """The last frame, from the row read again (what it was at the start, if retention
+        removed it meanwhile: the result then null)."""
+        try:
+            row: dict[str, Any] | None = await self.again()
+        except ApiError:
+            row = None
+        if row is None or row["state"] != "finished":
+            if self.state == "finished":
+                return _line({"end": True, "exit_status": None, "result": None})
+            return _line({"end": False, "offset": self.pos, "state": self.state})
+        result = served_result(row.get("result"), self.output, row["spec"]["argv"])
+        return _line({"end": True, "exit_status": row["exit_status"], "result": result})
 
 
 def _read_tail(path: str) -> bytes:
