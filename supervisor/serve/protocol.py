@@ -43,6 +43,7 @@ __all__ = [
     "query_bool",
     "query_int",
     "shown",
+    "sorted_in_slices",
 ]
 
 
@@ -184,6 +185,17 @@ def dumps_in_slices(obj: dict[str, Any]) -> str:
         return json.dumps(obj)
     return "{" + ", ".join(f"{json.dumps(key)}: {dumps_value_in_slices(value)}"
                            for key, value in obj.items()) + "}"
+
+
+def sorted_in_slices(mapping: dict[str, str]) -> dict[str, str]:
+    """``dict(sorted(mapping.items()))``, made :data:`_SLICE` items at a time: sorting the
+    items (tuples) and making the dict of them were two calls of 10 ms each for 65,000
+    variables, the GIL held throughout; the names alone sort in 2."""
+    names = sorted(mapping)
+    out: dict[str, str] = {}
+    for i in range(0, len(names), _SLICE):
+        out.update({name: mapping[name] for name in names[i:i + _SLICE]})
+    return out
 
 
 def dumps_value_in_slices(value: Any) -> str:

@@ -34,6 +34,7 @@ from supervisor.serve.protocol import (
     pop_wait,
     query_bool,
     query_int,
+    sorted_in_slices,
 )
 from supervisor.serve.specs import build_spec
 
@@ -306,6 +307,16 @@ def test_every_field_a_tenant_could_set_has_a_rule_and_unknown_ones_are_refused(
     st.integers(0, 3000).map(lambda n: {f"K{i}": [i, None] for i in range(n)})), max_size=4))
 def test_a_request_encoded_in_slices_is_what_json_dumps_makes(obj: dict[str, Any]) -> None:
     assert dumps_in_slices(obj) == json.dumps(obj)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(st.dictionaries(st.text(max_size=4), st.text(max_size=3), max_size=40),
+                 st.integers(0, 5000).map(lambda n: {f"V{(i * 7919) % 5003}": str(i)
+                                                     for i in range(n)})))
+def test_an_environment_sorted_in_slices_is_the_dict_of_its_sorted_items(
+        env: dict[str, str]) -> None:
+    got = sorted_in_slices(env)
+    assert got == env and list(got.items()) == sorted(env.items())
 
 
 @given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=200))

@@ -31,6 +31,7 @@ from ..protocol import (
     parse_json_body,
     parse_submit,
     pop_wait,
+    sorted_in_slices,
 )
 from ..records import RecordsError
 from ..rows import ENV_APART, env_apart, limits_bytes
@@ -223,7 +224,7 @@ def _prepare(d: Daemon, peer: Peer, r: SubmitRequest, rlimits: dict[str, tuple[i
         return spec, (dumps_in_slices(obj), None)
     # (its variables in order: a shell lists the same environment in another order from one
     # command to the next, and the same one is kept once)
-    env = env_apart(peer.uid, dumps_value_in_slices(dict(sorted(obj.pop("env").items()))))
+    env = env_apart(peer.uid, dumps_value_in_slices(sorted_in_slices(obj.pop("env"))))
     return spec, (dumps_in_slices(obj), env)
 
 
