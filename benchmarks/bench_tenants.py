@@ -65,6 +65,8 @@ Attacks (``--only``):
                    answer) as fast as the daemon answers.
   output_readers   4 attacker processes each read their own task's 16 MB output whole on 4
                    connections at once, again and again.
+  output_ends      4 connections read the output (3 bytes) of the attacker's task of 65,000
+                   arguments whole, again and again: each read ends with the task's result.
   session_env      4 sessions each carry 840 KB of environment (seven variables of 120 KB)
                    and run ``true`` as fast as each is answered.
   session_vars     4 sessions each set new values of 3,000 variables at every command (a
@@ -888,11 +890,13 @@ def _in_threads(n: int, loop: Callable[[], None]) -> None:
         t.join()
 
 
-def read_output_again(sock: str, until: float, size: str, readers: int) -> dict[str, Any]:
-    """A task of ours printing ``size``, then its whole output read on ``readers``
-    connections at once, again and again."""
+def read_output_again(sock: str, until: float, size: str, readers: int,
+                      padding: int = 0) -> dict[str, Any]:
+    """A task of ours printing ``size`` (its command ``padding`` arguments longer), then its
+    whole output read on ``readers`` connections at once, again and again."""
     with Client(sock, timeout=ANSWER + 5) as c:
-        task_id = c.submit(["head", "-c", size, "/dev/zero"], wait=ANSWER).id
+        task_id = c.submit(["sh", "-c", f"head -c {size} /dev/zero",
+                            *(["abcdefghijkl"] * padding)], wait=ANSWER).id
     get = (f"GET /v1/tasks/{task_id}/output HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
            f"\r\n").encode()
     counts = collections.Counter({"reads": 0, "bytes": 0})
@@ -1098,6 +1102,9 @@ ATTACKS = [
            "(a 2.5 MB answer), as fast as answered", _many(4, show_big_task)),
     Attack("output_readers", "16 connections: 4 tasks' 16 MB outputs read whole, again and "
            "again", _many(4, read_output_again, "16M", 4)),
+    Attack("output_ends", "4 connections: the output (3 bytes) of a task of 65,000 arguments "
+           "read whole, again and again (each read ends with its result: 1 MiB of command)",
+           _many(1, read_output_again, "3", 4, 65000)),
     Attack("session_env", "4 sessions carrying 840 KB of environment, each running `true` as "
            "fast as answered", _many(4, session_env_loop)),
     Attack("session_vars", "4 sessions each setting new values of 3,000 variables at every "

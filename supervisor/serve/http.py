@@ -354,7 +354,13 @@ class Connection:
                 status_code=resp.status, headers=[("content-type", resp.content_type)])))
 
             async def send(chunk: bytes) -> None:
-                await self.send_bytes(self.h11.send(h11.Data(data=chunk)))
+                if len(chunk) <= HEAVY_ANSWER:
+                    await self.send_bytes(self.h11.send(h11.Data(data=chunk)))
+                    return
+                # (a large chunk, a task's last frame with a MiB of command, kept for every
+                # reader of it: sent as it is, not joined into a copy for each)
+                for piece in self.h11.send_with_data_passthrough(h11.Data(data=chunk)) or []:
+                    await self.send_bytes(piece)
 
             await resp.produce(send)
             await self.send_bytes(self.h11.send(h11.EndOfMessage()))

@@ -465,6 +465,10 @@ class Records:
         """The task's id, uid and state only (``rows.owner``)."""
         return await self._call(rows.owner, task_id)
 
+    async def ending(self, task_id: str) -> dict[str, Any] | None:
+        """The task's id, uid, state, exit status and result (``rows.ending``)."""
+        return await self._call(rows.ending, task_id)
+
     async def list_entries(self, uid: int | None, state: str | None, limit: int,
                            session: str | None = None, before: int | None = None
                            ) -> list[tuple[int, str]]:

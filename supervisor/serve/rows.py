@@ -226,6 +226,20 @@ def owner(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
     return None if found is None else {"id": str(found[0]), "uid": found[1], "state": found[2]}
 
 
+def ending(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
+    """A task's id, uid, state, exit status and result, without its request (an output
+    stream's end needs no more until its last frame: :func:`get` decodes the request, a MiB
+    with a long command, and a tenant's readers of such a task each had it decoded)."""
+    if not (task_id.isascii() and task_id.isdigit()):
+        return None
+    found = db.execute("SELECT seq, uid, state, exit_status, result FROM tasks WHERE seq = ?",
+                       (int(task_id),)).fetchone()
+    if found is None:
+        return None
+    return {"id": str(found[0]), "uid": found[1], "state": found[2], "exit_status": found[3],
+            "result": None if found[4] is None else json.loads(found[4])}
+
+
 LISTED_ARGS = 64  # arguments a listing shows at most (listed_argv)
 LISTED_ARGV = 1024  # bytes of JSON of a command a listing shows (``show`` has all of it)
 

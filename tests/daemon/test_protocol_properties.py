@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
@@ -374,3 +375,56 @@ def test_the_clients_json_fails_as_json_does() -> None:
         with pytest.raises((ValueError, RecursionError)) as ours:
             fastjson.loads(bad)
         assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
+
+
+def _big(x: str) -> bytes:
+    """A submission above 64 KiB holding thousands of objects and lists (``x``: the last of
+    5,000 items of a field ``x``), with brackets in its strings too."""
+    items = ",".join(['{"a": [1, 2.5, true, null, "s\\u00e9 [{"]}'] * 4999 + [x])
+    return (f'{{"argv": ["true", "{{[" ], "env": {{"A": "b"}}, "x": [{items}]}}').encode()
+
+
+@pytest.mark.parametrize("last", [
+    '{"b": {}}', '{"a": 1, "a": 2}', '{"n": NaN}', '{"n": -Infinity}', '{"a": 1,}',
+    '{"s": "\\ud800"}', '{"s": "\\udfff\\ud800"}', '[1 2]', '"unterminated'])
+def test_the_python_scanner_and_the_c_one_agree_on_a_large_body(
+        last: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large body of many objects and lists is parsed by the json module's Python scanner
+    (``C_CONTAINERS``: the C one holds the GIL for the whole of it): the value, or the
+    refusal (status, code, field and message), is the C scanner's, whatever the body."""
+    import supervisor.serve.protocol as protocol
+
+    body = _big(last)
+    assert len(body) > 64 << 10 and body.count(b"{") > protocol.C_CONTAINERS
+
+    def outcome() -> Any:
+        try:
+            return ("value", parse_json_body(body))
+        except ApiError as e:
+            return ("refused", e.status, e.code, e.field, str(e))
+
+    import json.scanner
+
+    made: list[Any] = []
+    real = json.scanner.py_make_scanner
+    monkeypatch.setattr(json.scanner, "py_make_scanner", lambda ctx: made.append(1) or real(ctx))
+    python = outcome()
+    assert made == [1]  # (the Python scanner parsed it)
+    monkeypatch.setattr(protocol, "C_CONTAINERS", 1 << 40)
+    assert outcome() == python and made == [1]
+    if last == '{"b": {}}':
+        assert python[0] == "value" and python[1]["x"][-1] == {"b": {}}
+    else:
+        assert python[0] == "refused" and python[1] == 400, python
+
+
+def test_a_large_body_nested_too_deep_is_refused_by_either_scanner(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import supervisor.serve.protocol as protocol
+
+    body = b'{"argv": ["true"], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for containers in (protocol.C_CONTAINERS, 1 << 40):
+        monkeypatch.setattr(protocol, "C_CONTAINERS", containers)
+        with pytest.raises(ApiError) as e:
+            parse_json_body(body)
+        assert (e.value.status, e.value.code) == (400, "malformed_json")

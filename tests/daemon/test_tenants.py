@@ -2367,12 +2367,23 @@ def test_a_tenants_readers_that_do_not_read_hold_a_bounded_part_of_its_output(
     assert as_user(attacker, read_all) == size
 
 
-def _held_by_readers_that_do_not_read(d: RunningDaemon, task_id: str, readers: int) -> int:
+def _evicted_task(d: RunningDaemon, argv: list[str]) -> str:
+    """The id of a finished task of ``argv``'s, no longer in the memory of a daemon started
+    with ``--keep-finished 1``."""
+    with Client(d.socket, timeout=60) as c:
+        t = c.submit(argv, wait=60)
+        c.submit(["true"], wait=60)  # (evicts the first from memory)
+        return t.id
+
+
+def _held_by_readers_that_do_not_read(d: RunningDaemon, task_id: str, readers: int,
+                                      query: str = "") -> int:
     """The daemon's RSS while ``readers`` connections (of the calling uid) ask for the
-    output of ``task_id`` and never read it (a 1-byte receive buffer each)."""
+    output of ``task_id`` (``query``: its ``?...``) and never read it (a 1-byte receive
+    buffer each)."""
     from supervisor.serve.shares import RATE
 
-    head = f"GET /v1/tasks/{task_id}/output HTTP/1.1\r\nhost: x\r\n\r\n".encode()
+    head = f"GET /v1/tasks/{task_id}/output{query} HTTP/1.1\r\nhost: x\r\n\r\n".encode()
     conns = []
     for _ in range(readers):  # (within a uid's connections a second: RATE)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -2397,14 +2408,7 @@ def test_readers_of_a_recorded_tasks_output_do_not_each_hold_its_command(
     d = start_daemon("--keep-finished", "1")
     attacker = users[0]
     argv = ["sh", "-c", "head -c 3000000 /dev/zero", *(["abcdefghijkl"] * 65000)]
-
-    def make() -> str:
-        with Client(d.socket, timeout=60) as c:
-            t = c.submit(argv, wait=60)
-            c.submit(["true"], wait=60)  # (evicts the first from memory)
-            return t.id
-
-    task_id = as_user(attacker, make)
+    task_id = as_user(attacker, lambda: _evicted_task(d, argv))
     readers = 60
 
     before = _rss(d.proc.pid)
@@ -2419,3 +2423,59 @@ def test_readers_of_a_recorded_tasks_output_do_not_each_hold_its_command(
                 frames[-1].finished, len(frames[-1].result["argv"])]
 
     assert as_user(attacker, read_all) == [3000000, True, len(argv)]
+
+
+def test_a_sessions_large_exec_body_is_parsed_off_the_event_loop(start_daemon: Start,
+                                                                 users: list[User]) -> None:
+    """`POST /v1/sessions/ID/exec` takes a MiB (a command may be a heredoc of a file), and its
+    body was parsed on the event loop, before the session's owner is known: a MiB of empty
+    objects is 70-150 ms of one call, everyone's loop held for each such request.  It is
+    parsed as a submission's is, in the offload thread at the uid's turn (and, holding
+    thousands of objects and lists, by the Python scanner)."""
+    d = start_daemon()
+    items = ",".join(["{}"] * 300_000)
+    body = f'{{"command": "true", "x": [{items}]}}'.encode()
+
+    def send() -> list[Any]:
+        with Client(d.socket, timeout=60) as c:
+            sid = c.open_session()["id"]
+            try:
+                c._do(Call("POST", f"/v1/sessions/{sid}/exec", body=body))
+            except ApiError as e:
+                return [e.status, e.code, e.field]
+            finally:
+                c.close_session(sid)
+        return []
+
+    assert as_user(users[0], send) == [400, "unknown_field", "x"]
+    with d.client() as c:
+        jobs = {line.split('"')[1]: float(line.split()[1]) for line in
+                c.metrics().splitlines() if line.startswith("corral_offloaded_jobs_total{")}
+    assert jobs.get("parse_json_body", 0) >= 1, jobs
+
+
+def test_readers_of_a_long_commands_last_frame_share_one_copy_of_it(
+        start_daemon: Start, users: list[User]) -> None:
+    """Attack 32: readers of a finished task of 65,000 non-ASCII arguments, each asking for
+    its output past the end (straight to its last frame, its result: 2.5 MB of JSON), had its
+    row read and decoded twice, the frame encoded on the event loop and a copy of it joined
+    for each: 60 that never read took the daemon from 108 to 400 MB, and each read was two
+    records reads and an encoding (another tenant's p99 15x).  The frame is now encoded once,
+    at the uid's turns, kept with the large answers and sent as it is to each reader; the row
+    is read without its request until then."""
+    d = start_daemon("--keep-finished", "1")
+    attacker = users[0]
+    argv = ["echo", "hi", *(["\u00e9\u00e8"] * 65000)]  # (975 KB as the client sends it)
+    task_id = as_user(attacker, lambda: _evicted_task(d, argv))
+
+    def read_end() -> Any:
+        with Client(d.socket, timeout=30) as c:
+            frames = list(c.output(task_id, offset=1 << 30))
+        return [len(frames), frames[-1].finished, frames[-1].result["argv"] == argv]
+
+    assert as_user(attacker, read_end) == [1, True, True]
+    before = _rss(d.proc.pid)
+    grew = as_user(attacker, lambda: _held_by_readers_that_do_not_read(
+        d, task_id, 60, f"?offset={1 << 30}")) - before
+    assert grew < 48 << 20, grew >> 20  # (124 MiB before; none now)
+    assert as_user(attacker, read_end) == [1, True, True]

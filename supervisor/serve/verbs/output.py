@@ -16,8 +16,9 @@ task's output (``TaskHandle.on_output``: each chunk only wakes it, and the bytes
 file).  A reader, following or not, holds the one piece it is being sent, from its making until
 it is sent, and a uid's readers hold at most ``Shares.output_piece``'s number of pieces at once
 (250 readers of a tenant reading a byte at a time held ~260 KB each, counted in no share); a
-reader of a task no longer in memory holds none of its row (its command: up to a MiB) while it
-reads.  Each chunk is
+reader of a task no longer in memory holds none of its request (its command: up to a MiB)
+while it reads, and a finished task's large last frame (its result) is encoded once, at its
+uid's turns, and shared by its readers (``Daemon.end_frame``).  Each chunk is
 read and encoded at the caller's uid's turn (``Shares.heavy``): sixteen readers of one uid
 take one slice of the event loop in turn with the others, not sixteen.  A follower reads at
 most every :data:`REST` seconds while the output keeps coming (a task printing a line at a
@@ -33,6 +34,7 @@ alone).  The bound is of what a uid holds (a file and a connection each), wide e
 from __future__ import annotations
 
 import binascii
+import functools
 import json
 import math
 import os
@@ -42,12 +44,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
-from ..daemontask import served_result, stream_path
-from ..http import Request, Send, Streaming
+from ..daemontask import row_weight, served_result, stream_path
+from ..http import HEAVY_ANSWER, Request, Send, Streaming
 from ..protocol import ApiError, gap_frame, invalid, query_bool, query_int
 
 if TYPE_CHECKING:
     from ..daemontask import DaemonTask
+    from ..peers import Peer
     from ..state import Daemon
 
 CHUNK = 64 * 1024
@@ -91,20 +94,25 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
 
     turns = _Turns(lambda: d.shares.heavy(uid), lambda: d.shares.output_piece(uid))
     if t is None:
-        row = await d.find_row(req.peer, id)
+        row = await d.find_row(req.peer, id, ending=True)
         path = os.path.join(d.output_dir, row["id"])
         if tail is not None:
             offset = _tail_offset(stream_path(path, stream), tail)
         peer = req.peer
 
-        async def again() -> dict[str, Any]:
-            return await d.find_row(peer, id)
+        async def last(state: str, pos: int) -> bytes:
+            return await _recorded_end(d, peer, id, path, state, pos)
 
-        return Streaming(200, _Recorded(row, stream, offset, path, turns, again).produce)
+        return Streaming(200, _Recorded(row, stream, offset, path, turns, last).produce)
     if tail is not None:  # (the last ``tail`` bytes held: a reattaching terminal's screen)
         offset = _tail_offset(stream_path(t.output, stream), tail)
+    task = t
+
+    async def end() -> bytes:
+        return await _end(d, uid, task)
+
     if not follow:
-        return Streaming(200, _Follower(t, stream, offset, follow, turns).produce)
+        return Streaming(200, _Follower(t, stream, offset, follow, turns, end).produce)
     if d.following[uid] >= FOLLOWERS and not req.peer.is_root:
         raise ApiError(429, "too_many_streams", f"uid {uid} follows {d.following[uid]} "
                        f"outputs (?follow=true), the most one uid may at once; close one "
@@ -116,7 +124,8 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
         if d.following[uid] <= 0:
             del d.following[uid]
 
-    return Streaming(200, _Follower(t, stream, offset, follow, turns).produce, release=unfollow)
+    return Streaming(200, _Follower(t, stream, offset, follow, turns, end).produce,
+                     release=unfollow)
 
 
 def _tail_offset(path: str, tail: int) -> int:
@@ -158,8 +167,9 @@ class _Wake:
 
 class _Follower:
     def __init__(self, t: DaemonTask, stream: str, offset: int, follow: bool,
-                 turns: _Turns) -> None:
+                 turns: _Turns, end: Callable[[], Awaitable[bytes]]) -> None:
         self.t = t
+        self.end = end
         self.turn = turns.heavy
         self.piece = turns.piece
         self.stream = stream
@@ -204,18 +214,18 @@ class _Follower:
                 del data  # (what a reader that does not read holds is its line alone)
                 if read:
                     await send(line)
+                del line  # (nor is that held while it waits for its next piece)
             if read < CHUNK:
                 caught_up = trio.current_time()
             if read:
                 self.pos += read
                 continue
             if done:
-                total, tail = t.kept.get(self.stream, (self.pos, b""))
-                await _after_file(send, self, total, tail)
+                total = t.kept.get(self.stream, (self.pos, b""))[0]
+                await _after_file(send, self, total, functools.partial(_kept_tail, t,
+                                                                       self.stream))
                 async with self.piece():
-                    await send(_line({"end": True, "exit_status": t.exit_status,
-                                      "result": served_result(t.result_json, t.output,
-                                                             t.request.argv)}))
+                    await send(await self.end())
                 return
             if not self.follow:
                 await send(_line({"end": False, "offset": self.pos, "state": t.live_state}))
@@ -224,36 +234,41 @@ class _Follower:
 
 
 async def _after_file(send: Send, reader: _Follower | _Recorded, total: int,
-                      tail: bytes) -> None:
-    """What the file does not hold (past the cap): a gap, then the kept tail (the last
-    bytes, ending at ``total``)."""
+                      tail: Callable[[], bytes]) -> None:
+    """What the file does not hold (past the cap): a gap, then the kept tail (``tail()``: the
+    last bytes, ending at ``total``, at most 48 KiB), as one of the reader's pieces (a reader
+    waiting for its turn holds no copy of it)."""
     if reader.pos >= total:
         return
-    tail_start = total - len(tail)
-    if reader.pos < tail_start:
-        await send(_line(gap_frame(reader.stream, reader.pos, tail_start)))
-        reader.pos = tail_start
-    rest = tail[reader.pos - tail_start:]
-    for i in range(0, len(rest), CHUNK):
-        piece = rest[i:i + CHUNK]
-        async with reader.piece():
+    async with reader.piece():
+        kept = tail()
+        tail_start = total - len(kept)
+        if reader.pos < tail_start:
+            await send(_line(gap_frame(reader.stream, reader.pos, tail_start)))
+            reader.pos = tail_start
+        rest = kept[reader.pos - tail_start:]
+        del kept
+        for i in range(0, len(rest), CHUNK):
+            piece = rest[i:i + CHUNK]
             async with reader.turn():
                 line = _data_line(reader.stream, reader.pos, piece)
             await send(line)
-        reader.pos += len(piece)
+            del line
+            reader.pos += len(piece)
 
 
 class _Recorded:
     """A task the daemon no longer holds in memory: the file, then a gap to the total.  Its
-    row is read again for the last frame (its result), not held while the file is sent: a
-    row holds the task's command, a MiB of it at most, and a tenant's 250 slow readers of
-    such a task each held their copy for as long as they read."""
+    row is read without its request (``rows.ending``) and its request only for the last frame
+    (:func:`_recorded_end`), never held while the file is sent: a request holds the task's
+    command, a MiB of it at most, and a tenant's 250 slow readers of such a task each held
+    their copy for as long as they read."""
 
     def __init__(self, row: dict[str, Any], stream: str, offset: int, path: str,
-                 turns: _Turns, again: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+                 turns: _Turns, last: Callable[[str, int], Awaitable[bytes]]) -> None:
         self.turn = turns.heavy
         self.piece = turns.piece
-        self.again = again
+        self.last = last
         self.output = path
         self.path = stream_path(path, stream)
         self.stream = stream
@@ -276,29 +291,62 @@ class _Recorded:
                     del data
                     if read:
                         await send(line)
+                    del line
                 if not read:
                     break
                 self.pos += read
         finally:
             if fd is not None:
                 os.close(fd)
-        await _after_file(send, self, self.total, _read_tail(self.path))
+        await _after_file(send, self, self.total, lambda: _read_tail(self.path))
         async with self.piece():
-            await send(await self._last())
+            await send(await self.last(self.state, self.pos))
 
-    async def _last(self) -> bytes:
-        """The last frame, from the row read again (what it was at the start, if retention
-        removed it meanwhile: the result then null)."""
-        try:
-            row: dict[str, Any] | None = await self.again()
-        except ApiError:
-            row = None
-        if row is None or row["state"] != "finished":
-            if self.state == "finished":
-                return _line({"end": True, "exit_status": None, "result": None})
-            return _line({"end": False, "offset": self.pos, "state": self.state})
-        result = served_result(row.get("result"), self.output, row["spec"]["argv"])
-        return _line({"end": True, "exit_status": row["exit_status"], "result": result})
+
+async def _end(d: Daemon, uid: int, t: DaemonTask) -> bytes:
+    """A task in memory's last frame: its result (encoded in turns and kept, if large)."""
+
+    def make() -> dict[str, Any]:
+        return {"end": True, "exit_status": t.exit_status,
+                "result": served_result(t.result_json, t.output, t.request.argv)}
+
+    if t.weight <= HEAVY_ANSWER:
+        return _line(make())
+    return await d.end_frame(uid, t.id, t.recorded, make)
+
+
+async def _recorded_end(d: Daemon, peer: Peer, task_id: str, output: str, state: str,
+                        pos: int) -> bytes:
+    """A task no longer in memory's last frame, from its row read again (its result kept, if
+    large); ``state`` was the row's when the stream began: if retention removed the row
+    since, a finished task's result is null."""
+    key = task_id + " end"
+    try:
+        if d.answers.get(key) is not None:
+            await d.find_row(peer, task_id, light=True)  # (still there, and still its)
+            cached = d.answers.get(key)
+            if cached is not None:
+                return cached
+        row: dict[str, Any] | None = await d.find_row(peer, task_id)
+    except ApiError:
+        row = None
+    if row is None or row["state"] != "finished":
+        if state == "finished":
+            return _line({"end": True, "exit_status": None, "result": None})
+        return _line({"end": False, "offset": pos, "state": state})
+    found = row
+
+    def make() -> dict[str, Any]:
+        return {"end": True, "exit_status": found["exit_status"],
+                "result": served_result(found.get("result"), output, found["spec"]["argv"])}
+
+    if row_weight(row) <= HEAVY_ANSWER:
+        return _line(make())
+    return await d.end_frame(peer.uid, task_id, True, make)
+
+
+def _kept_tail(t: DaemonTask, stream: str) -> bytes:
+    return t.kept.get(stream, (0, b""))[1]
 
 
 def _read_tail(path: str) -> bytes:
