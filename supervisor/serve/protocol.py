@@ -126,6 +126,7 @@ MAX_TEXT = 4096  # a name: a sane bound for a label
 MAX_KEY = 128  # bytes of an idempotency key, as UTF-8
 MAX_ARGS = 65536  # argv items (the kernel's own limit is on total bytes)
 MAX_COMMAND = 1 << 20  # characters of a session's command line (a heredoc of a file is fine)
+LARGE_BODY = 64 << 10  # bytes of a body (or work) above which it is parsed off the event loop
 
 
 class ApiError(Exception):
@@ -226,7 +227,7 @@ def parse_json_body(body: bytes) -> Any:
         raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object "
                        "like {\"argv\": [\"true\"]}")
     decoder = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_each_once)
-    if len(body) > 64 << 10 and body.count(b"{") + body.count(b"[") > C_CONTAINERS:
+    if len(body) > LARGE_BODY and body.count(b"{") + body.count(b"[") > C_CONTAINERS:
         import json.scanner
 
         decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
@@ -248,7 +249,7 @@ def parse_json_body(body: bytes) -> Any:
     return value
 
 
-# A body above 64 KiB (parsed off the event loop: ``Daemon.off_loop``) holding more than this
+# A body above LARGE_BODY (parsed off the event loop: ``Daemon.off_loop``) holding more than this
 # many ``{`` and ``[`` (objects and lists at most: strings may hold them too) is parsed by the
 # json module's Python scanner, in calls of microseconds, not by the C one, which makes the
 # whole value in one call holding the GIL: the event loop waits for it whatever thread runs

@@ -26,7 +26,7 @@ from .keyfilter import KeyFilter
 from .metrics import Metrics
 from .offload import Offload
 from .peers import Peer
-from .protocol import DEFAULT_SOCKET, ApiError, SubmitRequest
+from .protocol import DEFAULT_SOCKET, LARGE_BODY, ApiError, SubmitRequest
 from .records import Records, Retention
 from .room import BLOCK, Room, worst
 from .scheduler import QueueLimits, Scheduler
@@ -35,7 +35,7 @@ from .shares import Shares
 from .specs import build_spec
 
 T = TypeVar("T")
-HEAVY = 64 << 10  # work above this (bytes, protocol.ITEM_WORK an item) is done off the event loop
+HEAVY = LARGE_BODY  # work above this (bytes, protocol.ITEM_WORK an item) is done off the event loop
 
 if TYPE_CHECKING:
     from .. import Supervisor, TaskSpec
@@ -47,6 +47,7 @@ __all__ = ["DEFAULT_STATE_DIR", "Config", "Daemon", "OutputDisk", "expired_error
 
 DEFAULT_STATE_DIR = "/var/lib/corral"
 ANSWERS_HELD = 32 << 20  # bytes of finished tasks' large answers kept encoded (Answers)
+END = " end"  # after a task's id: the key of its output's last frame kept in Answers
 BIG_REQUEST = 64 << 10  # a finished task whose request's work is above this is not kept
 
 
@@ -361,11 +362,7 @@ class Daemon:
         """The 200 answer of a finished task's large JSON (``make()``), for ``uid``: encoded
         once, at its turn, and kept (``Answers``): a tenant asking for its MiB-long task over
         and over on many connections costs a copy each time, not an encoding."""
-        body = self.answers.get(task_id)
-        if body is None:
-            body = await encode_in_turns(make(), lambda: self.shares.heavy(uid))
-            self.answers.put(task_id, body)
-        return Response(200, body)
+        return Response(200, await self._kept(uid, task_id, True, make))
 
     async def end_frame(self, uid: int, task_id: str, final: bool,
                         make: Callable[[], dict[str, Any]]) -> bytes:
@@ -374,13 +371,26 @@ class Daemon:
         (its end recorded), kept with the large answers: four connections reading such a
         task's output over and over had its result encoded whole on the event loop at each
         read (another tenant's median 7 -> 32 ms, an independent attack)."""
-        key = task_id + " end"
+        return await self._kept(uid, task_id + END, final, make)
+
+    async def _kept(self, uid: int, key: str, final: bool,
+                    make: Callable[[], dict[str, Any]]) -> bytes:
         body = self.answers.get(key)
         if body is None:
             body = await encode_in_turns(make(), lambda: self.shares.heavy(uid))
             if final:
                 self.answers.put(key, body)
         return body
+
+    async def kept_answer(self, peer: Peer, task_id: str, end: bool = False) -> bytes | None:
+        """A task no longer in memory's large answer (``end``: its output's last frame) made
+        before, once its row is found to be still there and ``peer``'s (ApiError 404 or 410
+        to whoever may not see it), without reading the row's request; None if not kept."""
+        key = task_id + END if end else task_id
+        if self.answers.get(key) is None:
+            return None
+        await self.find_row(peer, task_id, light=True)
+        return self.answers.get(key)
 
     def add(self, t: DaemonTask) -> None:
         """A task joins the table (accepted now, or found in the records at start-up)."""
@@ -431,7 +441,7 @@ class Daemon:
         """A finished task leaves memory (evicted, or expired)."""
         self._finished.pop(task_id, None)
         self.answers.pop(task_id)
-        self.answers.pop(task_id + " end")
+        self.answers.pop(task_id + END)
         gone = self.tasks.pop(task_id, None)
         if gone is not None and gone.request.idempotency_key is not None:
             self.keys.pop((gone.uid, gone.request.idempotency_key), None)

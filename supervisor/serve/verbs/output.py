@@ -320,13 +320,10 @@ async def _recorded_end(d: Daemon, peer: Peer, task_id: str, output: str, state:
     """A task no longer in memory's last frame, from its row read again (its result kept, if
     large); ``state`` was the row's when the stream began: if retention removed the row
     since, a finished task's result is null."""
-    key = task_id + " end"
     try:
-        if d.answers.get(key) is not None:
-            await d.find_row(peer, task_id, light=True)  # (still there, and still its)
-            cached = d.answers.get(key)
-            if cached is not None:
-                return cached
+        cached = await d.kept_answer(peer, task_id, end=True)
+        if cached is not None:
+            return cached
         row: dict[str, Any] | None = await d.find_row(peer, task_id)
     except ApiError:
         row = None

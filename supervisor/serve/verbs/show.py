@@ -18,9 +18,8 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
             return await d.finished_answer(req.peer.uid, t.id, lambda: t.to_json(full=True))
         return json_response(200, t.to_json(full=True, position=d.scheduler.position(t)),
                              t.weight)
-    cached = d.answers.get(id)  # (a finished task's large answer, made before)
+    cached = await d.kept_answer(req.peer, id)
     if cached is not None:
-        await d.find_row(req.peer, id, light=True)  # (404 or 410 to whoever may not see it)
         return Response(200, cached)
     row = await d.find_row(req.peer, id)
     if row["state"] == "finished" and row_weight(row) > HEAVY_ANSWER:

@@ -26,9 +26,8 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     timeout = _timeout(req.query.get("timeout"))
     t = await d.find(req.peer, id)
     if t is None:
-        cached = d.answers.get(id)  # (a finished task's large answer, made before: as show's)
+        cached = await d.kept_answer(req.peer, id)
         if cached is not None:
-            await d.find_row(req.peer, id, light=True)  # (404 or 410 to whoever may not see it)
             return Response(200, cached)
         row = await d.find_row(req.peer, id)
         if row["state"] == "finished" and row_weight(row) > HEAVY_ANSWER:
