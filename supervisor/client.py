@@ -250,9 +250,10 @@ class Api:
     @staticmethod
     def output(task_id: str, stream: str, offset: int, follow: bool,
                tail: int | None) -> Call:
-        query = urlencode({"stream": stream, "offset": offset,
-                           "follow": "true" if follow else "false",
-                           **({} if tail is None else {"tail": tail})})
+        if tail is not None and offset:
+            raise ValueError(f"output: offset={offset} and tail={tail} both given; give one")
+        query = urlencode({"stream": stream, "follow": "true" if follow else "false",
+                           **({"offset": offset} if tail is None else {"tail": tail})})
         return Call("GET", f"/v1/tasks/{quote(task_id)}/output?{query}",
                     decode=lambda status, line: parse_frame(line))
 
@@ -535,7 +536,7 @@ class Client:
     def output(self, task_id: str, stream: str = "stdout", offset: int = 0,
                follow: bool = False, tail: int | None = None) -> Iterator[Frame]:
         """NDJSON frames (see :class:`Frame`): data with its offset, gaps, and the end;
-        ``tail``: from the last ``tail`` bytes held instead of ``offset``."""
+        ``tail``: from the stream's last ``tail`` bytes instead of ``offset``."""
         return self._lines(Api.output(task_id, stream, offset, follow, tail))
 
     def stop(self, task_id: str, force: bool = False) -> bool:

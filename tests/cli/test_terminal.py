@@ -568,7 +568,9 @@ def test_pty_a_repl_survives_ctrl_c_exits_on_ctrl_d_and_the_modes_come_back(shel
 
 
 def test_pty_window_size_follows_the_terminal(shell: Shell) -> None:
-    shell.corral("--pty -- sh -c 'stty size; trap \"stty size\" WINCH; "
+    # (the trap set before the first size is shown: set after it, a resize that came between
+    # the two, on a loaded machine, was ignored, as sh ignores SIGWINCH by default)
+    shell.corral("--pty -- sh -c 'trap \"stty size\" WINCH; stty size; "
                  "while :; do sleep 0.05; done'")
     shell.wait_screen(r"^50 160$")  # the tmux window's, given at the start
     shell.tmux("resize-window", "-x", "100", "-y", "30")

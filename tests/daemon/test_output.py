@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from daemon_util import RunningDaemon, stream_total
+import pytest
+from daemon_util import RunningDaemon, raw, stream_total
 
 Start = Callable[..., RunningDaemon]
 
@@ -61,6 +62,46 @@ def test_bytes_past_the_cap_are_a_gap_then_the_kept_tail(start_daemon: Start) ->
     assert data[1].offset == tail_start and tail_start + len(tail) == size + 3
     assert tail.endswith(b"xxxEND") and set(tail[:-3]) == {ord("x")}
     assert frames[-1].kind == "end" and frames[-1].finished
+
+
+def test_tail_counts_from_the_streams_end_past_the_cap_too(start_daemon: Start) -> None:
+    """``tail=N`` reads from the stream's last N bytes, of a task in memory and of one read
+    from its records alike; it counted from the capped file's end (found by an independent
+    attack: ``tail=0`` of a finished task sent the 48 KiB of its kept tail, and ``tail=10``
+    the last 10 bytes of the file's head and then that tail).  Given with ``offset``: 400,
+    naming both (``tail`` overrode it, silently)."""
+    d = start_daemon("--output-cap", "1K", "--keep-finished", "1")
+    size = 200_000
+    total = size + 3
+    with d.client() as c:
+        capped = c.submit(["sh", "-c", f"head -c {size} /dev/zero | tr '\\0' x; printf END"])
+        assert stream_total(c.wait(capped.id).result or {}) == (total, True)
+
+        def read(tail: int) -> list[tuple[str, int, int, bytes]]:
+            return [(f.kind, f.offset, f.end if f.kind == "gap" else 0, f.data)
+                    for f in c.output(capped.id, tail=tail)]
+
+        in_memory = [read(n) for n in (0, 10, 100_000, 10**9)]
+        c.wait(c.submit(["true"]).id)  # (the first evicted from memory: its records)
+        assert c.show(capped.id).result
+        recorded = [read(n) for n in (0, 10, 100_000, 10**9)]
+        for frames in (in_memory, recorded):
+            none, ten, middle, whole = frames
+            assert [k for k, *_ in none] == ["end"], none[:2]
+            assert ten[:-1] == [("data", total - 10, 0, b"xxxxxxxEND")] and ten[-1][0] == "end"
+            gap = middle[0]
+            assert gap[:2] == ("gap", total - 100_000) and gap[2] > 1024, gap[:3]
+            assert middle[1][:2] == ("data", gap[2])
+            assert b"".join(f[3] for f in middle[1:-1]) == b"x" * (size - gap[2]) + b"END"
+            assert whole[0][:2] == ("data", 0) and len(whole[0][3]) == 1024
+            assert whole[1][:2] == ("gap", 1024)
+        assert in_memory == recorded
+        with pytest.raises(ValueError, match="both given"):
+            list(c.output(capped.id, offset=5, tail=10))
+    status, answer = raw(d, f"GET /v1/tasks/{capped.id}/output?offset=5&tail=10 HTTP/1.1\r\n"
+                            f"host: x\r\n\r\n".encode())
+    assert status == 400 and answer["error"]["field"] == "tail", answer
+    assert "offset=5" in answer["error"]["message"] and "tail=10" in answer["error"]["message"]
 
 
 def test_a_task_not_yet_started_is_followed_from_its_first_byte(start_daemon: Start,

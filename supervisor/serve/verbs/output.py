@@ -1,5 +1,6 @@
 """``GET /v1/tasks/ID/output?stream=stdout&offset=N&follow=true``: NDJSON frames
-(``tail=N`` instead of ``offset``: from the last N bytes held).
+(``tail=N`` instead of ``offset``: from the stream's last N bytes; past a capped file's end,
+a gap and the kept tail, as from any offset there).
 
 Every byte a task writes goes to its output file in the state directory (the core's
 ``log_file``, lossless up to ``--output-cap``), so any offset the file holds can be read again:
@@ -88,6 +89,10 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
         raise invalid("stream", f"?stream= must be stdout or stderr, got {stream!r}")
     offset = query_int(req.query, "offset", 0)
     tail = query_int(req.query, "tail", 0) if "tail" in req.query else None
+    if tail is not None and "offset" in req.query:
+        raise invalid("tail", f"?tail={tail} and ?offset={offset} both given: tail=N reads "
+                              f"from the stream's last N bytes, offset=N from byte N; give "
+                              f"one of them")
     follow = query_bool(req.query, "follow")
     t = await d.find(req.peer, id)
     uid = req.peer.uid
@@ -97,15 +102,16 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
         row = await d.find_row(req.peer, id, ending=True)
         path = os.path.join(d.output_dir, row["id"])
         if tail is not None:
-            offset = _tail_offset(stream_path(path, stream), tail)
+            offset = max(0, (_total(row.get("result"), stream)
+                             or _file_size(stream_path(path, stream))) - tail)
         peer = req.peer
 
         async def last(state: str, pos: int) -> bytes:
             return await _recorded_end(d, peer, id, path, state, pos)
 
         return Streaming(200, _Recorded(row, stream, offset, path, turns, last).produce)
-    if tail is not None:  # (the last ``tail`` bytes held: a reattaching terminal's screen)
-        offset = _tail_offset(stream_path(t.output, stream), tail)
+    if tail is not None:  # (the last ``tail`` bytes: a reattaching terminal's screen)
+        offset = max(0, _stream_total(t, stream) - tail)
     task = t
 
     async def end() -> bytes:
@@ -128,9 +134,21 @@ async def handle(d: Daemon, req: Request, id: str) -> Streaming:
                      release=unfollow)
 
 
-def _tail_offset(path: str, tail: int) -> int:
+def _stream_total(t: DaemonTask, stream: str) -> int:
+    """Bytes ``stream`` of ``t`` has had so far: past the cap of its file too (a capped
+    file's size counted from the file's end: ``tail=0`` of a finished task sent the 48 KiB
+    of its kept tail)."""
+    kept = t.kept.get(stream)
+    if kept is not None:  # (finished)
+        return kept[0]
+    if t.handle is not None:
+        return t.handle.output(stream).total
+    return _file_size(stream_path(t.output, stream))
+
+
+def _file_size(path: str) -> int:
     try:
-        return max(0, os.stat(path).st_size - tail)
+        return os.stat(path).st_size
     except OSError:
         return 0
 
