@@ -59,6 +59,9 @@ Attacks (``--only``):
   signals          4 connections send SIGWINCH to the attacker's task of 1,000 sleeping
                    processes (made before the phase), as fast as the daemon answers.
   big_submissions  4 connections send 1 MiB submissions (argv of 65,000 strings) continuously.
+  keyed_resends    4 connections send again and again a submission of 65,000 arguments with
+                   the idempotency key of a task it made before (--keep-finished 1: from the
+                   records; 200, that task).
   big_environments  1 connection sends submissions of 65,000 environment variables (964 KB),
                    one after another.
   big_answers      4 connections each show their own finished task with a 1 MiB argv (a 2.5 MB
@@ -845,6 +848,17 @@ def keyed_submissions(sock: str, until: float) -> dict[str, Any]:
     return {"tasks": done, **refused}
 
 
+def keyed_resends(sock: str, until: float) -> dict[str, Any]:
+    """A task of 65,000 arguments submitted with an idempotency key, then the same request
+    sent again and again (each answered 200 with that task), the task no longer in memory."""
+    key = f"resend-{os.getpid()}"
+    argv = ["true", *(["abcdefghijkl"] * 65000)]
+    with Client(sock, timeout=ANSWER + 5) as c:
+        c.wait(c.submit(argv, idempotency_key=key).id)
+        c.wait(c.submit(["true"]).id)  # (--keep-finished 1: the first is no longer in memory)
+    return request_loop(sock, until, [post({"argv": argv, "idempotency_key": key})])
+
+
 def waited_submissions(sock: str, until: float, threads: int) -> dict[str, Any]:
     """``true`` submitted with a ``wait`` for its result (one request each), as fast as
     answered, from ``threads`` threads at once (a connection each)."""
@@ -1096,6 +1110,9 @@ ATTACKS = [
            f"processes, as fast as answered", _start_signals),
     Attack("big_submissions", "4 connections: 1 MiB submissions (argv of 65,000 strings)",
            _many(4, request_loop, [big_request()])),
+    Attack("keyed_resends", "4 connections: a task of 65,000 arguments, no longer in memory, "
+           "asked for again and again by its request sent with its idempotency key",
+           _many(4, keyed_resends), daemon_args=("--keep-finished", "1")),
     Attack("big_environments", "1 connection: submissions of 65,000 environment variables "
            "(964 KB), one after another", _many(1, request_loop, [big_environment()])),
     Attack("big_answers", "4 connections: each its own finished task with a 1 MiB argv shown "

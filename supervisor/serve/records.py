@@ -487,6 +487,11 @@ class Records:
         retention removed it, or None."""
         return await self._call(rows.find_key, uid, key)
 
+    async def keyed(self, uid: int, key: str, spec: str = "",
+                    env: str | None = None) -> dict[str, Any] | None:
+        """``rows.keyed``: the task made with this idempotency key, without its request."""
+        return await self._call(rows.keyed, uid, key, spec, env)
+
     async def unfinished(self) -> list[dict[str, Any]]:
         """Rows without an end, oldest first (an earlier run's, at start-up)."""
         return await self._call(rows.select, "SELECT * FROM task_rows WHERE state != "

@@ -36,6 +36,7 @@ __all__ = [
     "insert_session",
     "json_bytes",
     "key_bytes",
+    "keyed",
     "limits_bytes",
     "list_entries",
     "list_sessions",
@@ -413,6 +414,33 @@ def find_key(db: sqlite3.Connection, uid: int, key: str) -> dict[str, Any] | Non
                   (uid, key))
     if rows:
         return rows[0]
+    return _expired_key(db, uid, key)
+
+
+def keyed(db: sqlite3.Connection, uid: int, key: str, spec: str = "",
+          env: str | None = None) -> dict[str, Any] | None:
+    """The task a request of ``uid``'s with idempotency ``key`` made, its request left where
+    it is: ``{"id", "state", "same", "long"}``, ``same``: its request is kept as the text
+    ``spec`` with its environment apart as ``env`` (``env_apart``'s hash; None: none apart),
+    compared by SQLite; ``long``: it is kept in more than ``SAME_TEXT`` characters.  Or
+    ``{"id", "state": "expired", "expired_at"}`` once retention removed it; or None.  (A MiB
+    command sent again with its key had its row read and decoded whole to be compared.)"""
+    got = db.execute("SELECT t.seq, t.state, r.spec = ? AND r.env IS ?, length(r.spec) > ? "
+                     "FROM tasks t JOIN requests r ON r.seq = t.seq "
+                     "WHERE t.uid = ? AND t.idempotency_key = ?",
+                     (spec, env, SAME_TEXT, uid, key)).fetchone()
+    if got is not None:
+        return {"id": str(got[0]), "state": got[1], "same": bool(got[2]), "long": bool(got[3])}
+    return _expired_key(db, uid, key)
+
+
+# a request kept in more characters than this, and written otherwise than its copy sent
+# again (``keyed``), is another request; a shorter one is decoded and compared as values
+# (what an older corral wrote may be spaced or ordered otherwise)
+SAME_TEXT = 64 << 10
+
+
+def _expired_key(db: sqlite3.Connection, uid: int, key: str) -> dict[str, Any] | None:
     gone = select(db, "SELECT seq, expired_at FROM expired WHERE uid = ? AND "
                    "idempotency_key = ?", (uid, key))
     return {**gone[0], "state": "expired"} if gone else None

@@ -228,6 +228,48 @@ def test_idempotency_key_never_starts_a_second_copy(start_daemon: Start) -> None
     assert len(d.rows()) == 1
 
 
+def test_a_key_sent_again_finds_its_task_in_the_records_as_sent_or_as_an_older_corral_wrote_it(
+        start_daemon: Start) -> None:
+    """A task no longer in memory (``--keep-finished 1``) is found by its key, its request
+    compared as its record keeps it (by SQLite, not decoded: a MiB command sent again with
+    its key was decoded whole each time); with an environment kept apart too.  A request
+    kept otherwise than this corral writes it (an older one's, spaced or ordered otherwise)
+    is compared as values if short; if longer than 64 KiB, as text (another request: 409)."""
+    d = start_daemon("--keep-finished", "1")
+    env = {f"V{i}": "v" * 20 for i in range(40)}  # (above 512 bytes: kept apart)
+    sent = {"plain": (["echo", "one"], None), "env": (["echo", "two"], env),
+            "odd": (["echo", "three"], None), "long": (["true", "x" * 70_000], None)}
+    with d.client() as c:
+        ids = {k: c.submit(argv, env=e, idempotency_key=k).id for k, (argv, e) in sent.items()}
+        for task_id in ids.values():
+            c.wait(task_id)
+        c.wait(c.submit(["true"]).id)  # (each evicted from memory)
+    d.stop()
+    db = sqlite3.connect(d.state / "state.db")
+    for key in ("odd", "long"):  # (written as another corral might have: keys sorted, spaced)
+        (spec,), = db.execute("SELECT spec FROM requests WHERE seq = ?", (int(ids[key]),))
+        db.execute("UPDATE requests SET spec = ? WHERE seq = ?",
+                   (json.dumps(json.loads(spec), sort_keys=True, indent=1), int(ids[key])))
+    db.commit()
+    db.close()
+    d = start_daemon("--keep-finished", "1", like=d)
+    with d.client() as c:
+        for key in ("plain", "env", "odd"):
+            argv, e = sent[key]
+            again = c.submit(argv, env=e, idempotency_key=key)
+            assert again.id == ids[key] and again.state == "finished", (key, again)
+            with pytest.raises(ApiError) as caught:
+                c.submit([*argv, "more"], env=e, idempotency_key=key)
+            assert caught.value.status == 409 and ids[key] in str(caught.value), key
+        with pytest.raises(ApiError) as caught:
+            c.submit(sent["env"][0], env={**env, "V0": "w"}, idempotency_key="env")
+        assert caught.value.status == 409
+        with pytest.raises(ApiError) as caught:  # (its long text written otherwise)
+            c.submit(sent["long"][0], idempotency_key="long")
+        assert caught.value.status == 409 and ids["long"] in str(caught.value)
+    assert len(d.rows()) == 5
+
+
 def test_limits_and_metrics(start_daemon: Start) -> None:
     d = start_daemon("--max-running-per-uid", "3", "--max-queued-per-uid", "7",
                      "--max-time-limit", "1h")

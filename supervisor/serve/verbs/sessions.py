@@ -197,7 +197,7 @@ async def _resent(d: Daemon, req: Request, r: SubmitRequest) -> bool:
     if not d.key_filter.may_hold(req.peer.uid, r.idempotency_key):
         return False  # (never taken: no read of the records)
     async with d.shares.reading(req.peer.uid):
-        return await d.records.find_key(req.peer.uid, r.idempotency_key) is not None
+        return await d.records.keyed(req.peer.uid, r.idempotency_key) is not None
 
 
 async def _row(d: Daemon, req: Request, session_id: str) -> dict[str, Any]:

@@ -66,7 +66,7 @@ async def accept(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
         raise ApiError(503, "shutting_down", "the daemon is shutting down and accepts no new "
                        "tasks; retry once it is back")
     if r.idempotency_key is not None:
-        earlier = await _earlier(d, peer, r)
+        earlier = await _earlier(d, peer, r, size)
         if earlier is not None:
             return earlier, None
     rlimits = None if peer.is_root else _rlimits_of(peer)
@@ -140,36 +140,50 @@ async def answer_after(d: Daemon, t: DaemonTask, wait: float, since: float, *,
                                "output": so_far})
 
 
-async def _earlier(d: Daemon, peer: Peer, r: SubmitRequest) -> dict[str, Any] | None:
+async def _earlier(d: Daemon, peer: Peer, r: SubmitRequest, size: int,
+                   ) -> dict[str, Any] | None:
     """The task an earlier request with this key made (409 if it asked for another thing;
-    410 if it has expired)."""
-    assert r.idempotency_key is not None
-    task_id = d.keys.get((peer.uid, r.idempotency_key))
+    410 if it has expired).  One no longer in memory is compared as its record keeps it,
+    by SQLite (``rows.keyed``): ``r`` made into that text costs what its acceptance would,
+    off the loop if large, and its record is not decoded (a tenant's MiB command sent again
+    and again with its key had its row decoded each time, holding the GIL 10-20 ms a call:
+    another tenant's p99 55-78 ms, an independent attack)."""
+    key = r.idempotency_key
+    assert key is not None
+    task_id = d.keys.get((peer.uid, key))
     if task_id == "":
-        raise ApiError(409, "in_progress", f"a request with idempotency_key "
-                       f"{r.idempotency_key!r} is being accepted right now; retry in a moment",
-                       "idempotency_key")
+        raise ApiError(409, "in_progress", f"a request with idempotency_key {key!r} is being "
+                       f"accepted right now; retry in a moment", "idempotency_key")
     if task_id is not None and task_id in d.tasks:
         t = d.tasks[task_id]
-        spec = t.request.to_json()
-        state = t.live_state
-    elif not d.key_filter.may_hold(peer.uid, r.idempotency_key):
+        if t.request.to_json() != r.to_json():
+            raise _conflict(key, t.id)
+        return {"id": t.id, "state": t.live_state, "existing": True}
+    if not d.key_filter.may_hold(peer.uid, key):
         return None  # (never taken: no read of the records)
-    else:
-        async with d.shares.reading(peer.uid):
-            row = await d.records.find_key(peer.uid, r.idempotency_key)
-        if row is None:
-            return None
-        if row["state"] == "expired":
-            raise ApiError(410, "expired", f"idempotency_key {r.idempotency_key!r} was used "
-                           f"for task {row['id']}, which has expired (its record was removed "
-                           f"by retention); use a new key for a new task", "idempotency_key")
-        task_id, spec, state = row["id"], row["spec"], row["state"]
-    if spec != r.to_json():
-        raise ApiError(409, "idempotency_conflict", f"idempotency_key "
-                       f"{r.idempotency_key!r} was used for task {task_id} with another "
-                       f"request; use a new key for a new task", "idempotency_key")
-    return {"id": task_id, "state": state, "existing": True}
+    text, env = await d.off_loop(peer.uid, r.work(size), request_text, peer.uid, r)
+    async with d.shares.reading(peer.uid):
+        row = await d.records.keyed(peer.uid, key, text, None if env is None else env[0])
+        if row is not None and row["state"] != "expired" and not row["same"] and not row["long"]:
+            # (a short record written otherwise: an older corral's, compared as values)
+            row = await d.records.find_key(peer.uid, key)
+            if row is not None and row["state"] != "expired":
+                row["same"] = row["spec"] == r.to_json()
+    if row is None:
+        return None
+    if row["state"] == "expired":
+        raise ApiError(410, "expired", f"idempotency_key {key!r} was used for task "
+                       f"{row['id']}, which has expired (its record was removed by retention); "
+                       f"use a new key for a new task", "idempotency_key")
+    if not row["same"]:
+        raise _conflict(key, row["id"])
+    return {"id": row["id"], "state": row["state"], "existing": True}
+
+
+def _conflict(key: str, task_id: str) -> ApiError:
+    return ApiError(409, "idempotency_conflict", f"idempotency_key {key!r} was used for task "
+                    f"{task_id} with another request; use a new key for a new task",
+                    "idempotency_key")
 
 
 def _parse(body: bytes) -> tuple[SubmitRequest, float | None]:
@@ -218,14 +232,19 @@ def _prepare(d: Daemon, peer: Peer, r: SubmitRequest, rlimits: dict[str, tuple[i
     kept once for every request naming the same, as a session's commands do); the costly part
     of an acceptance, made here (in a worker thread for a large request) and not in the
     records' thread, which every uid's writes share."""
-    spec = d.spec_for(peer, r, rlimits=rlimits)
+    return d.spec_for(peer, r, rlimits=rlimits), request_text(peer.uid, r)
+
+
+def request_text(uid: int, r: SubmitRequest) -> tuple[str, tuple[str, str] | None]:
+    """``r`` of ``uid``'s as its record keeps it: its JSON text, and its environment apart
+    from it if large (``rows.env_apart``: its hash, its text)."""
     obj = r.to_json()
     if env_weight(r.env) < ENV_APART:
-        return spec, (dumps_in_slices(obj), None)
+        return dumps_in_slices(obj), None
     # (its variables in order: a shell lists the same environment in another order from one
     # command to the next, and the same one is kept once)
-    env = env_apart(peer.uid, dumps_value_in_slices(sorted_in_slices(obj.pop("env"))))
-    return spec, (dumps_in_slices(obj), env)
+    env = env_apart(uid, dumps_value_in_slices(sorted_in_slices(obj.pop("env"))))
+    return dumps_in_slices(obj), env
 
 
 def kept_bytes(text: tuple[str, tuple[str, str] | None],
