@@ -66,6 +66,9 @@ Attacks (``--only``):
                    one after another.
   big_answers      4 connections each show their own finished task with a 1 MiB argv (a 2.5 MB
                    answer) as fast as the daemon answers.
+  recorded_answers  4 connections each show their own 4 finished tasks of 65,000 non-ASCII
+                   arguments in turn (answers of 2.9 MB: 46 MB of them, past the 32 MiB the
+                   daemon keeps made), --keep-finished 1 (each read from the records).
   output_readers   4 attacker processes each read their own task's 16 MB output whole on 4
                    connections at once, again and again.
   output_ends      4 connections read the output (3 bytes) of the attacker's task of 65,000
@@ -893,6 +896,16 @@ def show_big_task(sock: str, until: float) -> dict[str, Any]:
                                       f"\r\n".encode()])
 
 
+def show_recorded_tasks(sock: str, until: float, tasks: int) -> dict[str, Any]:
+    """``tasks`` finished tasks of ours of 65,000 non-ASCII arguments (answers of ~2.9 MB
+    each), then each one's ``GET /v1/tasks/ID`` in turn, as fast as the daemon answers."""
+    with Client(sock, timeout=ANSWER + 5) as c:
+        ids = [c.submit(["true", *([f"\u00e9t\u00e9-{n}"] * 65000)], wait=ANSWER).id
+               for n in range(tasks)]
+    return request_loop(sock, until, [f"GET /v1/tasks/{i} HTTP/1.1\r\nhost: x\r\n\r\n".encode()
+                                      for i in ids])
+
+
 def _in_threads(n: int, loop: Callable[[], None]) -> None:
     """``loop()`` in ``n`` threads at once, until each has returned."""
     import threading
@@ -1117,6 +1130,10 @@ ATTACKS = [
            "(964 KB), one after another", _many(1, request_loop, [big_environment()])),
     Attack("big_answers", "4 connections: each its own finished task with a 1 MiB argv shown "
            "(a 2.5 MB answer), as fast as answered", _many(4, show_big_task)),
+    Attack("recorded_answers", "4 connections: each shows its own 4 finished tasks of 65,000 "
+           "non-ASCII arguments in turn (answers of 2.9 MB, more than the daemon keeps made), "
+           "--keep-finished 1", _many(4, show_recorded_tasks, 4),
+           daemon_args=("--keep-finished", "1")),
     Attack("output_readers", "16 connections: 4 tasks' 16 MB outputs read whole, again and "
            "again", _many(4, read_output_again, "16M", 4)),
     Attack("output_ends", "4 connections: the output (3 bytes) of a task of 65,000 arguments "

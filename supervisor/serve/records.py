@@ -487,6 +487,12 @@ class Records:
         retention removed it, or None."""
         return await self._call(rows.find_key, uid, key)
 
+    async def answer(self, task_id: str,
+                     build: Callable[[dict[str, Any]], bytes | None]) -> bytes | None:
+        """``build(row)`` of the task's row as ``rows.answer_parts`` reads it (its request
+        as SQLite's texts), in the readers' thread; None if there is no such row."""
+        return await self._call(_answer_with, task_id, build)
+
     async def keyed(self, uid: int, key: str, spec: str = "",
                     env: str | None = None) -> dict[str, Any] | None:
         """``rows.keyed``: the task made with this idempotency key, without its request."""
@@ -560,6 +566,12 @@ class Records:
                 self._reader.stop()
                 self.pending.close()
                 os.close(self._lock_fd)
+
+
+def _answer_with(db: sqlite3.Connection, task_id: str,
+                 build: Callable[[dict[str, Any]], bytes | None]) -> bytes | None:
+    row = rows.answer_parts(db, task_id)
+    return None if row is None else build(row)
 
 
 class _Worker:

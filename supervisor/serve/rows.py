@@ -20,6 +20,7 @@ __all__ = [
     "MAX_TOMBSTONES",
     "Expired",
     "Retention",
+    "answer_parts",
     "close_session",
     "compact_json",
     "ended_in_session",
@@ -239,6 +240,22 @@ def ending(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
         return None
     return {"id": str(found[0]), "uid": found[1], "state": found[2], "exit_status": found[3],
             "result": None if found[4] is None else json.loads(found[4])}
+
+
+def answer_parts(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
+    """A task's row as its answer is put together from (``daemontask.answer_text``): its
+    columns and its result, decoded, and its request as SQLite gives it, never decoded here:
+    compact (``spec_text``; its environment apart, compact too: ``env_text``), its command
+    (``argv_text``) and its session's id, each made by SQLite in C, the GIL let go."""
+    if not (task_id.isascii() and task_id.isdigit()):
+        return None
+    cur = db.execute("SELECT t.*, json(r.spec) AS spec_text, json(e.env) AS env_text, "
+                     "json_extract(r.spec, '$.argv') AS argv_text, "
+                     "json_extract(r.spec, '$.session.id') AS session_id "
+                     "FROM tasks t JOIN requests r ON r.seq = t.seq "
+                     "LEFT JOIN envs e ON e.hash = r.env WHERE t.seq = ?", (int(task_id),))
+    found = cur.fetchone()
+    return None if found is None else row_of(cur, found)
 
 
 LISTED_ARGS = 64  # arguments a listing shows at most (listed_argv)

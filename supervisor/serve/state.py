@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import trio
 
-from .daemontask import DaemonTask
+from .daemontask import DaemonTask, answer_text, end_frame_text, row_weight
 from .events import EventHub
-from .http import HttpLimits, Response, encode_in_turns
+from .http import HEAVY_ANSWER, HttpLimits, Response, encode_in_turns
 from .keyfilter import KeyFilter
 from .metrics import Metrics
 from .offload import Offload
@@ -380,6 +380,31 @@ class Daemon:
             body = await encode_in_turns(make(), lambda: self.shares.heavy(uid))
             if final:
                 self.answers.put(key, body)
+        return body
+
+    async def recorded_answer(self, peer: Peer, task_id: str, end: bool = False,
+                              ) -> bytes | None:
+        """The answer of a finished task no longer in memory whose answer is large (``end``:
+        its output's last frame), kept (``Answers``) or else put together from its record's
+        texts in the readers' thread at ``peer``'s turn (``daemontask.answer_text``: its
+        request never decoded) and kept; None if its row is not finished, its answer not
+        large, or it is not ``peer``'s to see (:meth:`find_row` then says which)."""
+        cached = await self.kept_answer(peer, task_id, end)
+        if cached is not None:
+            return cached
+        output_dir = self.output_dir
+        make = end_frame_text if end else answer_text
+
+        def build(row: dict[str, Any]) -> bytes | None:
+            if (not peer.may_see(row["uid"]) or row["state"] != "finished"
+                    or row_weight(row) <= HEAVY_ANSWER):
+                return None
+            return make(row, output_dir=output_dir)
+
+        async with self.shares.reading(peer.uid):
+            body = await self.records.answer(task_id, build)
+        if body is not None:
+            self.answers.put(task_id + END if end else task_id, body)
         return body
 
     async def kept_answer(self, peer: Peer, task_id: str, end: bool = False) -> bytes | None:

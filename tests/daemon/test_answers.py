@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import base64
 import json
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from daemon_util import RunningDaemon, User, as_user
+from daemon_util import RunningDaemon, User, as_user, raw
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.client import ApiError, Client
+from supervisor.serve import rows
+from supervisor.serve.daemontask import row_json
 from supervisor.serve.http import json_pieces
 from supervisor.serve.verbs.output import _data_line
 
@@ -98,3 +101,64 @@ def test_a_large_answer_kept_once_made_is_still_shown_to_its_owner_alone(
     assert as_user(users[1], theirs) == 404
     with Client(d.socket, timeout=60) as c:  # (root may see every task)
         assert c.show(task_id).argv == argv
+
+
+def test_a_large_answer_from_the_records_is_the_rows_answer_value_for_value(
+        start_daemon: Start, users: list[User]) -> None:
+    """A finished task no longer in memory whose answer is large is put together from its
+    record's texts (``daemontask.answer_text``: its request never decoded): its show, its
+    wait and its output's last frame are, value for value, what the row decoded makes
+    (``row_json``), for commands long, non-ASCII, with an environment kept apart, of a
+    session, past the output's cap; and only to whoever may see the task."""
+    d = start_daemon("--keep-finished", "1", "--output-cap", "1K")
+    wide = ["printf", "%s", *(f"\u00e9\u4e2d-{i}" for i in range(8_000))]  # (~200 KB of JSON)
+    env = {f"V{i}": "x" * 100 for i in range(700)}  # (~75 KB, kept apart)
+
+    def make() -> list[str]:
+        with Client(d.socket, timeout=60) as c:
+            ids = [c.submit(wide, wait=30).id,
+                   c.submit(["sh", "-c", "head -c 5000 /dev/zero; exit 3"], env=env,
+                            wait=30).id]
+            s = c.open_session()
+            ids.append(c.exec(s["id"], "echo " + "w" * 70_000, wait=30)["id"])
+            c.submit(["true"], wait=30)  # (the others evicted from memory)
+            return ids
+
+    ids = as_user(users[0], make)
+    db = sqlite3.connect(f"file:{d.state}/state.db?mode=ro", uri=True)
+    try:
+        expected = {i: row_json(rows.get(db, i) or {}, output_dir=str(d.state / "output"))
+                    for i in ids}
+    finally:
+        db.close()
+
+    def get(path: str) -> Any:
+        status, answer = raw(d, f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+        assert status == 200, (path, answer)
+        return answer
+
+    def read() -> list[Any]:
+        with Client(d.socket, timeout=60) as c:
+            ends = [list(c.output(i))[-1] for i in ids]
+            return [[get(f"/v1/tasks/{i}"), get(f"/v1/tasks/{i}/wait"),
+                     [end.kind, end.result, end.exit_status]]
+                    for i, end in zip(ids, ends, strict=True)]
+
+    for (shown, waited, end), i in zip(as_user(users[0], read), ids, strict=True):
+        assert shown == waited == expected[i], i
+        assert end == ["end", expected[i]["result"], expected[i]["exit_status"]], i
+    assert expected[ids[0]]["argv"] == wide and expected[ids[1]]["spec"]["env"] == env
+    assert expected[ids[2]]["session"] and "w" * 70_000 in expected[ids[2]]["result"]["argv"][-1]
+
+    def theirs() -> list[int]:
+        statuses = []
+        with Client(d.socket, timeout=60) as c:
+            for i in ids:
+                try:
+                    c.show(i)
+                    statuses.append(200)
+                except ApiError as e:
+                    statuses.append(e.status)
+        return statuses
+
+    assert as_user(users[1], theirs) == [404] * 3

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
-from ..daemontask import row_weight, served_result, stream_path
+from ..daemontask import served_result, stream_path
 from ..http import HEAVY_ANSWER, Request, Send, Streaming
 from ..protocol import ApiError, gap_frame, invalid, query_bool, query_int
 
@@ -339,9 +339,9 @@ async def _recorded_end(d: Daemon, peer: Peer, task_id: str, output: str, state:
     large); ``state`` was the row's when the stream began: if retention removed the row
     since, a finished task's result is null."""
     try:
-        cached = await d.kept_answer(peer, task_id, end=True)
-        if cached is not None:
-            return cached
+        body = await d.recorded_answer(peer, task_id, end=True)
+        if body is not None:
+            return body
         row: dict[str, Any] | None = await d.find_row(peer, task_id)
     except ApiError:
         row = None
@@ -349,15 +349,8 @@ async def _recorded_end(d: Daemon, peer: Peer, task_id: str, output: str, state:
         if state == "finished":
             return _line({"end": True, "exit_status": None, "result": None})
         return _line({"end": False, "offset": pos, "state": state})
-    found = row
-
-    def make() -> dict[str, Any]:
-        return {"end": True, "exit_status": found["exit_status"],
-                "result": served_result(found.get("result"), output, found["spec"]["argv"])}
-
-    if row_weight(row) <= HEAVY_ANSWER:
-        return _line(make())
-    return await d.end_frame(peer.uid, task_id, True, make)
+    return _line({"end": True, "exit_status": row["exit_status"],  # (small: above, if large)
+                  "result": served_result(row.get("result"), output, row["spec"]["argv"])})
 
 
 def _kept_tail(t: DaemonTask, stream: str) -> bytes:

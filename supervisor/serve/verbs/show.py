@@ -18,11 +18,8 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
             return await d.finished_answer(req.peer.uid, t.id, lambda: t.to_json(full=True))
         return json_response(200, t.to_json(full=True, position=d.scheduler.position(t)),
                              t.weight)
-    cached = await d.kept_answer(req.peer, id)
-    if cached is not None:
-        return Response(200, cached)
-    row = await d.find_row(req.peer, id)
-    if row["state"] == "finished" and row_weight(row) > HEAVY_ANSWER:
-        return await d.finished_answer(req.peer.uid, id,
-                                       lambda: row_json(row, output_dir=d.output_dir))
+    body = await d.recorded_answer(req.peer, id)
+    if body is not None:
+        return Response(200, body)
+    row = await d.find_row(req.peer, id)  # (404, 410, or its answer is small or not final)
     return json_response(200, row_json(row, output_dir=d.output_dir), row_weight(row))

@@ -26,13 +26,10 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     timeout = _timeout(req.query.get("timeout"))
     t = await d.find(req.peer, id)
     if t is None:
-        cached = await d.kept_answer(req.peer, id)
-        if cached is not None:
-            return Response(200, cached)
-        row = await d.find_row(req.peer, id)
-        if row["state"] == "finished" and row_weight(row) > HEAVY_ANSWER:
-            return await d.finished_answer(req.peer.uid, id,
-                                           lambda: row_json(row, output_dir=d.output_dir))
+        body = await d.recorded_answer(req.peer, id)
+        if body is not None:
+            return Response(200, body)
+        row = await d.find_row(req.peer, id)  # (as show's)
         return json_response(200 if row["state"] == "finished" else 202,
                              row_json(row, output_dir=d.output_dir), row_weight(row))
     with trio.move_on_after(timeout):
