@@ -20,6 +20,7 @@ from . import fastjson
 
 TYPE_CHECKING = False  # not typing's (see the module docstring)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, NamedTuple
 
 __all__ = [
@@ -227,15 +228,18 @@ def parse_json_body(body: bytes) -> Any:
         raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object "
                        "like {\"argv\": [\"true\"]}")
     decoder = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_each_once)
-    if len(body) > LARGE_BODY and body.count(b"{") + body.count(b"[") > C_CONTAINERS:
-        import json.scanner
-
-        decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    if body.count(b"{") + body.count(b"[") > MAX_CONTAINERS:
+        decoder.scan_once = _counting_scanner(decoder)  # type: ignore[attr-defined]
     try:
         value = decoder.decode(text)
     except json.JSONDecodeError as e:
         raise ApiError(400, "malformed_json", f"the request body is not JSON: {e.msg} at line "
                        f"{e.lineno} column {e.colno}; send one JSON object") from None
+    except _TooMany:
+        raise ApiError(400, "too_many_values", f"the request body holds more than "
+                       f"{MAX_CONTAINERS} objects and lists; a request's fields hold a handful "
+                       f"(argv, env, properties, stdin): send the documented fields "
+                       f"alone") from None
     except _Twice as e:
         raise invalid(e.key, f"the key {e.key!r} appears twice in one object of the request "
                              f"body: JSON parsers differ on which one counts (a filter in "
@@ -249,14 +253,41 @@ def parse_json_body(body: bytes) -> Any:
     return value
 
 
-# A body above LARGE_BODY (parsed off the event loop: ``Daemon.off_loop``) holding more than this
-# many ``{`` and ``[`` (objects and lists at most: strings may hold them too) is parsed by the
-# json module's Python scanner, in calls of microseconds, not by the C one, which makes the
-# whole value in one call holding the GIL: the event loop waits for it whatever thread runs
-# it (a MiB of empty objects: 70-150 ms in one call; of empty lists 50-86).  The Python
-# scanner costs 4-5 times the CPU for the values it makes; a request's own values are a
-# handful of lists and objects, and a string's are read by C (``scanstring``).
-C_CONTAINERS = 4096
+# The objects and lists a request body may hold: a request's own fields hold a handful.  A
+# body with more ``{`` and ``[`` than this (strings may hold them too) is parsed by the json
+# module's Python scanner, which counts them as it makes them and stops past the bound
+# (:func:`_counting_scanner`): the C one makes the whole value in one call holding the GIL,
+# the event loop waiting for it whatever thread runs it (a MiB of empty objects: 70-150 ms
+# in one call; of empty lists 50-86), and made it only for it to be refused; the Python one
+# counted to the end a MiB of them, 375 ms of CPU in calls of microseconds for each body (an
+# independent attack's bodies one after another: another tenant's p99 61-123 ms).
+MAX_CONTAINERS = 1024
+
+
+class _TooMany(ValueError):
+    pass
+
+
+def _counting_scanner(decoder: Any) -> Any:
+    """``decoder``'s scanner, the json module's Python one (strings read by C), raising
+    :class:`_TooMany` at the object or list past :data:`MAX_CONTAINERS`."""
+    import json.decoder
+    import json.scanner
+
+    made = 0
+
+    def counted(parse: Callable[..., Any]) -> Callable[..., Any]:
+        def each(*args: Any) -> Any:
+            nonlocal made
+            made += 1
+            if made > MAX_CONTAINERS:
+                raise _TooMany
+            return parse(*args)
+        return each
+
+    decoder.parse_object = counted(json.decoder.JSONObject)  # type: ignore[attr-defined]
+    decoder.parse_array = counted(json.decoder.JSONArray)  # type: ignore[attr-defined]
+    return json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
 
 
 class _Twice(ValueError):
