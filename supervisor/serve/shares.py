@@ -341,6 +341,7 @@ CONTENDED = 0.6  # the loop busier than this: each uid active on it gets an equa
 LONGEST = 0.05  # seconds a uid over its share waits at most at once
 LIGHT = 0.5  # of an equal share: a uid using less than this is never kept back
 ROUND_STEPS = 1  # steps a round of the uids over their share of a busy loop (``_ration``)
+LIGHT_STEPS = 4  # steps a round of each other uid's (but root's) while the loop is rationed
 OUTPUT_SHARE = 0.5  # of an equal share: a uid's tasks' output read at most, others waiting
 
 
@@ -395,7 +396,7 @@ class LoopShare(trio.abc.Instrument):
         if not self._rounds.on:
             self._rounds.on = True
             self._start_pump()
-            self._rounds.round_began = self._cpu()
+            self._rounds.round_began = self._clock()
             trio.lowlevel.add_instrument(self._rounds)
         if not self.on and len(self.active) >= 2:
             self.on = True
@@ -507,15 +508,22 @@ class LoopShare(trio.abc.Instrument):
         turn = min((u for u in heavy if u > self._heavy_turn), default=min(heavy, default=0))
         self._heavy_turn = turn
         steps = 0
+        taken: dict[int, int] = {}
         keep: list[trio.lowlevel.Task] = []
         later: collections.deque[trio.lowlevel.Task] = collections.deque()
         for task in tasks:
             uid = owner.get(task)
-            if uid in heavy:  # (root's, the daemon's own and the light uids': never kept back)
+            if uid in heavy:  # (root's and the daemon's own: never kept back)
                 if uid != turn or steps >= ROUND_STEPS:
                     later.append(task)
                     continue
                 steps += 1
+            elif uid:
+                n = taken.get(uid, 0)
+                if n >= LIGHT_STEPS:
+                    later.append(task)
+                    continue
+                taken[uid] = n + 1
             keep.append(task)
         runq.clear()
         runq.extend(keep)
@@ -619,8 +627,12 @@ class LoopShare(trio.abc.Instrument):
 
 class _Rounds(trio.abc.Instrument):
     """The loop's rounds, while any uid other than root is active (:class:`LoopShare`): how
-    busy it is (the loop thread's CPU time from each wait for I/O to the next), whose the
-    tasks its uids' tasks start are, and each round rationed."""
+    busy it is (the clock's time from each wait for I/O to the next: what a request waits
+    for, whether the loop's thread ran meanwhile or waited for a CPU or the GIL), whose the
+    tasks its uids' tasks start are, and each round rationed.  (Its thread's CPU time said a
+    loop whose CPU other processes took half of was not contended: two tenants' connections
+    sending a byte at a time made rounds of 200 ms, none rationed, and another tenant's
+    request waited for one at each of its steps: 2.6-3.3 s, an independent attack.)"""
 
     def __init__(self, share: LoopShare) -> None:
         self.share = share
@@ -629,11 +641,13 @@ class _Rounds(trio.abc.Instrument):
 
     def before_io_wait(self, timeout: float) -> None:
         share = self.share
-        _add(share.busy, share._cpu() - self.round_began, share._clock())
+        now = share._clock()
+        _add(share.busy, now - self.round_began, now)
 
     def after_io_wait(self, timeout: float) -> None:
         share = self.share
-        share._last = self.round_began = share._cpu()
+        self.round_began = share._clock()
+        share._last = share._cpu()
         share._round()
 
     def task_spawned(self, task: trio.lowlevel.Task) -> None:

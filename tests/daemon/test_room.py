@@ -320,6 +320,64 @@ def test_two_floods_take_turns_so_a_round_holds_one_step_of_either_not_one_of_ea
     assert got["deferred"] == 0
 
 
+def test_a_loop_whose_cpu_others_take_is_still_rationed_and_no_uid_has_more_than_its_steps(
+        ) -> None:
+    """Found by an independent attack: two tenants' 400 connections sending their requests a
+    byte at a time, from 8 busy threads of their own: the daemon's thread had half a CPU, so
+    its CPU time said the loop was not contended, and each of the flooders' steps was cheap,
+    so neither was over its share: rounds of 200 ms, each of ~250 of their steps, none kept
+    back, and another tenant waited one at each step of its request (2.6-3.3 s).  How busy
+    the loop is is now the clock's (here: its thread's CPU time never moves at all), and
+    while it is rationed no uid but root has more than ``LIGHT_STEPS`` steps in a round,
+    over its share or not: a light uid's steps go on a round after another."""
+    import time
+
+    import trio
+
+    from supervisor.serve.shares import LIGHT_STEPS, LoopShare
+
+    rounds: list[collections.Counter[int | None]] = []
+
+    async def main() -> dict[str, Any]:
+        ls = LoopShare()
+        ls._cpu = lambda: 0.0  # (a thread that other processes keep off the CPU)
+        trio.lowlevel.add_instrument(_RoundsSeen(ls, rounds))
+        light_rounds: list[int] = []
+        done: collections.Counter[int] = collections.Counter()
+
+        async def dribble(uid: int) -> None:
+            for _ in range(5):
+                time.sleep(0.0002)  # (a byte read: cheap, on the clock)
+                done[uid] += 1
+                await trio.lowlevel.checkpoint()
+
+        async def light() -> None:
+            ls.enter(1001)
+            for _ in range(10):
+                light_rounds.append(len(rounds))
+                await trio.lowlevel.checkpoint()
+
+        ls.enter(1000)
+        ls.enter(1002)
+        start = len(rounds)
+        async with trio.open_nursery() as n:
+            for uid in (1000, 1002):
+                for _ in range(60):
+                    n.start_soon(_owned, ls, uid, dribble, uid)
+            await trio.sleep(0.05)  # (the loop's rounds counted busy, by the clock)
+            n.start_soon(light)
+        return {"rounds": rounds[start:], "light": light_rounds, "done": done,
+                "deferred": len(ls.deferred), "rationed": ls.rationed}
+
+    got = trio.run(main)
+    assert got["rationed"] > 0
+    late = got["rounds"][len(got["rounds"]) // 4:]
+    assert max(r[1000] + r[1002] for r in late) <= 2 * LIGHT_STEPS, late
+    light = got["light"]
+    assert light == list(range(light[0], light[0] + 10)), light  # (a round after another)
+    assert got["done"] == {1000: 300, 1002: 300} and got["deferred"] == 0
+
+
 async def _owned(ls: Any, uid: int, fn: Any, *args: Any) -> None:
     """``fn(*args)`` as a step of ``uid``'s (what ``LoopShare.enter`` records, without
     counting the uid as active)."""
