@@ -445,6 +445,10 @@ class Records:
     async def open_sessions(self) -> list[dict[str, Any]]:
         return await self._call(rows.open_sessions)
 
+    async def last_foreground(self) -> dict[str, int]:
+        """``rows.last_foreground``."""
+        return await self._call(rows.last_foreground)
+
     async def get_session(self, session_id: str) -> dict[str, Any] | None:
         return await self._call(rows.get_session, session_id)
 

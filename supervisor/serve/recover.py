@@ -95,6 +95,9 @@ async def recover(d: Daemon, runs: dict[int, dict[str, Any]],
         d.session_env[s.uid] = d.session_env.get(s.uid, 0) + weight
         d.session_vars[s.uid] = d.session_vars.get(s.uid, 0) + len(s.env or ())
         d.room.hold(weight)
+    for sid, seq in (await d.records.last_foreground()).items():
+        if sid in d.sessions:
+            d.sessions[sid].last_foreground = seq
     rows = await d.records.unfinished()  # (this run has accepted nothing yet)
     fates: dict[int | None, _Cleanup] = {}
     counts = {"queued": 0, "adopted": 0, "lost": 0}
@@ -146,7 +149,15 @@ def _task_and_why(d: Daemon, row: dict[str, Any]) -> tuple[DaemonTask, ApiError 
     s = None if t.session is None else d.sessions.get(t.session)
     if s is not None:
         s.running.add(t.id)
-        if not (t.request.session or {}).get("background"):
+        if (t.request.session or {}).get("background"):
+            pass
+        elif int(t.id) < s.last_foreground:
+            # (a later command was run in the foreground while it ran: it became background
+            # work, which carries nothing, and stays so; held in memory alone, a restart made
+            # it foreground again: it carried its `cd` and `export` under the command the
+            # session ran after it, an independent attack)
+            t.demoted = True
+        else:
             s.current = t.id
     return t, why
 

@@ -38,6 +38,7 @@ __all__ = [
     "json_bytes",
     "key_bytes",
     "keyed",
+    "last_foreground",
     "limits_bytes",
     "list_entries",
     "list_sessions",
@@ -686,6 +687,17 @@ def close_session(db: sqlite3.Connection, session_id: str, now: float, keep: int
 
 def open_sessions(db: sqlite3.Connection) -> list[dict[str, Any]]:
     return select(db, "SELECT * FROM sessions WHERE closed_at IS NULL ORDER BY seq", ())
+
+
+def last_foreground(db: sqlite3.Connection) -> dict[str, int]:
+    """Each open session's (by id) newest command not run in the background: a command of
+    it before that one, still running at that one's exec, became background work (at start-up:
+    ``recover``)."""
+    return {str(sid): seq for sid, seq in db.execute(
+        "SELECT t.session, max(t.seq) FROM tasks t JOIN requests r ON r.seq = t.seq "
+        "WHERE t.session IN (SELECT seq FROM sessions WHERE closed_at IS NULL) "
+        "AND NOT coalesce(json_extract(r.spec, '$.session.background'), 0) "
+        "GROUP BY t.session")}
 
 
 def get_session(db: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:

@@ -85,7 +85,7 @@ class Session:
     """One open (or closed) session, as the daemon holds it."""
 
     __slots__ = ("closed_at", "created_at", "current", "cwd", "defaults", "env", "gid", "groups",
-                 "id", "running", "shell", "uid", "weighed")
+                 "id", "last_foreground", "running", "shell", "uid", "weighed")
 
     def __init__(self, session_id: str, uid: int, gid: int, groups: tuple[int, ...], *,
                  shell: str, cwd: str, env: dict[str, str] | None, defaults: dict[str, Any],
@@ -101,6 +101,8 @@ class Session:
         self.created_at, self.closed_at = created_at, closed_at
         self.current: str | None = None  # the foreground command running now (task id)
         self.running: set[str] = set()  # every task of the session not finished yet
+        # (at start-up: the seq of its newest command not in the background, recorded)
+        self.last_foreground = 0
         # (an environment, and its env_weight: a MiB of it is not walked again on the loop)
         self.weighed: tuple[Mapping[str, str], int] | None = None
 

@@ -15,6 +15,7 @@ import pytest
 from daemon_util import RunningDaemon, User, as_user, raw, read_rows, wait_for
 
 from supervisor.client import ApiError, Client
+from supervisor.serve.sessions import DEMOTED
 
 Start = Callable[..., RunningDaemon]
 
@@ -179,6 +180,30 @@ def test_a_session_survives_a_restart_of_the_daemon(start_daemon: Start) -> None
         answer = c.exec(s["id"], "echo $KEPT $PWD", wait="10s")
         assert stdout_of(answer) == "yes /etc\n"
         assert c.list()[0].id == answer["id"]
+
+
+def test_a_command_made_background_work_stays_so_after_a_crash(start_daemon: Start) -> None:
+    """Found by an independent attack: a session's command still queued when the session
+    ran its next foreground command is background work and carries nothing; that was held in
+    memory alone, and after a `kill -9` and a restart it ran as the foreground command again:
+    it set the session's directory and environment under the command run after it."""
+    d = start_daemon("--max-running", "1")
+    with d.client() as c:
+        holder = c.submit(["sleep", "1000"])
+        s = c.open_session(cwd="/")
+        first = c.exec(s["id"], "cd /tmp && export CARRY=yes", wait="0.1s")
+        second = c.exec(s["id"], "echo CARRY=$CARRY PWD=$PWD", wait="0.1s")
+        assert first["state"] == second["state"] == "queued"
+    d.kill()
+    again = start_daemon(like=d)
+    with again.client() as c:
+        done = c.wait(second["id"])
+        assert c.wait(first["id"]).outcome == "succeeded"
+        assert c.show(first["id"]).carried == {"nothing": DEMOTED}
+        assert done.result["output"]["stdout"]["head"] == "CARRY= PWD=/\n"
+        after = c.exec(s["id"], "echo CARRY=$CARRY PWD=$PWD", wait="10s")
+        assert stdout_of(after) == "CARRY= PWD=/\n"
+        assert c.show(holder.id).outcome == "lost"
 
 
 def test_a_signal_reaches_the_whole_tree_and_is_in_the_record(start_daemon: Start,
