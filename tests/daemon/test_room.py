@@ -286,12 +286,6 @@ def test_two_floods_take_turns_so_a_round_holds_one_step_of_either_not_one_of_ea
                 order[uid].append((i, step))
                 await trio.lowlevel.checkpoint()
 
-        async def light() -> None:
-            ls.enter(1001)
-            for _ in range(10):
-                light_rounds.append(len(rounds))
-                await trio.lowlevel.checkpoint()
-
         ls.enter(1000)
         ls.enter(1002)
         now = time.monotonic()
@@ -302,7 +296,7 @@ def test_two_floods_take_turns_so_a_round_holds_one_step_of_either_not_one_of_ea
             for uid in (1000, 1002):
                 for i in range(4):
                     n.start_soon(_owned, ls, uid, flood, uid, i)
-            n.start_soon(light)
+            n.start_soon(_light, ls, 1001, rounds, light_rounds)
         return {"rounds": rounds[start:], "order": order, "light": light_rounds,
                 "deferred": len(ls.deferred)}
 
@@ -351,12 +345,6 @@ def test_a_loop_whose_cpu_others_take_is_still_rationed_and_no_uid_has_more_than
                 done[uid] += 1
                 await trio.lowlevel.checkpoint()
 
-        async def light() -> None:
-            ls.enter(1001)
-            for _ in range(10):
-                light_rounds.append(len(rounds))
-                await trio.lowlevel.checkpoint()
-
         ls.enter(1000)
         ls.enter(1002)
         start = len(rounds)
@@ -365,7 +353,7 @@ def test_a_loop_whose_cpu_others_take_is_still_rationed_and_no_uid_has_more_than
                 for _ in range(60):
                     n.start_soon(_owned, ls, uid, dribble, uid)
             await trio.sleep(0.05)  # (the loop's rounds counted busy, by the clock)
-            n.start_soon(light)
+            n.start_soon(_light, ls, 1001, rounds, light_rounds)
         return {"rounds": rounds[start:], "light": light_rounds, "done": done,
                 "deferred": len(ls.deferred), "rationed": ls.rationed}
 
@@ -376,6 +364,16 @@ def test_a_loop_whose_cpu_others_take_is_still_rationed_and_no_uid_has_more_than
     light = got["light"]
     assert light == list(range(light[0], light[0] + 10)), light  # (a round after another)
     assert got["done"] == {1000: 300, 1002: 300} and got["deferred"] == 0
+
+
+async def _light(ls: Any, uid: int, rounds: list[Any], seen: list[int]) -> None:
+    """A light uid's request: ten steps, the round of each appended to ``seen``."""
+    import trio
+
+    ls.enter(uid)
+    for _ in range(10):
+        seen.append(len(rounds))
+        await trio.lowlevel.checkpoint()
 
 
 async def _owned(ls: Any, uid: int, fn: Any, *args: Any) -> None:
