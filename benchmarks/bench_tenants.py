@@ -50,6 +50,9 @@ Attacks (``--only``):
   slow_headers     the same, each sending a request head one byte every 0.1 s.
   two_floods       two attacker tenants (a second user), each submitting ``true`` with a
                    ``wait`` for its result from 6 threads at once, as fast as answered.
+  dribbled_heads   two attacker tenants, each 200 connections from 4 threads sending a 10 KB
+                   request head (2,000 tiny headers) a byte per connection in turn, as fast as
+                   they can, again and again; a closed one made again.
   held_slots       two attacker tenants each hold 8 long ``sleep`` tasks running (each its
                    share of the 16 slots) for the whole phase.
   retention        4 connections finish ``true`` tasks as fast as they can, --retain-count 50;
@@ -774,6 +777,7 @@ def _start_subscribers(crew: Crew, env: Env, until: float) -> Started:
 
 
 LISTED = 1000  # the listings attack's tasks, each listed as long as a listing allows
+DRIBBLERS = 200  # the dribbled_heads attack's connections, per attacker tenant
 
 
 def _fill_listing(sock: str) -> None:
@@ -900,8 +904,8 @@ def show_recorded_tasks(sock: str, until: float, tasks: int) -> dict[str, Any]:
     """``tasks`` finished tasks of ours of 65,000 non-ASCII arguments (answers of ~2.9 MB
     each), then each one's ``GET /v1/tasks/ID`` in turn, as fast as the daemon answers."""
     with Client(sock, timeout=ANSWER + 5) as c:
-        ids = [c.submit(["true", *([f"\u00e9t\u00e9-{n}"] * 65000)], wait=ANSWER).id
-               for n in range(tasks)]
+        ids = [c.submit(["true", *(["\u00e9\u00e8"] * 65000)], wait=ANSWER).id
+               for _ in range(tasks)]
     return request_loop(sock, until, [f"GET /v1/tasks/{i} HTTP/1.1\r\nhost: x\r\n\r\n".encode()
                                       for i in ids])
 
@@ -1067,6 +1071,50 @@ def _start_held_slots(crew: Crew, env: Env, until: float) -> Started:
                                  HELD_SLOTS) for user in (env.attacker, env.second)])
 
 
+DRIBBLED = b"GET /v1/limits HTTP/1.1\r\nhost: x\r\n" + b"a:b\r\n" * 2000 + b"\r\n"
+
+
+def dribble_heads(sock: str, until: float, connections: int) -> dict[str, Any]:
+    """``connections`` connections over 4 threads, each thread sending one byte of a 10 KB
+    request head (``DRIBBLED``, again and again) to each of its connections in turn, as fast
+    as it can (non-blocking: a full one is passed over); a closed one is made again."""
+    sent = collections.Counter({"bytes": 0, "made": 0})
+    own = f"{sock}.uid/{os.getuid()}"  # (the uid's own socket, as the project's clients use)
+    path = own if os.path.exists(own) else sock
+
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.setblocking(False)
+        sent["made"] += 1
+        return s
+
+    def loop() -> None:
+        conns = [[connect(), 0] for _ in range(connections // 4)]
+        while time.monotonic() < until:
+            for c in conns:
+                try:
+                    c[0].send(DRIBBLED[c[1]:c[1] + 1])
+                    c[1] = (c[1] + 1) % len(DRIBBLED)
+                    sent["bytes"] += 1
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    c[0].close()
+                    with contextlib.suppress(OSError):
+                        c[0], c[1] = connect(), 0
+        for c in conns:
+            c[0].close()
+
+    _in_threads(4, loop)
+    return dict(sent)
+
+
+def _start_dribbles(crew: Crew, env: Env, until: float) -> Started:
+    return Started([crew.fork_as(user, f"dribbler {user.name}", dribble_heads, env.sock, until,
+                                 DRIBBLERS) for user in (env.attacker, env.second)])
+
+
 def _start_connections(slow: bool) -> Callable[[Crew, Env, float], Started]:
     def start(crew: Crew, env: Env, until: float) -> Started:
         return Started([crew.fork_as(env.attacker, "holder", hold_connections, env.sock, until,
@@ -1112,6 +1160,8 @@ ATTACKS = [
     Attack("two_floods", f"two attacker tenants, each submitting `true` with a wait for its "
            f"result from {FLOOD_THREADS} threads at once, as fast as answered",
            _start_two_floods),
+    Attack("dribbled_heads", f"two attacker tenants, each {DRIBBLERS} connections sending "
+           f"request heads a byte at a time from 4 busy threads", _start_dribbles),
     Attack("held_slots", f"two attacker tenants, each holding {HELD_SLOTS} long `sleep` tasks "
            f"running (its share of the 16 slots)", _start_held_slots),
     Attack("subscribers", f"{SUBSCRIBERS} event streams opened and never read, and 4 "
