@@ -263,7 +263,7 @@ def main(args: argparse.Namespace) -> int:
     config = config._replace(task_nofile_soft=_raise_nofile())
     why_not = _loop_priority(args.loop_nice)
     if why_not is not None:
-        logging.getLogger("supervisor.serve.daemon").warning("%s", why_not)
+        logging.getLogger("supervisor.serve.daemon").info("%s", why_not)  # (a container)
     try:
         trio.run(serve, config)
     except* (PlacementError, SupervisorError, RecordsError, OSError, ValueError) as eg:

@@ -491,7 +491,10 @@ class LoopShare(trio.abc.Instrument):
         idle while they wait.  The uids over the share take turns by rounds, too: a round runs
         :data:`ROUND_STEPS` of one of them (the next by uid after the last served), so a light
         uid's step waits behind one flood's step, not one of each (two tenants' floods: a
-        round held a step of each, and the light uid's ~17 rounds each waited for both)."""
+        round held a step of each, and the light uid's ~17 rounds each waited for both).  And
+        no uid but root has more than :data:`LIGHT_STEPS` steps in a round, over its share or
+        not: a uid's hundreds of cheap steps (its connections' bytes, one at a time) made each
+        round of the others' as long as all of them, its share of the loop's time still small."""
         now = self._clock()
         fair = 1.0 / max(2, len(self.active))
         owner = self.owner
