@@ -464,14 +464,19 @@ async def _answer_long(conn: Connection, req: Request, handler: Handler, verb: s
 
 
 async def _answer(conn: Connection, req: Request, router: Router) -> bool:
-    """Route, run and send one request's answer; False when the connection must end."""
+    """Route, run and send one request's answer; False when the connection must end.  A
+    request no route takes (404, 405) is paced and takes its turns as any other: answered at
+    once, a tenant's 4 connections asking for a path that is none got 5,500 answers a second
+    past the uid's rate, and another tenant's p99 went 4 -> 70 ms (an independent attack)."""
     try:
         handler, long, verb = router(req)
     except ApiError as e:
         refusal = error_response(e)
-        conn.on_answer("unknown", refusal.status)
-        await conn.send_response(refusal)
-        return True
+
+        async def refuse(_: Request) -> Response:
+            return refusal
+
+        handler, long, verb = refuse, False, "unknown"
     if conn.shares is not None:
         if wait := conn.shares.pace(req.peer.uid):
             await trio.sleep(wait)
