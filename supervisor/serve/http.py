@@ -62,6 +62,16 @@ def _head_lines(head: bytes | bytearray) -> int:
     return head.count(b"\n") - 1  # (its complete lines but the request line)
 
 
+def _first_twice(pairs: list[tuple[str, str]]) -> str:
+    """The first name of ``pairs`` that an earlier pair has too."""
+    seen: set[str] = set()
+    for name, _ in pairs:
+        if name in seen:
+            return name
+        seen.add(name)
+    return ""
+
+
 class HttpLimits(NamedTuple):
     max_body: int = 1 << 20
     max_header_bytes: int = 16 * 1024
@@ -281,7 +291,12 @@ class Connection:
         start = trio.current_time() if first is None else first
         body = await self._read_body(event, start + self.limits.header_timeout)
         url = urlsplit(event.target.decode("ascii", "replace"))
-        query = dict(parse_qsl(url.query, keep_blank_values=True))
+        pairs = parse_qsl(url.query, keep_blank_values=True)
+        query = dict(pairs)
+        if len(query) < len(pairs):  # (the last one was taken, silently: which counts?)
+            twice = _first_twice(pairs)
+            raise ApiError(400, "bad_request", f"the query parameter {twice!r} is given twice; "
+                           f"give it once", twice)
         # (the path as sent, never percent-decoded: every path and id of the API is plain
         # ASCII, so each is written one way, and "/v1/tasks/%31" is no task)
         return Request(event.method.decode("ascii", "replace"), url.path, query, body,

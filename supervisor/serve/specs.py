@@ -128,7 +128,7 @@ def _shown(value: int) -> str:
 
 def _options(r: SubmitRequest) -> tuple[dict[str, Any], dict[str, Any]]:
     """TaskSpec keywords and Limits fields from the properties (parsed by the core) and the
-    request's own fields, which win."""
+    request's own fields; one setting given both ways is refused (400)."""
     from ..syntax import parse_properties
 
     named: dict[str, str] = {}
@@ -143,8 +143,26 @@ def _options(r: SubmitRequest) -> tuple[dict[str, Any], dict[str, Any]]:
         named[name] = key
     props = parse_properties(f"{k}={v}" for k, v in (r.properties or {}).items())
     options: dict[str, Any] = dict(props.options)
-    options["env"] = {**options.get("env", {}), **(r.env or {})}
-    for key in ("time_limit", "grace", "stop_signal", "cwd"):
+    # (a setting given both ways was the field's, silently: a filter in front of the daemon
+    # judging the property was misled, as by a key given twice; an independent attack.  A
+    # session's command is the session's fields, its directory and environment as its last
+    # command left them, beside the properties it was opened with: its own, not twice)
+    client = r.session is None
+    for key, name in _SPELLED_TWICE.items():
+        if client and getattr(r, key) is not None and key in options:
+            raise ApiError(400, "invalid", f"{key} is given twice: as the field {key!r} and "
+                           f"as the property {name}; give it once", f"properties.{name}")
         if getattr(r, key) is not None:
             options[key] = getattr(r, key)
+    twice = sorted(set(options.get("env", {})) & set(r.env or {})) if client else []
+    if twice:
+        raise ApiError(400, "invalid", f"the variable {twice[0]!r} is given twice: in the "
+                       f"field env and in the property Environment; give it once",
+                       "properties.Environment")
+    options["env"] = {**options.get("env", {}), **(r.env or {})}
     return options, dict(props.limits)
+
+
+# a request's fields and the property that sets each too
+_SPELLED_TWICE = {"time_limit": "RuntimeMaxSec", "grace": "TimeoutStopSec",
+                  "stop_signal": "KillSignal", "cwd": "WorkingDirectory"}

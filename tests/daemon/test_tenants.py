@@ -434,6 +434,42 @@ def test_requests_no_route_takes_are_paced_as_any_other(start_daemon: Start,
     assert took >= 0.8 * (n - BURST) / REQUESTS, took
 
 
+def test_a_setting_given_both_as_a_field_and_as_its_property_is_a_400_naming_both(
+        start_daemon: Start) -> None:
+    """Found by an independent attack: ``cwd`` with ``WorkingDirectory``, ``env`` with
+    ``Environment`` of the same variable, ``time_limit`` with ``RuntimeMaxSec``: the field
+    won, silently (a filter in front of the daemon judging the property was misled, as by a
+    key given twice), and a query parameter given twice was its last.  Each is a 400 naming
+    them; a session's commands (its own directory and environment beside the properties it
+    was opened with) are not a setting given twice."""
+    d = start_daemon()
+    twice = [({"cwd": "/tmp"}, {"WorkingDirectory": "/"}, "WorkingDirectory"),
+             ({"env": {"A": "1"}}, {"Environment": "A=2"}, "Environment"),
+             ({"time_limit": "1h"}, {"RuntimeMaxSec": "2s"}, "RuntimeMaxSec"),
+             ({"grace": "1s"}, {"TimeoutStopSec": "2s"}, "TimeoutStopSec"),
+             ({"stop_signal": "INT"}, {"KillSignal": "TERM"}, "KillSignal")]
+    for field, props, name in twice:
+        body = json.dumps({"argv": ["true"], **field, "properties": props}).encode()
+        status, answer = raw(d, b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                                b"%d\r\n\r\n%s" % (len(body), body))
+        assert status == 400 and answer["error"]["field"] == f"properties.{name}", answer
+        assert "twice" in answer["error"]["message"], answer
+    with d.client() as c:
+        t = c.submit(["sh", "-c", "echo $A$B"], env={"A": "a"},
+                     properties={"Environment": "B=b"}, wait=30)
+        assert b"".join(f.data for f in c.output(t.id) if f.kind == "data") == b"ab\n"
+        s = c.open_session(properties={"Environment": "B=b"})
+        for _ in range(2):  # (its environment, as its first command left it, has B)
+            answer = c.exec(s["id"], "echo $B; export C=c", wait="10s")
+            assert answer["result"]["output"]["stdout"]["head"] == "b\n", answer
+        with pytest.raises(ApiError) as e:
+            c.open_session(cwd="/tmp", properties={"WorkingDirectory": "/"})
+        assert e.value.status == 400 and e.value.field == "properties.WorkingDirectory"
+    status, answer = raw(d, f"GET /v1/tasks/{t.id}/output?offset=1&offset=2 HTTP/1.1\r\n"
+                            f"host: x\r\n\r\n".encode())
+    assert status == 400 and answer["error"]["field"] == "offset", answer
+
+
 def test_a_task_has_one_id_and_any_other_spelling_is_404(start_daemon: Start) -> None:
     d = start_daemon()
     with d.client() as c:
