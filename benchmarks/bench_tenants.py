@@ -53,6 +53,8 @@ Attacks (``--only``):
   dribbled_heads   two attacker tenants, each 200 connections from 4 threads sending a 10 KB
                    request head (2,000 tiny headers) a byte per connection in turn, as fast as
                    they can, again and again; a closed one made again.
+  terminal_floods  two attacker tenants, each 4 terminal tasks (``"tty"``) of ``yes`` for the
+                   whole phase.
   held_slots       two attacker tenants each hold 8 long ``sleep`` tasks running (each its
                    share of the 16 slots) for the whole phase.
   retention        4 connections finish ``true`` tasks as fast as they can, --retain-count 50;
@@ -681,6 +683,22 @@ def output_flood(sock: str, until: float, at_once: int, size: str,
     return dict(counts)
 
 
+def terminal_flood(sock: str, until: float, tasks: int) -> dict[str, Any]:
+    """``tasks`` terminal tasks of ``yes``, each until the phase ends."""
+    seconds = max(1, math.ceil(until - time.monotonic()))
+    with Client(sock, timeout=ANSWER + 5) as c:
+        ids = [c.submit(["timeout", str(seconds), "yes"], tty={"rows": 24, "cols": 80}).id
+               for _ in range(tasks)]
+        outcomes = collections.Counter(str(c.wait(i, timeout=seconds + 10).outcome)
+                                       for i in ids)
+    return dict(outcomes)
+
+
+def _start_terminal_floods(crew: Crew, env: Env, until: float) -> Started:
+    return Started([crew.fork_as(user, f"terminals {user.name}", terminal_flood, env.sock,
+                                 until, 4) for user in (env.attacker, env.second)])
+
+
 TRICKLE = b"x-slow: 1\r\n"  # a head's next bytes, one at a time: a line never followed by \r\n
 
 
@@ -1162,6 +1180,8 @@ ATTACKS = [
            _start_two_floods),
     Attack("dribbled_heads", f"two attacker tenants, each {DRIBBLERS} connections sending "
            f"request heads a byte at a time from 4 busy threads", _start_dribbles),
+    Attack("terminal_floods", "two attacker tenants, each 4 terminal tasks of `yes`",
+           _start_terminal_floods),
     Attack("held_slots", f"two attacker tenants, each holding {HELD_SLOTS} long `sleep` tasks "
            f"running (its share of the 16 slots)", _start_held_slots),
     Attack("subscribers", f"{SUBSCRIBERS} event streams opened and never read, and 4 "

@@ -175,7 +175,7 @@ class Stream:
     Closing the last master fd hangs the terminal up, which sends SIGHUP to the session: a
     program that closes its stdio before it exits (cat does) would die of it."""
 
-    __slots__ = ("capture", "done", "fd", "feed", "hold", "owner")
+    __slots__ = ("capture", "done", "fd", "feed", "hold", "owner", "rests_until")
 
     def __init__(self, fd: int, capture: StreamCapture | None, feed: StdinFeed | None,
                  hold: bool = False) -> None:
@@ -185,6 +185,7 @@ class Stream:
         self.hold = hold
         self.done = Latch()
         self.owner: int | None = None  # whose output it is, for the reactor's ``pace``
+        self.rests_until = 0.0  # (trio's clock) a resting terminal is read again no sooner
 
 
 class IoReactor:
@@ -199,6 +200,14 @@ class IoReactor:
 
     _ROUND = 4  # reads per pipe per round
     REST = 0.02  # seconds a paced owner's pipes go unread before they are asked about again
+    # bytes of an owned terminal's output (a pseudo-terminal's master: ``hold``) read in one
+    # round past which it rests as a paced pipe does, its writer blocked meanwhile: a
+    # terminal's every byte is the kernel's work (its line discipline, and the flushes of its
+    # buffers in kernel threads no task's cgroup holds), and one tenant's terminal printing
+    # `yes`, read as fast as it came, took 97% of this box's CPUs in the kernel and another
+    # tenant's p99 10x (eight of them: 80-140x; an independent attack).  Read so, a terminal
+    # gives at most ~16 KiB a rest (~800 KB/s), more than a screen shows.
+    TERMINAL_ROUND = 8192
 
     #: ``pace(owner)``: whether a stream with an ``owner`` (:meth:`own`) rests this round,
     #: its pipe unread (its writers block once it is full: they wait, and cost nothing); and
@@ -378,18 +387,28 @@ class IoReactor:
             self._resting[stream.fd] = stream
             return
         began = time.thread_time()
+        capture = stream.capture
+        before = 0 if capture is None else capture.total
         self._serve_reader(stream)
         if self.charge is not None:
             self.charge(owner, time.thread_time() - began)
+        if (stream.hold and capture is not None and capture.total - before >= self.TERMINAL_ROUND
+                and self._streams.get(stream.fd) is stream):
+            self._epoll.unregister(stream.fd)  # (a terminal read full: it rests, as above,
+            self._resting[stream.fd] = stream  # for a whole rest)
+            stream.rests_until = trio.current_time() + self.REST
 
     def _wake_resting(self) -> None:
         """The rested streams are back in the epoll set, read (or asked about) from the next
         round; one held for its tap waits for it there (one closed or removed meanwhile left
-        ``_resting`` then: :meth:`_unwatch`)."""
-        for fd, stream in self._resting.items():
+        ``_resting`` then: :meth:`_unwatch`); a terminal's rest lasts its whole time."""
+        now = trio.current_time()
+        for fd, stream in list(self._resting.items()):
+            if stream.rests_until > now:
+                continue
             held = stream.capture is not None and stream.capture.tap_full
             self._epoll.register(fd, 0 if held else select.EPOLLIN)
-        self._resting.clear()
+            del self._resting[fd]
 
     @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the main task, not here
     async def run(self) -> None:
