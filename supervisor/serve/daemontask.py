@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .protocol import SubmitRequest
-from .rows import compact_json, listed_argv, listed_carried, listed_entry, listed_json
+from .rows import (
+    compact_json,
+    listed_argv,
+    listed_carried,
+    listed_entry,
+    listed_json,
+    with_env,
+)
 
 if TYPE_CHECKING:
     from .. import TaskHandle, TaskResult, TaskSpec
@@ -364,7 +371,7 @@ def answer_text(row: dict[str, Any], *, output_dir: str) -> bytes:
     argv = row["argv_text"]
     spec = row["spec_text"]
     if row.get("env_text") is not None:  # (kept apart: ``rows.insert``)
-        spec = f'{spec[:-1]}{"," if spec != "{}" else ""}"env":{row["env_text"]}}}'
+        spec = with_env(spec, row["env_text"], compact=True)
     fields = _row_fields(row)
     items = [("id", compact_json(fields.pop("id"))), ("state", compact_json(fields.pop("state"))),
              ("argv", argv), *((k, compact_json(v)) for k, v in fields.items())]

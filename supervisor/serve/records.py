@@ -491,11 +491,11 @@ class Records:
         retention removed it, or None."""
         return await self._call(rows.find_key, uid, key)
 
-    async def answer(self, task_id: str,
-                     build: Callable[[dict[str, Any]], bytes | None]) -> bytes | None:
+    async def answer(self, task_id: str, uid: int | None, heavier: int,
+                     build: Callable[[dict[str, Any]], bytes]) -> bytes | None:
         """``build(row)`` of the task's row as ``rows.answer_parts`` reads it (its request
         as SQLite's texts), in the readers' thread; None if there is no such row."""
-        return await self._call(_answer_with, task_id, build)
+        return await self._call(_answer_with, task_id, uid, heavier, build)
 
     async def keyed(self, uid: int, key: str, spec: str = "",
                     env: str | None = None) -> dict[str, Any] | None:
@@ -572,9 +572,9 @@ class Records:
                 os.close(self._lock_fd)
 
 
-def _answer_with(db: sqlite3.Connection, task_id: str,
-                 build: Callable[[dict[str, Any]], bytes | None]) -> bytes | None:
-    row = rows.answer_parts(db, task_id)
+def _answer_with(db: sqlite3.Connection, task_id: str, uid: int | None, heavier: int,
+                 build: Callable[[dict[str, Any]], bytes]) -> bytes | None:
+    row = rows.answer_parts(db, task_id, uid, heavier)
     return None if row is None else build(row)
 
 

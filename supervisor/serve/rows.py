@@ -169,10 +169,11 @@ def env_apart(uid: int, env_text: str) -> tuple[str, str]:
     return h.hexdigest(), env_text
 
 
-def with_env(spec: str, env: str) -> str:
-    """A request's JSON text (``{...}``, as ``json.dumps`` makes it) with its environment (JSON
-    text) put back as its ``env``."""
-    return f'{spec[:-1]}{", " if spec != "{}" else ""}"env": {env}}}'
+def with_env(spec: str, env: str, *, compact: bool = False) -> str:
+    """A request's JSON text (``{...}``, as ``json.dumps`` makes it; ``compact``: without
+    spaces) with its environment (JSON text) put back as its ``env``."""
+    comma, colon = (",", ":") if compact else (", ", ": ")
+    return f'{spec[:-1]}{comma if spec != "{}" else ""}"env"{colon}{env}}}'
 
 
 def insert(db: sqlite3.Connection, row: dict[str, Any]) -> str:
@@ -243,18 +244,23 @@ def ending(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
             "result": None if found[4] is None else json.loads(found[4])}
 
 
-def answer_parts(db: sqlite3.Connection, task_id: str) -> dict[str, Any] | None:
-    """A task's row as its answer is put together from (``daemontask.answer_text``): its
-    columns and its result, decoded, and its request as SQLite gives it, never decoded here:
-    compact (``spec_text``; its environment apart, compact too: ``env_text``), its command
-    (``argv_text``) and its session's id, each made by SQLite in C, the GIL let go."""
+def answer_parts(db: sqlite3.Connection, task_id: str, uid: int | None,
+                 heavier: int) -> dict[str, Any] | None:
+    """A finished task's row, ``uid``'s (None: anyone's) and weighing more than ``heavier``
+    (``bytes``), as its answer is put together from (``daemontask.answer_text``): its columns
+    and its result, decoded, and its request as SQLite gives it, never decoded here: compact
+    (``spec_text``; its environment apart, compact too: ``env_text``), its command
+    (``argv_text``) and its session's id, each made by SQLite in C, the GIL let go (and only
+    for such a row); None for any other."""
     if not (task_id.isascii() and task_id.isdigit()):
         return None
     cur = db.execute("SELECT t.*, json(r.spec) AS spec_text, json(e.env) AS env_text, "
                      "json_extract(r.spec, '$.argv') AS argv_text, "
                      "json_extract(r.spec, '$.session.id') AS session_id "
                      "FROM tasks t JOIN requests r ON r.seq = t.seq "
-                     "LEFT JOIN envs e ON e.hash = r.env WHERE t.seq = ?", (int(task_id),))
+                     "LEFT JOIN envs e ON e.hash = r.env WHERE t.seq = ? "
+                     "AND t.state = 'finished' AND coalesce(t.bytes, 0) > ? "
+                     "AND (? IS NULL OR t.uid = ?)", (int(task_id), heavier, uid, uid))
     found = cur.fetchone()
     return None if found is None else row_of(cur, found)
 

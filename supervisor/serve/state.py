@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import trio
 
-from .daemontask import DaemonTask, answer_text, end_frame_text, row_weight
+from .daemontask import DaemonTask, answer_text, end_frame_text
 from .events import EventHub
 from .http import HEAVY_ANSWER, HttpLimits, Response, encode_in_turns
 from .keyfilter import KeyFilter
@@ -392,17 +392,11 @@ class Daemon:
         cached = await self.kept_answer(peer, task_id, end)
         if cached is not None:
             return cached
-        output_dir = self.output_dir
-        make = end_frame_text if end else answer_text
-
-        def build(row: dict[str, Any]) -> bytes | None:
-            if (not peer.may_see(row["uid"]) or row["state"] != "finished"
-                    or row_weight(row) <= HEAVY_ANSWER):
-                return None
-            return make(row, output_dir=output_dir)
-
+        make = functools.partial(end_frame_text if end else answer_text,
+                                 output_dir=self.output_dir)
         async with self.shares.reading(peer.uid):
-            body = await self.records.answer(task_id, build)
+            body = await self.records.answer(task_id, None if peer.is_root else peer.uid,
+                                             HEAVY_ANSWER, make)
         if body is not None:
             self.answers.put(task_id + END if end else task_id, body)
         return body
