@@ -175,7 +175,7 @@ class Stream:
     Closing the last master fd hangs the terminal up, which sends SIGHUP to the session: a
     program that closes its stdio before it exits (cat does) would die of it."""
 
-    __slots__ = ("capture", "done", "fd", "feed", "hold", "owner", "rests_until")
+    __slots__ = ("capture", "done", "fd", "feed", "hold", "owner", "read_at", "rests_until")
 
     def __init__(self, fd: int, capture: StreamCapture | None, feed: StdinFeed | None,
                  hold: bool = False) -> None:
@@ -186,6 +186,7 @@ class Stream:
         self.done = Latch()
         self.owner: int | None = None  # whose output it is, for the reactor's ``pace``
         self.rests_until = 0.0  # (trio's clock) a resting terminal is read again no sooner
+        self.read_at = 0.0  # (trio's clock) when a terminal was last read: woken in turn
 
 
 class IoReactor:
@@ -205,8 +206,11 @@ class IoReactor:
     # terminal's every byte is the kernel's work (its line discipline, and the flushes of its
     # buffers in kernel threads no task's cgroup holds), and one tenant's terminal printing
     # `yes`, read as fast as it came, took 97% of this box's CPUs in the kernel and another
-    # tenant's p99 10x (eight of them: 80-140x; an independent attack).  Read so, a terminal
-    # gives at most ~16 KiB a rest (~800 KB/s), more than a screen shows.
+    # tenant's p99 10x (eight of them: 80-140x; an independent attack).  The bytes are counted
+    # per owner, across all its terminals (four of them were four times one: 5x), in windows
+    # of a rest: once an owner's terminals gave ``TERMINAL_ROUND`` in one, every one of them
+    # rests until it ends.  Read so, an owner's terminals give at most ~24 KiB a rest
+    # (~1.2 MB/s) together, more than a screen shows.
     TERMINAL_ROUND = 8192
 
     #: ``pace(owner)``: whether a stream with an ``owner`` (:meth:`own`) rests this round,
@@ -226,6 +230,8 @@ class IoReactor:
         self._streams: dict[int, Stream] = {}
         self._held: dict[int, Stream] = {}  # ended, fd kept open until remove()
         self._resting: dict[int, Stream] = {}  # paced: unread until the next rest is over
+        # owner -> [when its terminals' window ends, bytes they gave in it] (TERMINAL_ROUND)
+        self._terminals: dict[int, list[float]] = {}
         self._scope = trio.CancelScope(shield=True)
 
     def add_reader(self, fd: int, capture: StreamCapture, *, hold: bool = False) -> Stream:
@@ -386,26 +392,48 @@ class IoReactor:
             self._epoll.unregister(stream.fd)
             self._resting[stream.fd] = stream
             return
+        window = None
+        if stream.hold:  # a terminal: its owner's window (TERMINAL_ROUND)
+            now = trio.current_time()
+            window = self._terminals.get(owner)
+            if window is None or window[0] <= now:
+                window = self._terminals[owner] = [now + self.REST, 0]
+            elif window[1] >= self.TERMINAL_ROUND:
+                self._rest_until(stream, window[0])
+                return
+            stream.read_at = now
         began = time.thread_time()
         capture = stream.capture
         before = 0 if capture is None else capture.total
         self._serve_reader(stream)
         if self.charge is not None:
             self.charge(owner, time.thread_time() - began)
-        if (stream.hold and capture is not None and capture.total - before >= self.TERMINAL_ROUND
-                and self._streams.get(stream.fd) is stream):
-            self._epoll.unregister(stream.fd)  # (a terminal read full: it rests, as above,
-            self._resting[stream.fd] = stream  # for a whole rest)
-            stream.rests_until = trio.current_time() + self.REST
+        if window is not None and capture is not None:
+            window[1] += capture.total - before
+            if window[1] >= self.TERMINAL_ROUND and self._streams.get(stream.fd) is stream:
+                self._rest_until(stream, window[0])
+
+    def _rest_until(self, stream: Stream, until: float) -> None:
+        """A terminal whose owner's window is spent: unread (its writer blocked) until it ends
+        (out of the epoll set, as a paced stream; one held for its tap is so already)."""
+        if self._resting.get(stream.fd) is not stream:
+            self._epoll.unregister(stream.fd)
+            self._resting[stream.fd] = stream
+        stream.rests_until = until
 
     def _wake_resting(self) -> None:
         """The rested streams are back in the epoll set, read (or asked about) from the next
         round; one held for its tap waits for it there (one closed or removed meanwhile left
-        ``_resting`` then: :meth:`_unwatch`); a terminal's rest lasts its whole time."""
+        ``_resting`` then: :meth:`_unwatch`); a terminal's rest lasts its whole time, and the
+        terminals read longest ago are back first (the next round reads them in that order,
+        and the first of an owner's may spend its window: the others would starve)."""
         now = trio.current_time()
-        for fd, stream in list(self._resting.items()):
-            if stream.rests_until > now:
-                continue
+        for owner in [o for o, (ends, _) in self._terminals.items() if ends <= now]:
+            del self._terminals[owner]
+        due = [s for s in self._resting.values() if s.rests_until <= now]
+        due.sort(key=lambda s: s.read_at)
+        for stream in due:
+            fd = stream.fd
             held = stream.capture is not None and stream.capture.tap_full
             self._epoll.register(fd, 0 if held else select.EPOLLIN)
             del self._resting[fd]

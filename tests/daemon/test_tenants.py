@@ -2630,3 +2630,24 @@ def test_a_tenants_terminal_printing_as_fast_as_it_can_is_read_at_a_terminals_pa
     pipe = as_user(users[0], lambda: printed(False))
     assert terminal <= 2 * 1.2 * (4 * 4096) / 0.02, terminal  # (its rests bound it)
     assert pipe > 4 * terminal, (pipe, terminal)
+
+
+def test_a_tenants_terminals_together_are_read_at_the_pace_of_one(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack, after the test above: the pace was a terminal's, and a
+    tenant's four terminals printing `yes` were four times one (two tenants' eight: another
+    tenant's p99 5x).  The bytes are counted per owner across its terminals now: four of them
+    together give at most what the window allows one owner (~24 KiB a rest of 20 ms), each in
+    its turn."""
+    d = start_daemon()
+
+    def printed() -> list[int]:
+        with Client(d.socket, timeout=60) as c:
+            ids = [c.submit(["timeout", "2", "yes"], tty={"rows": 24, "cols": 80}).id
+                   for _ in range(4)]
+            return [stream_total(c.wait(i, 30).result or {})[0] for i in ids]
+
+    each = as_user(users[0], printed)
+    assert sum(each) <= 2 * 1.2 * (8192 + 4 * 4096) / 0.02, each  # (the windows bound it)
+    assert min(each) >= sum(each) / 8, each  # (read in turn: the first read does not starve
+    # the others, as it did once the window was the owner's: 1.6 MB beside 20 KB each)
