@@ -55,6 +55,8 @@ Attacks (``--only``):
                    they can, again and again; a closed one made again.
   terminal_floods  two attacker tenants, each 4 terminal tasks (``"tty"``) of ``yes`` for the
                    whole phase.
+  terminal_keys    8 terminal tasks of ``cat`` (the terminal as it starts: canonical,
+                   echoing), each written 1 MB of keys at a time for the whole phase.
   held_slots       two attacker tenants each hold 8 long ``sleep`` tasks running (each its
                    share of the 16 slots) for the whole phase.
   retention        4 connections finish ``true`` tasks as fast as they can, --retain-count 50;
@@ -117,6 +119,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -699,6 +702,30 @@ def _start_terminal_floods(crew: Crew, env: Env, until: float) -> Started:
                                  until, 4) for user in (env.attacker, env.second)])
 
 
+def terminal_keys(sock: str, until: float, tasks: int) -> dict[str, Any]:
+    """``tasks`` terminal tasks reading their keys (`cat`, the terminal as it starts: canonical,
+    echoing), each written 1 MB at a time (lines of 64 bytes) until the phase ends."""
+    seconds = max(1, math.ceil(until - time.monotonic()))
+    keys = b"".join(b"%063d\n" % i for i in range(1 << 14))
+    with Client(sock, timeout=ANSWER + 5) as c:
+        ids = [c.submit(["timeout", str(seconds + 2), "sh", "-c", "cat > /dev/null"],
+                        tty={"rows": 24, "cols": 80}).id for _ in range(tasks)]
+    written = [0] * tasks
+
+    def write(n: int) -> None:
+        with Client(sock, timeout=ANSWER + 5) as c, contextlib.suppress(ApiError, OSError):
+            while time.monotonic() < until:
+                c.write_stdin(ids[n], keys)
+                written[n] += len(keys)
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(tasks)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    return {"written_mb": round(sum(written) / 1e6, 1)}
+
+
 TRICKLE = b"x-slow: 1\r\n"  # a head's next bytes, one at a time: a line never followed by \r\n
 
 
@@ -1182,6 +1209,8 @@ ATTACKS = [
            f"request heads a byte at a time from 4 busy threads", _start_dribbles),
     Attack("terminal_floods", "two attacker tenants, each 4 terminal tasks of `yes`",
            _start_terminal_floods),
+    Attack("terminal_keys", "8 terminal tasks of `cat`, each written 1 MB of keys at a time",
+           _many(1, terminal_keys, 8)),
     Attack("held_slots", f"two attacker tenants, each holding {HELD_SLOTS} long `sleep` tasks "
            f"running (its share of the 16 slots)", _start_held_slots),
     Attack("subscribers", f"{SUBSCRIBERS} event streams opened and never read, and 4 "

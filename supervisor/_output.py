@@ -175,7 +175,7 @@ class Stream:
     Closing the last master fd hangs the terminal up, which sends SIGHUP to the session: a
     program that closes its stdio before it exits (cat does) would die of it."""
 
-    __slots__ = ("capture", "done", "fd", "feed", "hold", "owner", "read_at", "rests_until")
+    __slots__ = ("capture", "done", "fd", "feed", "hold", "owner", "rests_until", "served_at")
 
     def __init__(self, fd: int, capture: StreamCapture | None, feed: StdinFeed | None,
                  hold: bool = False) -> None:
@@ -186,7 +186,7 @@ class Stream:
         self.done = Latch()
         self.owner: int | None = None  # whose output it is, for the reactor's ``pace``
         self.rests_until = 0.0  # (trio's clock) a resting terminal is read again no sooner
-        self.read_at = 0.0  # (trio's clock) when a terminal was last read: woken in turn
+        self.served_at = 0.0  # (trio's clock) a terminal's last read or write: woken in turn
 
 
 class IoReactor:
@@ -210,7 +210,11 @@ class IoReactor:
     # per owner, across all its terminals (four of them were four times one: 5x), in windows
     # of a rest: once an owner's terminals gave ``TERMINAL_ROUND`` in one, every one of them
     # rests until it ends.  Read so, an owner's terminals give at most ~24 KiB a rest
-    # (~1.2 MB/s) together, more than a screen shows.
+    # (~1.2 MB/s) together, more than a screen shows.  The keys written into them count in
+    # the same window, and stop at it (the line discipline's work per key, its echo among
+    # it, is the kernel's too: a tenant's eight terminals taking 1 MB writes as fast as they
+    # could put 96% of the CPUs in kernel threads, another tenant's p99 20-70x; an
+    # independent attack): a paste of a MiB takes a second or two.
     TERMINAL_ROUND = 8192
 
     #: ``pace(owner)``: whether a stream with an ``owner`` (:meth:`own`) rests this round,
@@ -265,8 +269,9 @@ class IoReactor:
         return stream
 
     def poke(self, stream: Stream) -> None:
-        """``stream``'s feed has new bytes (or EOF): write it when the pipe has room."""
-        if self._streams.get(stream.fd) is stream:
+        """``stream``'s feed has new bytes (or EOF): write it when the pipe has room (a
+        terminal resting for its owner's window: when the rest is over)."""
+        if self._streams.get(stream.fd) is stream and self._resting.get(stream.fd) is not stream:
             self._epoll.modify(stream.fd, select.EPOLLOUT)
 
     def detach(self, stream: Stream) -> int | None:
@@ -355,9 +360,22 @@ class IoReactor:
     def _serve_writer(self, stream: Stream, events: int) -> None:
         feed = stream.feed
         assert feed is not None
+        window = None
+        if stream.hold and stream.owner is not None and self.pace is not None:
+            window = self._terminal_window(stream, stream.owner)  # (a tenant's terminal)
+            if window is None:
+                return
         try:
             while feed.buffer:
-                n = _write_stdin(stream.fd, feed.buffer)
+                if window is None:
+                    n = _write_stdin(stream.fd, feed.buffer)
+                else:
+                    left = int(self.TERMINAL_ROUND - window[1])
+                    if left <= 0:
+                        self._rest_until(stream, window[0])
+                        break
+                    n = _write_stdin(stream.fd, feed.buffer[:left])
+                    window[1] += n
                 del feed.buffer[:n]
         except BlockingIOError:
             pass
@@ -374,7 +392,7 @@ class IoReactor:
         if not feed.buffer:
             if feed.eof or events & (select.EPOLLERR | select.EPOLLHUP):
                 self._close(stream, ended=True)
-            else:
+            elif self._resting.get(stream.fd) is not stream:
                 self._epoll.modify(stream.fd, 0)  # nothing to write: wait for poke()
 
     @staticmethod
@@ -394,14 +412,9 @@ class IoReactor:
             return
         window = None
         if stream.hold:  # a terminal: its owner's window (TERMINAL_ROUND)
-            now = trio.current_time()
-            window = self._terminals.get(owner)
-            if window is None or window[0] <= now:
-                window = self._terminals[owner] = [now + self.REST, 0]
-            elif window[1] >= self.TERMINAL_ROUND:
-                self._rest_until(stream, window[0])
+            window = self._terminal_window(stream, owner)
+            if window is None:
                 return
-            stream.read_at = now
         began = time.thread_time()
         capture = stream.capture
         before = 0 if capture is None else capture.total
@@ -413,9 +426,24 @@ class IoReactor:
             if window[1] >= self.TERMINAL_ROUND and self._streams.get(stream.fd) is stream:
                 self._rest_until(stream, window[0])
 
+    def _terminal_window(self, stream: Stream, owner: int) -> list[float] | None:
+        """``[when it ends, bytes so far]`` of ``owner``'s terminals' window (a new one if the
+        last is over), ``stream`` served now; None, ``stream`` resting until it ends, if it is
+        spent (``TERMINAL_ROUND``)."""
+        now = trio.current_time()
+        window = self._terminals.get(owner)
+        if window is None or window[0] <= now:
+            window = self._terminals[owner] = [now + self.REST, 0]
+        elif window[1] >= self.TERMINAL_ROUND:
+            self._rest_until(stream, window[0])
+            return None
+        stream.served_at = now
+        return window
+
     def _rest_until(self, stream: Stream, until: float) -> None:
-        """A terminal whose owner's window is spent: unread (its writer blocked) until it ends
-        (out of the epoll set, as a paced stream; one held for its tap is so already)."""
+        """A terminal whose owner's window is spent: not read or written (its writer, or its
+        feed's, waits) until it ends (out of the epoll set, as a paced stream; one held for
+        its tap is so already)."""
         if self._resting.get(stream.fd) is not stream:
             self._epoll.unregister(stream.fd)
             self._resting[stream.fd] = stream
@@ -431,11 +459,15 @@ class IoReactor:
         for owner in [o for o, (ends, _) in self._terminals.items() if ends <= now]:
             del self._terminals[owner]
         due = [s for s in self._resting.values() if s.rests_until <= now]
-        due.sort(key=lambda s: s.read_at)
+        due.sort(key=lambda s: s.served_at)
         for stream in due:
             fd = stream.fd
-            held = stream.capture is not None and stream.capture.tap_full
-            self._epoll.register(fd, 0 if held else select.EPOLLIN)
+            if stream.feed is not None:  # (a terminal's keys: written when there is room)
+                mask = select.EPOLLOUT if stream.feed.buffer or stream.feed.eof else 0
+            else:
+                held = stream.capture is not None and stream.capture.tap_full
+                mask = 0 if held else select.EPOLLIN
+            self._epoll.register(fd, mask)
             del self._resting[fd]
 
     @trio.lowlevel.enable_ki_protection  # a Ctrl-C goes to the main task, not here

@@ -248,7 +248,8 @@ class TaskHandle:
         :meth:`Supervisor.pace_output` hooks give ``owner`` (a daemon's per-uid share)."""
         io = self._t.io
         if io is not None:
-            self._t.rt.reactor.own(io.streams, owner)
+            feed = [] if io.feed_stream is None else [io.feed_stream]  # (a terminal's keys)
+            self._t.rt.reactor.own([*io.streams, *feed], owner)
 
     def stop(self, *, force: bool = False, by_signal: int | None = None) -> bool:
         """Ask the task to stop: gracefully, or with ``force=True`` kill now.

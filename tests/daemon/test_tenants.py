@@ -2632,6 +2632,57 @@ def test_a_tenants_terminal_printing_as_fast_as_it_can_is_read_at_a_terminals_pa
     assert pipe > 4 * terminal, (pipe, terminal)
 
 
+def test_keys_written_into_a_tenants_terminals_go_at_the_terminals_pace(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: keys written into a tenant's terminals were not paced,
+    though their output was; the line discipline's work per key (its echo among it) is the
+    kernel's, outside any cgroup, and eight terminals taking 1 MB writes as fast as they could
+    put 96% of the CPUs in kernel threads (another tenant's p99 20-70x).  The keys count in
+    the owner's window with its terminals' output, and stop at it: two terminals' 512 KiB
+    each take at least what the window allows, and every key arrives (the tasks count them);
+    a pipe's are written as the task takes them."""
+    d = start_daemon()
+    lines = b"".join(b"%063d\n" % i for i in range(8192))  # 512 KiB of 64-byte lines
+
+    def fed(tty: bool) -> tuple[float, list[int]]:
+        with Client(d.socket, timeout=120) as c:
+            opts: dict[str, Any] = {"tty": {"rows": 24, "cols": 80}} if tty else {"stdin": "pipe"}
+            script = "stty -echo; wc -c" if tty else "wc -c"
+            ids = [c.submit(["sh", "-c", script], **opts).id for _ in range(2)]
+            time.sleep(0.5)  # (stty has run)
+            began = time.monotonic()
+            writers = [threading.Thread(target=_write_with_eof, args=(d.socket, i, lines, tty))
+                       for i in ids]
+            for w in writers:
+                w.start()
+            for w in writers:
+                w.join()
+            for i in ids:
+                c.wait(i, 60)  # (a write is answered once queued, up to a MiB: its task's end
+            took = time.monotonic() - began  # says when it took them all)
+            counted = []
+            for i in ids:
+                out = b"".join(f.data for f in c.output(i) if f.kind == "data")
+                counted.append(int(out.split()[-1]))
+            return took, counted
+
+    took, counted = as_user(users[0], lambda: fed(True))
+    assert counted == [len(lines)] * 2, counted  # (every key arrived)
+    assert took >= 2 * len(lines) / (1.2 * 8192 / 0.02), took  # (8 KiB a window, at most)
+    took_pipe, counted = as_user(users[0], lambda: fed(False))
+    assert counted == [len(lines)] * 2, counted
+    assert took_pipe < took / 2, (took_pipe, took)
+
+
+def _write_with_eof(sock: str, task_id: str, data: bytes, tty: bool) -> None:
+    with Client(sock, timeout=120) as c:
+        c.write_stdin(task_id, data)
+        if tty:
+            c.write_stdin(task_id, b"\x04")  # (a terminal's end of input: ^D at a line's start)
+        else:
+            c.write_stdin(task_id, b"", eof=True)
+
+
 def test_a_tenants_terminals_together_are_read_at_the_pace_of_one(
         start_daemon: Start, users: list[User]) -> None:
     """Found by an independent attack, after the test above: the pace was a terminal's, and a
