@@ -55,6 +55,9 @@ Attacks (``--only``):
                    they can, again and again; a closed one made again.
   terminal_floods  two attacker tenants, each 4 terminal tasks (``"tty"``) of ``yes`` for the
                    whole phase.
+  spinning_tasks   two attacker tenants each keep 8 tasks spinning on the CPUs (each its
+                   share of the 16 slots) for the whole phase: without a ``cpu`` controller
+                   nothing weighs them below the victim's own task (compare cpu_floor).
   terminal_keys    8 terminal tasks of ``cat`` (the terminal as it starts: canonical,
                    echoing), each written 1 MB of keys at a time for the whole phase.
   held_slots       two attacker tenants each hold 8 long ``sleep`` tasks running (each its
@@ -702,6 +705,22 @@ def _start_terminal_floods(crew: Crew, env: Env, until: float) -> Started:
                                  until, 4) for user in (env.attacker, env.second)])
 
 
+def spinning_tasks(sock: str, until: float, tasks: int) -> dict[str, Any]:
+    """``tasks`` tasks each spinning on a CPU until the phase ends."""
+    seconds = max(1, math.ceil(until - time.monotonic()))
+    with Client(sock, timeout=ANSWER + 5) as c:
+        ids = [c.submit(["timeout", str(seconds), "sh", "-c", "while :; do :; done"]).id
+               for _ in range(tasks)]
+        outcomes = collections.Counter(str(c.wait(i, timeout=seconds + 10).outcome)
+                                       for i in ids)
+    return dict(outcomes)
+
+
+def _start_spinning_tasks(crew: Crew, env: Env, until: float) -> Started:
+    return Started([crew.fork_as(user, f"spinners {user.name}", spinning_tasks, env.sock,
+                                 until, HELD_SLOTS) for user in (env.attacker, env.second)])
+
+
 def terminal_keys(sock: str, until: float, tasks: int) -> dict[str, Any]:
     """``tasks`` terminal tasks reading their keys (`cat`, the terminal as it starts: canonical,
     echoing), each written 1 MB at a time (lines of 64 bytes) until the phase ends."""
@@ -1209,6 +1228,8 @@ ATTACKS = [
            f"request heads a byte at a time from 4 busy threads", _start_dribbles),
     Attack("terminal_floods", "two attacker tenants, each 4 terminal tasks of `yes`",
            _start_terminal_floods),
+    Attack("spinning_tasks", f"two attacker tenants, each {HELD_SLOTS} tasks spinning on the "
+           f"CPUs (its share of the 16 slots)", _start_spinning_tasks),
     Attack("terminal_keys", "8 terminal tasks of `cat`, each written 1 MB of keys at a time",
            _many(1, terminal_keys, 8)),
     Attack("held_slots", f"two attacker tenants, each holding {HELD_SLOTS} long `sleep` tasks "
