@@ -55,6 +55,8 @@ Attacks (``--only``):
                    they can, again and again; a closed one made again.
   terminal_floods  two attacker tenants, each 4 terminal tasks (``"tty"``) of ``yes`` for the
                    whole phase.
+  terminal_resizes two attacker tenants each keep 8 terminal tasks of ``yes``, each resized
+                   again and again by a thread of its own (cheap requests within its pace).
   spinning_tasks   two attacker tenants each keep 8 tasks spinning on the CPUs (each its
                    share of the 16 slots) for the whole phase: without a ``cpu`` controller
                    nothing weighs them below the victim's own task (compare cpu_floor).
@@ -705,6 +707,34 @@ def _start_terminal_floods(crew: Crew, env: Env, until: float) -> Started:
                                  until, 4) for user in (env.attacker, env.second)])
 
 
+def terminal_resizes(sock: str, until: float, tasks: int) -> dict[str, Any]:
+    """``tasks`` terminal tasks of ``yes``, each resized again and again by a thread of its
+    own (cheap requests, within the uid's pace) until the phase ends."""
+    seconds = max(1, math.ceil(until - time.monotonic()))
+    with Client(sock, timeout=ANSWER + 5) as c:
+        ids = [c.submit(["timeout", str(seconds + 2), "yes"], tty={"rows": 24, "cols": 80}).id
+               for _ in range(tasks)]
+    resized = [0] * tasks
+
+    def resize(n: int) -> None:
+        with Client(sock, timeout=ANSWER + 5) as c, contextlib.suppress(ApiError, OSError):
+            while time.monotonic() < until:
+                c.resize(ids[n], 24 + resized[n] % 2, 80)
+                resized[n] += 1
+
+    threads = [threading.Thread(target=resize, args=(n,)) for n in range(tasks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"resizes": sum(resized)}
+
+
+def _start_terminal_resizes(crew: Crew, env: Env, until: float) -> Started:
+    return Started([crew.fork_as(user, f"resizes {user.name}", terminal_resizes, env.sock,
+                                 until, 8) for user in (env.attacker, env.second)])
+
+
 def spinning_tasks(sock: str, until: float, tasks: int) -> dict[str, Any]:
     """``tasks`` tasks each spinning on a CPU until the phase ends."""
     seconds = max(1, math.ceil(until - time.monotonic()))
@@ -1228,6 +1258,8 @@ ATTACKS = [
            f"request heads a byte at a time from 4 busy threads", _start_dribbles),
     Attack("terminal_floods", "two attacker tenants, each 4 terminal tasks of `yes`",
            _start_terminal_floods),
+    Attack("terminal_resizes", "two attacker tenants, each 8 terminal tasks of `yes`, each "
+           "resized again and again", _start_terminal_resizes),
     Attack("spinning_tasks", f"two attacker tenants, each {HELD_SLOTS} tasks spinning on the "
            f"CPUs (its share of the 16 slots)", _start_spinning_tasks),
     Attack("terminal_keys", "8 terminal tasks of `cat`, each written 1 MB of keys at a time",
