@@ -27,13 +27,17 @@ async def handle(d: Daemon, req: Request, id: str) -> Response:
     if t is None:
         await d.find_row(req.peer, id, light=True)  # (404 / 410 if it is none of the caller's)
     handle = None if t is None else t.handle
-    # (the tree walked in steps, each paced: a tenant's task may have thousands of processes)
-    if (t is None or handle is None
-            or not await handle.deliver_signal(name, by=f"uid {req.peer.uid}", pause=(
-                lambda reached: d.shares.signalled(req.peer.uid, reached)))):
+    # (the tree walked in steps, each paced: a tenant's task may have thousands of processes;
+    # its walks one at a time, and a bounded number of all uids': Shares.walking)
+    delivered = False
+    if t is not None and handle is not None:
+        async with d.shares.walking(req.peer.uid):
+            delivered = await handle.deliver_signal(name, by=f"uid {req.peer.uid}", pause=(
+                lambda reached: d.shares.signalled(req.peer.uid, reached)))
+    if not delivered:
         state = "finished" if t is None else t.live_state
         raise ApiError(409, "not_running", f"task {id} is {state}: a signal goes to a running "
                        f"task only (a queued one is stopped with POST /v1/tasks/{id}/stop)")
-    assert t is not None
+    assert t is not None and handle is not None
     return json_response(200, {"id": t.id, "signal": f"SIG{name}",
                                "to": "foreground" if handle.spec.tty else "tree"})
