@@ -69,6 +69,7 @@ UNRECORDED_WAIT = 10.0  # seconds a drain retries end records that failed
 # could not adopt; none after (the daemon records each itself, and a result holds its argv)
 CORE_RESULTS = 16
 SWITCH_INTERVAL = 0.001  # seconds (sys.setswitchinterval; see serve)
+KEYS_CHECKED = 60.0  # seconds between looks at whether the keys' filter is due to be made again
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain; again: kill (HUP: ignored)
 
 
@@ -239,12 +240,25 @@ async def _stop(d: Daemon, signum: int, server: trio.CancelScope,
 
 async def _load_keys(d: Daemon) -> None:
     """The records' idempotency keys into ``d.key_filter`` (until then, and if they cannot be
-    read, a submission with a key not in memory is looked up in the records, as always)."""
+    read, a submission with a key not in memory is looked up in the records, as always); then
+    the filter made again from them whenever it is due (``KeyFilter.due``)."""
     try:
         d.key_filter.load(await d.records.key_bits())
     except RecordsError as e:
         log.warning("the records' idempotency keys could not be read (%s): every key not "
                     "in memory is looked up", e)
+        return
+    while True:
+        await trio.sleep(KEYS_CHECKED)
+        if d.key_filter.due:
+            d.key_filter.rebuilding(d.keys)
+            bits = None
+            try:
+                bits = await d.records.key_bits()
+            except RecordsError as e:
+                log.warning("the records' idempotency keys could not be read again (%s)", e)
+            finally:
+                d.key_filter.rebuilt(bits)
 
 
 async def _flush_lazy(d: Daemon) -> None:
