@@ -9,8 +9,8 @@ against 8: an independent attack).  A key the filter has never seen cannot be in
 that lookup is skipped.  The filter says "maybe" for every key it was given (no false
 "no"), and for a few others (a lookup then, as before): 2 MiB, three bits a key, about one
 key in 130,000 told "maybe" wrongly at the 110,000 keys of the default retention and
-tombstones, one in 200 at a million.  Nothing is ever taken out (a key whose tombstone went
-stays "maybe": a lookup that finds nothing).
+tombstones, one in 200 at a million.  Nothing is taken out as it goes (a key whose tombstone
+went stays "maybe": a lookup that finds nothing) until the filter is made again.
 
 Filled at start-up from the records in the reader thread (:func:`bits_of`; until then every
 key is "maybe"), and on the event loop as keys are taken (:meth:`KeyFilter.add`).  Made again
