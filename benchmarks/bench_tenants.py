@@ -89,6 +89,8 @@ Attacks (``--only``):
                    and run ``true`` as fast as each is answered.
   session_vars     4 sessions each set new values of 3,000 variables at every command (a
                    report of 33 KB, an environment of 57 KB) as fast as each is answered.
+  follow_floods    two attacker tenants each run 8 tasks printing a 100-byte line every 2 ms,
+                   their output followed on 64 connections (a uid's most), read as it comes.
   trickle_followers  a task printing `x` a line at a time as fast as `sh` can, its output
                    followed on 100 connections (a uid may follow 64 at once), read as fast
                    as it comes.
@@ -110,6 +112,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -1075,6 +1078,47 @@ def follow_a_trickle(sock: str, until: float, followers: int) -> dict[str, Any]:
     return dict(counts)
 
 
+def follow_lines(sock: str, until: float, tasks: int, followers: int) -> dict[str, Any]:
+    """``tasks`` tasks of ours each printing a 100-byte line every 2 ms, their output followed
+    on ``followers`` connections in all (in turn over the tasks) read as fast as they come,
+    until ``until``; then the tasks are stopped."""
+    seconds = max(1, math.ceil(until - time.monotonic()))
+    script = (r'$| = 1; $t = time; while (time < $t + ' + str(seconds + 2) +
+              r') { print "x" x 99, "\n"; select(undef, undef, undef, 0.002) }')
+    with Client(sock, timeout=ANSWER + 5) as c:
+        ids = [c.submit(["perl", "-e", script]).id for _ in range(tasks)]
+    counts = collections.Counter({"follows": 0, "bytes": 0})
+    turn = itertools.count()
+
+    def loop() -> None:
+        task_id = ids[next(turn) % tasks]
+        get = (f"GET /v1/tasks/{task_id}/output?follow=true HTTP/1.1\r\nhost: x\r\n"
+               f"connection: close\r\n\r\n").encode()
+        while time.monotonic() < until:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1.0)
+                try:
+                    s.connect(sock)
+                    s.sendall(get)
+                    counts["follows"] += 1
+                    while time.monotonic() < until and (chunk := s.recv(1 << 16)):
+                        counts["bytes"] += len(chunk)
+                except OSError as e:
+                    counts[type(e).__name__] += 1
+                    time.sleep(0.05)
+
+    _in_threads(followers, loop)
+    with Client(sock, timeout=ANSWER + 5) as c:
+        for task_id in ids:
+            c.stop(task_id, force=True)
+    return dict(counts)
+
+
+def _start_follow_floods(crew: Crew, env: Env, until: float) -> Started:
+    return Started([crew.fork_as(user, f"followers {user.name}", follow_lines, env.sock,
+                                 until, 8, 64) for user in (env.attacker, env.second)])
+
+
 def session_env_loop(sock: str, until: float) -> dict[str, Any]:
     """A session of ours carrying 840 KB of environment (seven variables of 120 KB), running
     ``true`` in it as fast as each is answered (each carries the environment again)."""
@@ -1295,6 +1339,8 @@ ATTACKS = [
            "fast as answered", _many(4, session_env_loop)),
     Attack("session_vars", "4 sessions each setting new values of 3,000 variables at every "
            "command (a 33 KB report), as fast as answered", _many(4, session_vars_loop)),
+    Attack("follow_floods", "two attacker tenants, each 8 tasks printing a line every 2 ms, "
+           "followed on 64 connections (the most a uid may)", _start_follow_floods),
     Attack("trickle_followers", f"a task printing `x` a line at a time, followed on "
            f"{TRICKLE_FOLLOWERS} connections (64 are taken)", _many(1, follow_a_trickle,
                                                                  TRICKLE_FOLLOWERS)),
