@@ -43,6 +43,8 @@ Attacks (``--only``):
   output_flood     4 tasks at a time of ``head -c 200M /dev/zero``, the daemon's --state-dir on
                    a 64 MiB tmpfs (in a private mount namespace a helper holds; for this attack
                    only: the others keep the records on /var/lib's disk, as deployed).
+  disk_flood       the same four floods, the state on the host's disk (/var/lib): the
+                   daemon's writes of the output into its files held back by the kernel.
   followers        the same four floods (state on /var/lib), each task followed by four
                    connections that never read (4 KiB receive buffers).
   connections      one process holds as many idle connections as it can (1024 tried, 300 with
@@ -1284,6 +1286,8 @@ ATTACKS = [
            _many(1, output_flood, 4, "200M"), disk=DISK),
     Attack("followers", "4 x `head -c 200M /dev/zero` at a time, each followed by 4 "
            "connections that never read", _many(1, output_flood, 4, "200M", 4)),
+    Attack("disk_flood", "4 x `head -c 200M /dev/zero` at a time, state on the host's disk",
+           _many(1, output_flood, 4, "200M")),
     Attack("connections", "idle connections held, each closed one made again",
            _start_connections(False)),
     Attack("slow_headers", "connections held, a head byte every 0.1 s, closed ones made again",

@@ -219,7 +219,10 @@ class IoReactor:
 
     #: ``pace(owner)``: whether a stream with an ``owner`` (:meth:`own`) rests this round,
     #: its pipe unread (its writers block once it is full: they wait, and cost nothing); and
-    #: ``charge(owner, seconds)``: the loop thread's CPU time each read of its pipes took.
+    #: ``charge(owner, seconds)``: the time each read of its pipes held the loop's thread, by
+    #: the clock (its CPU time said nothing of a write of the output into its file that the
+    #: kernel held back, the disk behind its dirty pages: a tenant's output flood onto the
+    #: state disk slept the loop there, charged to no one, and another tenant's p99 was 9x).
     #: (The daemon's share of the event loop per uid: a tenant's output flood was read in
     #: steps that were no one's, and another tenant's requests waited behind them.)
     pace: Callable[[int], bool] | None = None
@@ -415,12 +418,12 @@ class IoReactor:
             window = self._terminal_window(stream, owner)
             if window is None:
                 return
-        began = time.thread_time()
+        began = time.monotonic()  # (the clock's: see charge)
         capture = stream.capture
         before = 0 if capture is None else capture.total
         self._serve_reader(stream)
         if self.charge is not None:
-            self.charge(owner, time.thread_time() - began)
+            self.charge(owner, time.monotonic() - began)
         if window is not None and capture is not None:
             window[1] += capture.total - before
             if window[1] >= self.TERMINAL_ROUND and self._streams.get(stream.fd) is stream:

@@ -102,7 +102,7 @@ class Supervisor:
                     charge: Callable[[int, float], None]) -> None:
         """Read the output of tasks with an owner (:meth:`TaskHandle.own_output`) only while
         ``pace(owner)`` is false (else the pipes rest a moment: their writers block when they
-        are full), and ``charge(owner, seconds)`` the loop thread's CPU time of each read."""
+        are full), and ``charge(owner, seconds)`` the time each read held the loop's thread."""
         self._rt.reactor.pace = pace
         self._rt.reactor.charge = charge
 
