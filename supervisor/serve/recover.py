@@ -23,6 +23,7 @@ unlinks) are removed.  Returns a summary for the log.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -34,6 +35,8 @@ import trio
 
 from cgroupfs import Cgroup, CgroupError, CgroupNotFound
 
+from .._result import StreamOutput
+from .._spec import DEFAULT_HEAD, DEFAULT_TAIL
 from .daemontask import DaemonTask
 from .dispatch import adopt, dispatch, take_result
 from .peers import Peer
@@ -236,14 +239,38 @@ async def _record_lost(d: Daemon, row: dict[str, Any], cleanup: _Cleanup) -> Non
         what = (f"corral serve (run {row['run']}) died while starting this task; whether its "
                 f"process had started is not known (if it had, it was killed with that run's "
                 f"cgroup root); it was not started again")
+    what += "; its end is when this start recorded it"
     result = d.sup.record_lost(
         supervisor.TaskSpec(tuple(t.request.argv), name=t.request.name), task_id=t.id,
         why=what, started=started, created_at=row["created_at"],
         started_at=row["started_at"], cleanup=supervisor.Cleanup(cleanup.state,
                                                                  detail=cleanup.detail))
+    mode = "tty" if t.request.tty is not None else "capture"
+    kept = [await trio.to_thread.run_sync(_kept_output, path, d.disk.stream_cap, mode)
+            for path in (t.output, t.output + ".stderr")]
+    result = dataclasses.replace(result, output_stdout=kept[0] or result.output_stdout,
+                                 output_stderr=kept[1] or result.output_stderr)
     d.add(t)
     t.pid = row["pid"]
     await take_result(d, t, result)
+
+
+def _kept_output(path: str, cap: int, mode: str) -> StreamOutput | None:
+    """(blocking: in a thread) A lost task's stream as its output file holds it: its daemon
+    died with the bytes it had in memory, and the record said the task printed nothing while
+    its output said otherwise (an independent attack).  The head and tail a task keeps, the
+    file's size as the total (past the cap, ``log_truncated``: more may have come); None
+    without a file (it printed nothing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with open(fd, "rb", buffering=0) as f:
+        size = os.fstat(fd).st_size
+        head = f.read(DEFAULT_HEAD)
+        f.seek(max(len(head), size - DEFAULT_TAIL))
+        tail = f.read(DEFAULT_TAIL)
+    return StreamOutput(head, tail, size, size - len(head) - len(tail), path, size >= cap, mode)
 
 
 def root_cleanup(root: str | None, notes: list[str]) -> _Cleanup:

@@ -226,6 +226,32 @@ def test_a_sigkilled_daemons_tasks_die_at_once_and_are_recorded_lost(
     print(f"\nSIGKILLed daemon: its root was gone {took * 1000:.0f} ms later")
 
 
+def test_a_lost_tasks_record_says_what_its_output_files_hold(start_daemon: Start) -> None:
+    """Found by an independent attack: a task whose daemon died was recorded ``lost`` with 0
+    bytes of stdout, while its output said ``vstart``: the daemon had died with the bytes it
+    kept in memory.  The record is made from the task's output files now (head, tail and
+    total as they hold them), for both streams; and it says its end is when the next start
+    recorded it."""
+    d = start_daemon()
+    with d.client() as c:
+        t = c.submit(["sh", "-c", "echo vstart; seq 1 20000 >&2; sleep 600"])
+        wait_for(lambda: any(b"vstart" in f.data for f in c.output(t.id)), "its output")
+        wait_for(lambda: c.show(t.id).state == "running", "it to run")
+    d.kill()
+    d2 = start_daemon(like=d)
+    with d2.client() as c:
+        shown = c.show(t.id)
+        r = shown.result
+        assert shown.outcome == "lost" and r is not None
+        served = b"".join(f.data for f in c.output(t.id) if f.kind == "data")
+        errors = b"".join(f.data for f in c.output(t.id, stream="stderr") if f.kind == "data")
+    out, err = r["output"]["stdout"], r["output"]["stderr"]
+    assert served == b"vstart\n" and out["total_bytes"] == len(served), out
+    expected = b"".join(b"%d\n" % i for i in range(1, 20001))
+    assert errors == expected and err["total_bytes"] == len(expected), err
+    assert "when this start recorded it" in r["error"]["message"]
+
+
 def test_a_task_caught_starting_is_never_started_again(start_daemon: Start,
                                                         tmp_path: Path) -> None:
     """A crash between the durable "starting" row and the spawn (made here by hand: the row
