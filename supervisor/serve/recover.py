@@ -248,28 +248,28 @@ async def _record_lost(d: Daemon, row: dict[str, Any], cleanup: _Cleanup) -> Non
     mode = "tty" if t.request.tty is not None else "capture"
     kept = [await trio.to_thread.run_sync(_kept_output, path, d.disk.stream_cap, mode)
             for path in (t.output, t.output + ".stderr")]
-    result = dataclasses.replace(result, output_stdout=kept[0] or result.output_stdout,
-                                 output_stderr=kept[1] or result.output_stderr)
+    result = dataclasses.replace(result, output_stdout=kept[0], output_stderr=kept[1])
     d.add(t)
     t.pid = row["pid"]
     await take_result(d, t, result)
 
 
-def _kept_output(path: str, cap: int, mode: str) -> StreamOutput | None:
+def _kept_output(path: str, cap: int, mode: str) -> StreamOutput:
     """(blocking: in a thread) A lost task's stream as its output file holds it: its daemon
     died with the bytes it had in memory, and the record said the task printed nothing while
     its output said otherwise (an independent attack).  The head and tail a task keeps, the
-    file's size as the total (past the cap, ``log_truncated``: more may have come); None
-    without a file (it printed nothing)."""
+    file's size as the total (past the cap, ``log_truncated``: more may have come); nothing
+    without a file (made at a stream's first byte: it printed nothing)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return None
+        return StreamOutput(mode=mode)
     with open(fd, "rb", buffering=0) as f:
         size = os.fstat(fd).st_size
-        head = f.read(DEFAULT_HEAD)
-        f.seek(max(len(head), size - DEFAULT_TAIL))
-        tail = f.read(DEFAULT_TAIL)
+        head = f.read(min(size, DEFAULT_HEAD))
+        at = max(len(head), size - DEFAULT_TAIL)
+        f.seek(at)
+        tail = f.read(size - at)  # (what the size said: nobody writes it any more)
     return StreamOutput(head, tail, size, size - len(head) - len(tail), path, size >= cap, mode)
 
 
