@@ -262,14 +262,17 @@ def _kept_output(path: str, cap: int, mode: str) -> StreamOutput:
     without a file (made at a stream's first byte: it printed nothing)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open(fd, "rb", buffering=0) as f:
+            size = os.fstat(fd).st_size
+            head = f.read(min(size, DEFAULT_HEAD))
+            at = max(len(head), size - DEFAULT_TAIL)
+            f.seek(at)
+            tail = f.read(size - at)  # (what the size said: nobody writes it any more)
     except FileNotFoundError:
         return StreamOutput(mode=mode)
-    with open(fd, "rb", buffering=0) as f:
-        size = os.fstat(fd).st_size
-        head = f.read(min(size, DEFAULT_HEAD))
-        at = max(len(head), size - DEFAULT_TAIL)
-        f.seek(at)
-        tail = f.read(size - at)  # (what the size said: nobody writes it any more)
+    except OSError as e:  # (one file never stops a start: its stream is said to be unread)
+        log.warning("reading %s for its lost task's record: %s", path, e)
+        return StreamOutput(mode=mode, log_path=path, log_truncated=True)
     return StreamOutput(head, tail, size, size - len(head) - len(tail), path, size >= cap, mode)
 
 
