@@ -35,8 +35,6 @@ import trio
 
 from cgroupfs import Cgroup, CgroupError, CgroupNotFound
 
-from .._result import StreamOutput
-from .._spec import DEFAULT_HEAD, DEFAULT_TAIL
 from .daemontask import DaemonTask
 from .dispatch import adopt, dispatch, take_result
 from .peers import Peer
@@ -45,6 +43,8 @@ from .rows import limits_bytes
 from .sessions import Session
 
 if TYPE_CHECKING:
+    import supervisor
+
     from .. import TaskHandle
     from .records import Records
     from .state import Daemon
@@ -246,7 +246,9 @@ async def _record_lost(d: Daemon, row: dict[str, Any], cleanup: _Cleanup) -> Non
         started_at=row["started_at"], cleanup=supervisor.Cleanup(cleanup.state,
                                                                  detail=cleanup.detail))
     mode = "tty" if t.request.tty is not None else "capture"
-    kept = [await trio.to_thread.run_sync(_kept_output, path, d.disk.stream_cap, mode)
+    spec = supervisor.TaskSpec(tuple(t.request.argv))  # (the head and tail a task keeps)
+    kept = [await trio.to_thread.run_sync(_kept_output, path, d.disk.stream_cap, mode,
+                                          spec.output_head, spec.output_tail)
             for path in (t.output, t.output + ".stderr")]
     result = dataclasses.replace(result, output_stdout=kept[0], output_stderr=kept[1])
     d.add(t)
@@ -254,26 +256,30 @@ async def _record_lost(d: Daemon, row: dict[str, Any], cleanup: _Cleanup) -> Non
     await take_result(d, t, result)
 
 
-def _kept_output(path: str, cap: int, mode: str) -> StreamOutput:
+def _kept_output(path: str, cap: int, mode: str, head_size: int,
+                 tail_size: int) -> supervisor.StreamOutput:
     """(blocking: in a thread) A lost task's stream as its output file holds it: its daemon
     died with the bytes it had in memory, and the record said the task printed nothing while
     its output said otherwise (an independent attack).  The head and tail a task keeps, the
     file's size as the total (past the cap, ``log_truncated``: more may have come); nothing
     without a file (made at a stream's first byte: it printed nothing)."""
+    import supervisor
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with open(fd, "rb", buffering=0) as f:
             size = os.fstat(fd).st_size
-            head = f.read(min(size, DEFAULT_HEAD))
-            at = max(len(head), size - DEFAULT_TAIL)
+            head = f.read(min(size, head_size))
+            at = max(len(head), size - tail_size)
             f.seek(at)
             tail = f.read(size - at)  # (what the size said: nobody writes it any more)
     except FileNotFoundError:
-        return StreamOutput(mode=mode)
+        return supervisor.StreamOutput(mode=mode)
     except OSError as e:  # (one file never stops a start: its stream is said to be unread)
         log.warning("reading %s for its lost task's record: %s", path, e)
-        return StreamOutput(mode=mode, log_path=path, log_truncated=True)
-    return StreamOutput(head, tail, size, size - len(head) - len(tail), path, size >= cap, mode)
+        return supervisor.StreamOutput(mode=mode, log_path=path, log_truncated=True)
+    return supervisor.StreamOutput(head, tail, size, size - len(head) - len(tail), path,
+                                   size >= cap, mode)
 
 
 def root_cleanup(root: str | None, notes: list[str]) -> _Cleanup:

@@ -55,8 +55,6 @@ from typing import Any
 
 import trio
 
-from .._stop import STEPPED_CHUNK
-
 __all__ = ["LINGERING", "OUTPUT_PIECES", "RATE", "TURNS", "Held", "LoopShare", "Shares", "take"]
 
 TURNS = 4  # requests of one uid answered at once (the others wait their turn)
@@ -66,6 +64,7 @@ SIGNALLED = 5000.0  # processes a second one uid's signals reach (``signalled``)
 SIGNALLED_BURST = 5000  # of that many at once
 LINGERING = 64  # refused connections answered at once; past that, closed without an answer
 OUTPUT_PIECES = 64  # pieces of one uid's output streams held at once, made and not yet sent
+WALK_FDS = 1024  # pidfds a signal's walk holds at most at once (the core's, signal_in_steps)
 # (as many as it may follow outputs: ``verbs.output.FOLLOWERS``)
 RATE = 100.0  # connections a second one uid may open (a client keeps its connection: a CLI
 # command opens one, a busy agent host's tool calls tens a second)
@@ -246,7 +245,7 @@ class Shares:
     async def walking(self, uid: int) -> AsyncIterator[None]:
         """Held while one of ``uid``'s signals walks its task's tree: one walk of a uid at a
         time, and of all uids together as many as a quarter of the daemon's open files
-        allow (:func:`walks_for`; root's: any).  Each walk holds up to ``STEPPED_CHUNK``
+        allow (:func:`walks_for`; root's: any).  Each walk holds up to :data:`WALK_FDS`
         pidfds across its pauses: two tenants' signals to trees of 1,500 processes from 4
         connections each took the daemon from 31 open files to 6,546 (an independent
         attack), and enough uids at once would have left none for connections, pipes and
@@ -324,7 +323,7 @@ class Shares:
 def walks_for(open_files: int) -> int:
     """Tenants' signal walks at once for a daemon allowed ``open_files`` (its soft limit, as
     raised at start): their pidfds at most a quarter of it."""
-    return max(1, open_files // 4 // STEPPED_CHUNK)  # (pidfds a walk holds at most)
+    return max(1, open_files // 4 // WALK_FDS)
 
 
 @contextlib.asynccontextmanager
