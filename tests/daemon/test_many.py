@@ -37,7 +37,7 @@ def test_a_thousand_submissions_across_four_uids_each_get_one_record(
     for row in rows:
         assert row["state"] == "finished" and row["outcome"] == "succeeded"
         result = json.loads(row["result"])
-        assert result["started"] is True and result["cleanup"]["state"] == "clean"
+        assert result["started"] is True and result["cleanup"]["state"] == "clean", result
     by_id = {str(r["seq"]): r for r in rows}
     for user, (ids, _) in zip(users, results, strict=True):
         assert {by_id[i]["uid"] for i in ids} == {user.uid}
