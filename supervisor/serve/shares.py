@@ -64,8 +64,8 @@ SIGNALLED = 5000.0  # processes a second one uid's signals reach (``signalled``)
 SIGNALLED_BURST = 5000  # of that many at once
 LINGERING = 64  # refused connections answered at once; past that, closed without an answer
 OUTPUT_PIECES = 64  # pieces of one uid's output streams held at once, made and not yet sent
-WALK_FDS = 1024  # pidfds a signal's walk holds at most at once (the core's, signal_in_steps)
 # (as many as it may follow outputs: ``verbs.output.FOLLOWERS``)
+WALK_FDS = 1024  # pidfds a signal's walk holds at most at once (the core's, signal_in_steps)
 RATE = 100.0  # connections a second one uid may open (a client keeps its connection: a CLI
 # command opens one, a busy agent host's tool calls tens a second)
 
