@@ -696,15 +696,26 @@ def output_flood(sock: str, until: float, at_once: int, size: str,
     return dict(counts)
 
 
+TTY = {"rows": 24, "cols": 80}  # a terminal task's window
+
+
+def _phase_tasks(sock: str, until: float, argv: list[str], tasks: int, *, wait: bool,
+                 **options: Any) -> tuple[list[str], dict[str, Any]]:
+    """``tasks`` tasks of ours running ``argv`` until the phase ends (``timeout``), their ids;
+    with ``wait``, waited for: their outcomes too."""
+    seconds = max(1, math.ceil(until - time.monotonic()))
+    outcomes: collections.Counter[str] = collections.Counter()
+    with Client(sock, timeout=ANSWER + 5) as c:
+        ids = [c.submit(["timeout", str(seconds + (0 if wait else 2)), *argv], **options).id
+               for _ in range(tasks)]
+        if wait:
+            outcomes.update(str(c.wait(i, timeout=seconds + 10).outcome) for i in ids)
+    return ids, dict(outcomes)
+
+
 def terminal_flood(sock: str, until: float, tasks: int) -> dict[str, Any]:
     """``tasks`` terminal tasks of ``yes``, each until the phase ends."""
-    seconds = max(1, math.ceil(until - time.monotonic()))
-    with Client(sock, timeout=ANSWER + 5) as c:
-        ids = [c.submit(["timeout", str(seconds), "yes"], tty={"rows": 24, "cols": 80}).id
-               for _ in range(tasks)]
-        outcomes = collections.Counter(str(c.wait(i, timeout=seconds + 10).outcome)
-                                       for i in ids)
-    return dict(outcomes)
+    return _phase_tasks(sock, until, ["yes"], tasks, wait=True, tty=TTY)[1]
 
 
 def _start_terminal_floods(crew: Crew, env: Env, until: float) -> Started:
@@ -715,23 +726,18 @@ def _start_terminal_floods(crew: Crew, env: Env, until: float) -> Started:
 def terminal_resizes(sock: str, until: float, tasks: int) -> dict[str, Any]:
     """``tasks`` terminal tasks of ``yes``, each resized again and again by a thread of its
     own (cheap requests, within the uid's pace) until the phase ends."""
-    seconds = max(1, math.ceil(until - time.monotonic()))
-    with Client(sock, timeout=ANSWER + 5) as c:
-        ids = [c.submit(["timeout", str(seconds + 2), "yes"], tty={"rows": 24, "cols": 80}).id
-               for _ in range(tasks)]
+    ids = _phase_tasks(sock, until, ["yes"], tasks, wait=False, tty=TTY)[0]
     resized = [0] * tasks
+    turn = itertools.count()
 
-    def resize(n: int) -> None:
+    def resize() -> None:
+        n = next(turn)
         with Client(sock, timeout=ANSWER + 5) as c, contextlib.suppress(ApiError, OSError):
             while time.monotonic() < until:
                 c.resize(ids[n], 24 + resized[n] % 2, 80)
                 resized[n] += 1
 
-    threads = [threading.Thread(target=resize, args=(n,)) for n in range(tasks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_threads(tasks, resize)
     return {"resizes": sum(resized)}
 
 
@@ -742,13 +748,7 @@ def _start_terminal_resizes(crew: Crew, env: Env, until: float) -> Started:
 
 def spinning_tasks(sock: str, until: float, tasks: int) -> dict[str, Any]:
     """``tasks`` tasks each spinning on a CPU until the phase ends."""
-    seconds = max(1, math.ceil(until - time.monotonic()))
-    with Client(sock, timeout=ANSWER + 5) as c:
-        ids = [c.submit(["timeout", str(seconds), "sh", "-c", "while :; do :; done"]).id
-               for _ in range(tasks)]
-        outcomes = collections.Counter(str(c.wait(i, timeout=seconds + 10).outcome)
-                                       for i in ids)
-    return dict(outcomes)
+    return _phase_tasks(sock, until, ["sh", "-c", "while :; do :; done"], tasks, wait=True)[1]
 
 
 def _start_spinning_tasks(crew: Crew, env: Env, until: float) -> Started:
@@ -759,24 +759,20 @@ def _start_spinning_tasks(crew: Crew, env: Env, until: float) -> Started:
 def terminal_keys(sock: str, until: float, tasks: int) -> dict[str, Any]:
     """``tasks`` terminal tasks reading their keys (`cat`, the terminal as it starts: canonical,
     echoing), each written 1 MB at a time (lines of 64 bytes) until the phase ends."""
-    seconds = max(1, math.ceil(until - time.monotonic()))
     keys = b"".join(b"%063d\n" % i for i in range(1 << 14))
-    with Client(sock, timeout=ANSWER + 5) as c:
-        ids = [c.submit(["timeout", str(seconds + 2), "sh", "-c", "cat > /dev/null"],
-                        tty={"rows": 24, "cols": 80}).id for _ in range(tasks)]
+    ids = _phase_tasks(sock, until, ["sh", "-c", "cat > /dev/null"], tasks, wait=False,
+                       tty=TTY)[0]
     written = [0] * tasks
+    turn = itertools.count()
 
-    def write(n: int) -> None:
+    def write() -> None:
+        n = next(turn)
         with Client(sock, timeout=ANSWER + 5) as c, contextlib.suppress(ApiError, OSError):
             while time.monotonic() < until:
                 c.write_stdin(ids[n], keys)
                 written[n] += len(keys)
 
-    writers = [threading.Thread(target=write, args=(n,)) for n in range(tasks)]
-    for t in writers:
-        t.start()
-    for t in writers:
-        t.join()
+    _in_threads(tasks, write)
     return {"written_mb": round(sum(written) / 1e6, 1)}
 
 
@@ -1011,8 +1007,6 @@ def show_recorded_tasks(sock: str, until: float, tasks: int) -> dict[str, Any]:
 
 def _in_threads(n: int, loop: Callable[[], None]) -> None:
     """``loop()`` in ``n`` threads at once, until each has returned."""
-    import threading
-
     threads = [threading.Thread(target=loop) for _ in range(n)]
     for t in threads:
         t.start()
@@ -1056,44 +1050,18 @@ def follow_a_trickle(sock: str, until: float, followers: int) -> dict[str, Any]:
     ``until``; then the task is stopped."""
     with Client(sock, timeout=ANSWER + 5) as c:
         task_id = c.submit(["sh", "-c", "while :; do echo x; done"]).id
-    get = (f"GET /v1/tasks/{task_id}/output?follow=true HTTP/1.1\r\nhost: x\r\n"
-           f"connection: close\r\n\r\n").encode()
-    counts = collections.Counter({"follows": 0, "bytes": 0})
-
-    def loop() -> None:
-        while time.monotonic() < until:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(1.0)
-                try:
-                    s.connect(sock)
-                    s.sendall(get)
-                    counts["follows"] += 1
-                    while time.monotonic() < until and (chunk := s.recv(1 << 16)):
-                        counts["bytes"] += len(chunk)
-                except OSError as e:
-                    counts[type(e).__name__] += 1
-                    time.sleep(0.05)
-
-    _in_threads(followers, loop)
-    with Client(sock, timeout=ANSWER + 5) as c:
-        c.stop(task_id, force=True)
-    return dict(counts)
+    return _followed(sock, until, [task_id], followers)
 
 
-def follow_lines(sock: str, until: float, tasks: int, followers: int) -> dict[str, Any]:
-    """``tasks`` tasks of ours each printing a 100-byte line every 2 ms, their output followed
-    on ``followers`` connections in all (in turn over the tasks) read as fast as they come,
-    until ``until``; then the tasks are stopped."""
-    seconds = max(1, math.ceil(until - time.monotonic()))
-    script = (r'$| = 1; $t = time; while (time < $t + ' + str(seconds + 2) +
-              r') { print "x" x 99, "\n"; select(undef, undef, undef, 0.002) }')
-    with Client(sock, timeout=ANSWER + 5) as c:
-        ids = [c.submit(["perl", "-e", script]).id for _ in range(tasks)]
+def _followed(sock: str, until: float, ids: list[str], followers: int) -> dict[str, Any]:
+    """The output of the tasks ``ids`` followed (``?follow=true``) on ``followers``
+    connections (in turn over the tasks), read as fast as it comes, each made again when the
+    daemon closes it, until ``until``; then the tasks are stopped.  What was read, counted."""
     counts = collections.Counter({"follows": 0, "bytes": 0})
     turn = itertools.count()
 
     def loop() -> None:
-        task_id = ids[next(turn) % tasks]
+        task_id = ids[next(turn) % len(ids)]
         get = (f"GET /v1/tasks/{task_id}/output?follow=true HTTP/1.1\r\nhost: x\r\n"
                f"connection: close\r\n\r\n").encode()
         while time.monotonic() < until:
@@ -1114,6 +1082,18 @@ def follow_lines(sock: str, until: float, tasks: int, followers: int) -> dict[st
         for task_id in ids:
             c.stop(task_id, force=True)
     return dict(counts)
+
+
+def follow_lines(sock: str, until: float, tasks: int, followers: int) -> dict[str, Any]:
+    """``tasks`` tasks of ours each printing a 100-byte line every 2 ms, their output followed
+    on ``followers`` connections in all (in turn over the tasks) read as fast as they come,
+    until ``until``; then the tasks are stopped."""
+    seconds = max(1, math.ceil(until - time.monotonic()))
+    script = (r'$| = 1; $t = time; while (time < $t + ' + str(seconds + 2) +
+              r') { print "x" x 99, "\n"; select(undef, undef, undef, 0.002) }')
+    with Client(sock, timeout=ANSWER + 5) as c:
+        ids = [c.submit(["perl", "-e", script]).id for _ in range(tasks)]
+    return _followed(sock, until, ids, followers)
 
 
 def _start_follow_floods(crew: Crew, env: Env, until: float) -> Started:

@@ -240,13 +240,12 @@ async def _record_lost(d: Daemon, row: dict[str, Any], cleanup: _Cleanup) -> Non
                 f"process had started is not known (if it had, it was killed with that run's "
                 f"cgroup root); it was not started again")
     what += "; its end is when this start recorded it"
+    spec = supervisor.TaskSpec(tuple(t.request.argv), name=t.request.name)
     result = d.sup.record_lost(
-        supervisor.TaskSpec(tuple(t.request.argv), name=t.request.name), task_id=t.id,
-        why=what, started=started, created_at=row["created_at"],
+        spec, task_id=t.id, why=what, started=started, created_at=row["created_at"],
         started_at=row["started_at"], cleanup=supervisor.Cleanup(cleanup.state,
                                                                  detail=cleanup.detail))
     mode = "tty" if t.request.tty is not None else "capture"
-    spec = supervisor.TaskSpec(tuple(t.request.argv))  # (the head and tail a task keeps)
     kept = [await trio.to_thread.run_sync(_kept_output, path, d.disk.stream_cap, mode,
                                           spec.output_head, spec.output_tail)
             for path in (t.output, t.output + ".stderr")]

@@ -236,6 +236,8 @@ def test_a_lost_tasks_record_says_what_its_output_files_hold(start_daemon: Start
     with d.client() as c:
         t = c.submit(["sh", "-c", "echo vstart; seq 1 20000 >&2; sleep 600"])
         wait_for(lambda: any(b"vstart" in f.data for f in c.output(t.id)), "its output")
+        wait_for(lambda: b"\n20000\n" in b"".join(
+            f.data for f in c.output(t.id, stream="stderr", tail=16)), "its errors in its file")
         wait_for(lambda: c.show(t.id).state == "running", "it to run")
     d.kill()
     d2 = start_daemon(like=d)

@@ -2702,9 +2702,10 @@ def test_keys_written_into_a_tenants_terminals_go_at_the_terminals_pace(
     def fed(tty: bool) -> tuple[float, list[int]]:
         with Client(d.socket, timeout=120) as c:
             opts: dict[str, Any] = {"tty": {"rows": 24, "cols": 80}} if tty else {"stdin": "pipe"}
-            script = "stty -echo; wc -c" if tty else "wc -c"
+            script = "stty -echo; echo ready; wc -c" if tty else "echo ready; wc -c"
             ids = [c.submit(["sh", "-c", script], **opts).id for _ in range(2)]
-            time.sleep(0.5)  # (stty has run)
+            for i in ids:  # (stty has run)
+                wait_for(lambda i=i: any(b"ready" in f.data for f in c.output(i)), "stty")
             began = time.monotonic()
             writers = [threading.Thread(target=_write_with_eof, args=(d.socket, i, lines, tty))
                        for i in ids]
