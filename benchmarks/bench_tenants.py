@@ -29,6 +29,10 @@ Attacks (``--only``):
   cpu_floor        not an attack but the floor under the others: one attacker process per
                    CPU spinning, never touching the daemon (every attack's own processes take
                    CPU on this box too; what that alone costs the victim is this ratio).
+  spinning_floor   not an attack: as many attacker processes spinning as spinning_tasks'
+                   tasks (16), never touching the daemon; they are in the benchmark's
+                   session, so in the victim client's scheduler autogroup where the kernel has
+                   autogroups on, while the daemon's tasks are in the daemon's.
   property         4 connections flood submissions of root-only properties spelled with
                    padding (``{" AmbientCapabilities": "CAP_SYS_ADMIN"}``...): 403 each.
   sigstop          a C loop ``kill(-1, SIGSTOP)`` as the attacker's uid, while it keeps 16
@@ -61,7 +65,7 @@ Attacks (``--only``):
                    again and again by a thread of its own (cheap requests within its pace).
   spinning_tasks   two attacker tenants each keep 8 tasks spinning on the CPUs (each its
                    share of the 16 slots) for the whole phase: without a ``cpu`` controller
-                   nothing weighs them below the victim's own task (compare cpu_floor).
+                   nothing weighs them below the victim's own task (compare spinning_floor).
   terminal_keys    8 terminal tasks of ``cat`` (the terminal as it starts: canonical,
                    echoing), each written 1 MB of keys at a time for the whole phase.
   held_slots       two attacker tenants each hold 8 long ``sleep`` tasks running (each its
@@ -1256,6 +1260,8 @@ ATTACKS = [
     Attack("cpu_floor", f"the floor, not an attack: {os.cpu_count()} attacker processes "
            f"spinning on the CPUs, the daemon untouched (what any CPU use costs the victim "
            f"on this box)", _many(os.cpu_count() or 1, spin)),
+    Attack("spinning_floor", f"not an attack: {2 * HELD_SLOTS} attacker processes spinning in "
+           f"the victim client's session, the daemon untouched", _many(2 * HELD_SLOTS, spin)),
     Attack("property", "4 connections: padded root-only properties (403), as fast as answered",
            _many(4, request_loop, PROPERTY_REQUESTS)),
     Attack("sigstop", f"kill(-1, SIGSTOP) loop as the attacker + {OUTSTANDING} `true` at a "

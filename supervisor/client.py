@@ -582,7 +582,8 @@ class Client:
 
     def exec(self, session_id: str, command: str, **options: Any) -> dict[str, Any]:
         """Run ``command`` in the session (``wait``, ``background``, ``time_limit``, ``grace``,
-        ``stdin=b"..."``, ``name``, ``idempotency_key``): the task as the daemon answers it
+        ``stdin=b"..."``, ``name``, ``idempotency_key``, ``cwd``: its directory instead of the
+        session's): the task as the daemon answers it
         (with ``wait``: finished, with its result, or still running with the output so far)."""
         return self._do(Api.exec(session_id, command, options))  # type: ignore[no-any-return]
 

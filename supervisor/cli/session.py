@@ -48,6 +48,8 @@ def add_parser(sub: Any) -> None:
     e.add_argument("--background", action="store_true",
                    help="beside the foreground command; carries nothing; prints its id")
     e.add_argument("--time-limit", metavar="DURATION")
+    e.add_argument("--cwd", metavar="DIR",
+                   help="run it in DIR, not the session's directory (what it leaves carries)")
     e.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND LINE")
     others = [verbs.add_parser(name, help=what) for name, what in (
         ("show", "a session as JSON"), ("close", "close it: stop what runs"))]
@@ -110,7 +112,8 @@ def _exec(client: Any, args: argparse.Namespace) -> int:
         words = words[1:]
     if not words:
         die("no command given: corral session exec ID -- COMMAND LINE")
-    options: dict[str, Any] = {"time_limit": args.time_limit} if args.time_limit else {}
+    options: dict[str, Any] = {k: v for k, v in (("time_limit", args.time_limit),
+                                                  ("cwd", args.cwd)) if v}
     if args.background:
         print(client.exec(args.id, " ".join(words), background=True, **options)["id"])
         return 0

@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .daemontask import DaemonTask, kept_result, served_result, stream_path
-from .protocol import ITEM_WORK
+from .protocol import ITEM_WORK, shown
 from .records import RecordsError
 from .rows import in_pages, row_bytes
 from .schema import output_bytes
 from .sessions import (
     DEMOTED,
     MAX_STATE,
+    VARS_PER_UID,
     Reported,
     carried_state,
     state_pipe,
@@ -175,8 +176,13 @@ class _Report:
         s = d.sessions.get(t.session or "")
         before = (t.spec.env if t.spec is not None and t.spec.env is not None
                   else None if s is None else s.env) or {}
+        # (the variables its session may carry as its uid's sessions' ledger stands now: a
+        # report of more is refused before any is made, as keep_session_env would after)
+        most = None if s is None else \
+            VARS_PER_UID - d.session_vars.get(t.uid, 0) + len(s.env or ())
         work = len(self.data) + ITEM_WORK * self.data.count(b"\0")  # (a variable each)
-        return await d.off_loop(t.uid, work, weigh, bytes(self.data), self.truncated, before)
+        return await d.off_loop(t.uid, work, weigh, bytes(self.data), self.truncated, before,
+                                most)
 
 
 def _running(d: Daemon, t: DaemonTask, handle: TaskHandle) -> None:
@@ -339,6 +345,14 @@ def _carry(d: Daemon, t: DaemonTask,
     env_before, cwd_before = s.env, s.cwd
     t.carried = {"nothing": DEMOTED} if t.demoted else carried_state(
         s, str(t.outcome), background, reported)
+    error = (t.result_json or {}).get("error") or {}
+    if error.get("step") == "chdir" and t.request.cwd == s.cwd:
+        # (a directory its owner cannot enter, or one since removed: every later command
+        # would fail here too, and none could carry a way out; an independent attack)
+        t.carried = {"nothing": f"the session's directory {shown(s.cwd)} cannot be entered "
+                                f"({error.get('errno_name')}): nothing carried over; give a "
+                                f"command \"cwd\" to run it elsewhere, and the directory "
+                                f"it leaves carries"}
     # (the environment only if it changed: a session carrying a MiB of it rewrote that MiB
     # with every command's end, and every other uid's commit waited for it)
     if env_before is not None and (s.env is env_before or s.env == env_before):

@@ -551,9 +551,7 @@ def parse_submit(obj: Any, *, recorded: bool = False) -> SubmitRequest:
     if session is not None:
         obj = {k: v for k, v in obj.items() if k != "session"}
     _check_fields(obj, SUBMIT_FIELDS, "a task submission")
-    cwd = _string(obj, "cwd")
-    if cwd is not None and not cwd.startswith("/"):
-        raise invalid("cwd", f"cwd must be an absolute path, got {shown(cwd)}")
+    cwd = _cwd(obj)
     signal = obj.get("stop_signal")
     if signal is not None and (isinstance(signal, bool) or not isinstance(signal, str | int)):
         raise invalid("stop_signal", f"stop_signal must be a signal name like \"TERM\" or a "
@@ -565,6 +563,13 @@ def parse_submit(obj: Any, *, recorded: bool = False) -> SubmitRequest:
         stop_signal=signal, properties=_string_map(obj, "properties", numbers=True),
         name=_string(obj, "name"), stdin=stdin, stdin_data=stdin_data,
         idempotency_key=_key(obj), session=session, tty=parse_tty(obj))
+
+
+def _cwd(obj: dict[str, Any]) -> str | None:
+    cwd = _string(obj, "cwd")
+    if cwd is not None and not cwd.startswith("/"):
+        raise invalid("cwd", f"cwd must be an absolute path, got {shown(cwd)}")
+    return cwd
 
 
 MAX_WAIT = 3600.0  # seconds a request may wait for its task (a long poll: wait again)
@@ -629,10 +634,11 @@ class ExecRequest(NamedTuple):
     stdin_data: bytes | None = None
     idempotency_key: str | None = None
     tty: dict[str, int] | None = None
+    cwd: str | None = None  # this command's directory, instead of the session's
 
 
 EXEC_FIELDS = ("command", "background", "time_limit", "grace", "name", "stdin",
-               "idempotency_key", "tty")
+               "idempotency_key", "tty", "cwd")
 
 
 def parse_exec(obj: Any) -> ExecRequest:
@@ -651,7 +657,7 @@ def parse_exec(obj: Any) -> ExecRequest:
     stdin, stdin_data = _stdin(obj)
     return ExecRequest(command, background, _duration(obj, "time_limit"),
                        _duration(obj, "grace"), _string(obj, "name"), stdin, stdin_data,
-                       _key(obj), parse_tty(obj))
+                       _key(obj), parse_tty(obj), _cwd(obj))
 
 
 def parse_resize(obj: Any) -> tuple[int, int]:

@@ -159,10 +159,12 @@ class Reported(NamedTuple):
     gone: list[str] | None = None
 
 
-def weigh(data: bytes, truncated: bool, before: Mapping[str, str]) -> Reported | str:
+def weigh(data: bytes, truncated: bool, before: Mapping[str, str],
+          most: int | None = None) -> Reported | str:
     """:func:`parse_state`, with what its environment weighs and what it changed against
-    ``before`` (the environment the command started with)."""
-    state = parse_state(data, truncated)
+    ``before`` (the environment the command started with); ``most``: the variables its
+    session may carry, beside what its uid's other sessions keep."""
+    state = parse_state(data, truncated, most)
     if isinstance(state, str):
         return state
     changed = sorted(k for k, v in state.env.items() if before.get(k) != v)
@@ -170,11 +172,19 @@ def weigh(data: bytes, truncated: bool, before: Mapping[str, str]) -> Reported |
     return state._replace(weight=env_weight(state.env), changed=changed, gone=gone)
 
 
-def parse_state(data: bytes, truncated: bool) -> Reported | str:
-    """What a command's shell reported, or why nothing can be carried from it."""
+def parse_state(data: bytes, truncated: bool, most: int | None = None) -> Reported | str:
+    """What a command's shell reported, or why nothing can be carried from it (``most``:
+    more variables than that cannot carry, counted before any is made)."""
     if not data:
         return ("its shell reported no state (the command ran exec, replaced the EXIT trap, "
                 "or closed fd 3)")
+    # A report the command wrote itself comes before its shell's, which is written at the
+    # shell's exit: the last one is the shell's (the two read as one carried the command's
+    # directory with the shell's variables; an independent attack).  END then MAGIC never
+    # occur in one report: each would be a line of env(1)'s without "=".
+    last = data.rfind(END + MAGIC)
+    if last >= 0:
+        data = data[last + len(END):]
     if truncated:
         return f"its shell's report was over {MAX_STATE} bytes (an environment that large)"
     if not data.startswith(MAGIC):
@@ -195,6 +205,15 @@ def parse_state(data: bytes, truncated: bool) -> Reported | str:
     if not cwd.startswith("/"):
         shown = cwd if len(cwd) <= 64 else cwd[:61] + "..."
         return f"its working directory {shown!r} is not an absolute path"
+    listed = rest.count(b"\0") - len(NOT_CARRIED)
+    if most is not None and listed > most:
+        # (refused by the uid's bound anyway, once made: 25,000 variables a command, every
+        # command, were ~8 ms of the daemon's Python each, beside every tenant's requests;
+        # an independent attack)
+        return (f"nothing carried over: its shell reported about {listed} variables, above "
+                f"the {max(most, 0)} your open sessions' environments may still hold of a "
+                f"uid's {VARS_PER_UID}; unset what you do not need, or close sessions you are "
+                f"done with")
     try:  # (all of it at once, the usual case: a variable at a time is a us each)
         parts = rest.decode().split("\0")
         if max(map(len, parts)) < MAX_VARIABLE // 4:  # (else: one may be too long, below)

@@ -494,6 +494,8 @@ def test_corral_session_from_the_shell(start_daemon: Start) -> None:
     d.corral("session", "exec", sid, "--", "cd /usr && export WHO=me", check=True)
     ran = d.corral("session", "exec", sid, "--", 'echo "$GREETING $WHO $PWD"; exit 3')
     assert ran.returncode == 3 and ran.stdout == b"hi me /usr\n"
+    elsewhere = d.corral("session", "exec", "--cwd", "/var", sid, "--", "pwd; cd /usr/bin")
+    assert elsewhere.returncode == 0 and elsewhere.stdout == b"/var\n", elsewhere
     slow = d.corral("session", "exec", "--wait", "0.5s", sid, "--", "echo begun; sleep 30")
     assert slow.returncode == 75 and slow.stdout.startswith(b"begun")
     assert b"still running" in slow.stderr
@@ -502,7 +504,7 @@ def test_corral_session_from_the_shell(start_daemon: Start) -> None:
     closed = d.corral("session", "close", sid, check=True)
     assert b"closed; stopped" in closed.stderr
     shown = json.loads(d.corral("session", "show", sid, check=True).stdout)
-    assert shown["state"] == "closed" and shown["cwd"] == "/usr"
+    assert shown["state"] == "closed" and shown["cwd"] == "/usr/bin"
 
 
 def test_a_sessions_command_on_a_terminal_of_its_own_still_carries(
@@ -633,3 +635,84 @@ def test_a_directory_longer_than_a_path_is_never_carried(start_daemon: Start) ->
     # records and answers for a small exec: an independent attack)
     why = long_and_not_absolute["carried"]["nothing"]
     assert "4200 bytes long, more than a path may be" in why, why
+
+
+def test_the_shells_own_report_carries_not_one_the_command_wrote_before_it(
+        start_daemon: Start) -> None:
+    """Found by an independent attack: a command's own report on fd 3, followed by its
+    shell's at exit, were read as one: the command's directory carried with the shell's
+    variables.  The shell's report is the last on the pipe, and the one that carries."""
+    d = start_daemon()
+    forge = ("python3 -c \"import os; os.write(3, b'corral-session-state 1\\0/usr\\0"
+             "FORGED=1\\0A=2\\0corral-session-end\\0')\"; export A=1; cd /var")
+    with d.client() as c:
+        sid = c.open_session(cwd="/tmp")["id"]
+        forged = c.exec(sid, forge, wait="20s")
+        after = c.exec(sid, 'pwd; echo "$A${FORGED-unset}"', wait="20s")
+    assert forged["outcome"] == "succeeded", forged
+    assert forged["carried"]["cwd"] == "/var" and "FORGED" not in forged["carried"]["set"]
+    assert stdout_of(after) == "/var\n1unset\n", after
+
+
+def test_a_session_whose_directory_cannot_be_entered_says_so_and_moves_with_cwd(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: a command's own report (its shell's prevented) named
+    a directory its owner cannot enter; every later command failed at chdir, and none could
+    carry a way out.  Each such command's ``carried`` says so and how: a command given
+    ``"cwd"`` runs there, and what it leaves carries."""
+    d = start_daemon()
+    forge = ("python3 -c \"import os; os.write(3, b'corral-session-state 1\\0/root\\0"
+             "A=1\\0corral-session-end\\0')\"; trap - EXIT; exit 0")
+
+    def session() -> Any:
+        with Client(d.socket) as c:
+            sid = c.open_session(cwd="/tmp")["id"]
+            return (c.exec(sid, forge, wait="20s"), c.exec(sid, "pwd", wait="20s"),
+                    c.exec(sid, "pwd; cd /usr", wait="20s", cwd="/var"),
+                    c.exec(sid, "pwd", wait="20s"))
+
+    forged, stuck, moved, after = as_user(users[0], session)
+    assert forged["outcome"] == "succeeded" and forged["carried"]["cwd"] == "/root", forged
+    assert stuck["outcome"] == "spawn_failed", stuck
+    assert stuck["result"]["error"]["step"] == "chdir", stuck
+    why = stuck["carried"]["nothing"]
+    assert 'directory "/root" cannot be entered (EACCES)' in why and '"cwd"' in why, why
+    assert moved["outcome"] == "succeeded" and stdout_of(moved) == "/var\n", moved
+    assert moved["spec"]["cwd"] == "/var" and moved["carried"]["cwd"] == "/usr", moved
+    assert stdout_of(after) == "/usr\n", after
+
+
+def test_a_commands_cwd_is_checked_as_a_submissions(start_daemon: Start) -> None:
+    d = start_daemon()
+    with d.client() as c:
+        sid = c.open_session(cwd="/tmp")["id"]
+        with pytest.raises(ApiError) as refused:
+            c.exec(sid, "pwd", cwd="tmp")
+    assert refused.value.status == 400 and "cwd must be an absolute path" in \
+        refused.value.message, refused.value
+
+
+def test_a_report_of_more_variables_than_the_uid_may_keep_is_refused_before_it_is_read(
+        start_daemon: Start, users: list[User]) -> None:
+    """Found by an independent attack: 8 sessions a tenant, each command exporting 25,000
+    variables, every one refused by the uid's 32,768 once its report was made into a
+    dictionary, compared and weighed: ~8 ms of the daemon's Python a command, beside every
+    tenant's requests (another tenant's p99 9-12x its own alone).  A report listing more
+    variables than its session may still carry is refused on their count, before any is
+    made; one within it carries as before."""
+    d = start_daemon()
+    many = "for i in $(seq 20000); do export V$i=y; done"
+
+    def sessions() -> Any:
+        with Client(d.socket, timeout=60) as c:
+            first, second = (c.open_session()["id"] for _ in range(2))
+            kept = c.exec(first, many, wait=60)["carried"]
+            refused = c.exec(second, many, wait=60)["carried"]
+            within = c.exec(second, "export W=1", wait=60)["carried"]
+            return kept, refused, within
+
+    kept, refused, within = as_user(users[0], sessions)
+    assert "nothing" not in kept and kept["omitted"] > 19000, kept
+    why = refused["nothing"]
+    assert "its shell reported about 2000" in why and "of a uid's 32768" in why, why
+    assert within["set"] == ["W"], within

@@ -154,7 +154,7 @@ async def exec_command(d: Daemon, req: Request, id: str) -> Response:
                        f"open a new one (POST /v1/sessions)")
     env = s.env if s.env is not None else s.defaults.get("env")
     r = SubmitRequest(
-        argv=session_argv(s.shell, e.command), env=env, cwd=s.cwd,
+        argv=session_argv(s.shell, e.command), env=env, cwd=e.cwd or s.cwd,
         time_limit=e.time_limit if e.time_limit is not None else s.defaults.get("time_limit"),
         grace=e.grace if e.grace is not None else s.defaults.get("grace"),
         properties=s.defaults.get("properties"), name=e.name, stdin=e.stdin,
