@@ -95,6 +95,9 @@ Attacks (``--only``):
                    and run ``true`` as fast as each is answered.
   session_vars     4 sessions each set new values of 3,000 variables at every command (a
                    report of 33 KB, an environment of 57 KB) as fast as each is answered.
+  session_hoard    two attacker tenants each keep 8 sessions whose every command exports
+                   25,000 variables (a report of ~250 KB), as fast as each is answered: past
+                   the first, their uid may not keep them, and none carries.
   follow_floods    two attacker tenants each run 8 tasks printing a 100-byte line every 2 ms,
                    their output followed on 64 connections (a uid's most), read as it comes.
   trickle_followers  a task printing `x` a line at a time as fast as `sh` can, its output
@@ -153,6 +156,7 @@ TICK = 0.25  # seconds between two RSS samples
 GOAL = 3.0  # p99 under attack / p99 alone
 RETAIN = 50  # --retain-count for the retention attack
 FLOOD_THREADS = 6  # two_floods: threads of each attacker (an independent attack: 1-12)
+HOARDERS = 8  # session_hoard: sessions of each attacker (an independent attack's)
 HELD_SLOTS = 8  # held_slots: long tasks of each attacker (the per-uid share of 16 slots)
 TRICKLE_FOLLOWERS = 100  # the trickle_followers attack's connections following one output
 SUBSCRIBERS = 240  # the subscribers attack's unread event streams (asked for; 16 are taken)
@@ -1121,6 +1125,18 @@ def session_vars_loop(sock: str, until: float) -> dict[str, Any]:
                                       "export V$i=$r; i=$((i+1)); done")
 
 
+def session_hoard_loop(sock: str, until: float) -> dict[str, Any]:
+    """A session of ours whose every command exports 25,000 variables (a report of ~250 KB):
+    past the first, its uid's sessions may not keep them, and none carries."""
+    return _session_loop(sock, until, "for i in $(seq 25000); do export W$i=y; done")
+
+
+def _start_session_hoard(crew: Crew, env: Env, until: float) -> Started:
+    return Started([crew.fork_as(user, f"hoarder {user.name} {i}", session_hoard_loop,
+                                 env.sock, until)
+                    for user in (env.attacker, env.second) for i in range(HOARDERS)])
+
+
 def _session_loop(sock: str, until: float, command: str, first: str | None = None,
                   ) -> dict[str, Any]:
     """A session of ours running ``first``, then ``command`` as fast as each is answered."""
@@ -1327,6 +1343,9 @@ ATTACKS = [
            _many(1, read_output_again, "3", 4, 65000)),
     Attack("session_env", "4 sessions carrying 840 KB of environment, each running `true` as "
            "fast as answered", _many(4, session_env_loop)),
+    Attack("session_hoard", f"two attacker tenants, each {HOARDERS} sessions exporting 25,000 "
+           f"variables at every command (past the uid's 32,768: none carries)",
+           _start_session_hoard),
     Attack("session_vars", "4 sessions each setting new values of 3,000 variables at every "
            "command (a 33 KB report), as fast as answered", _many(4, session_vars_loop)),
     Attack("follow_floods", "two attacker tenants, each 8 tasks printing a line every 2 ms, "
