@@ -147,7 +147,7 @@ def export_task(into: HandOver, task: Task, leaf: Cgroup, main: MainProcess, dri
                           if cap is not None},
              "driver": driver.export(clock), "stop": _stop_state(task, clock),
              "signals": [[int(x.signal), x.after_s, x.to, x.by] for x in task.signals],
-             "signals_omitted": task.signals_omitted}
+             "signals_omitted": task.signals_omitted, "group": task.group}
     into.tasks.append(TaskState(task.id, state, fds))
     task.handed_over = True
     task.stage = HANDED_OVER
@@ -207,7 +207,9 @@ def adopt_task(rt: Runtime, state: TaskState, register_task: Callable[[Task], No
     spec = _spec_back(s["spec"])
     task = Task(rt, state.id, spec, s["time_limit"], tuple(s["notes"]))
     task.created_at, task.pid, task.began = s["created_at"], s["pid"], True
-    task.cgroup = os.path.join(rt.root.path, state.id)
+    task.group = s.get("group")
+    parent = rt.parent_of(task.group)
+    task.cgroup = os.path.join(parent.path, state.id)
     caps = s["captures"]
     task.stdout = StreamCapture.restore(caps["stdout"]) if "stdout" in caps else None
     task.stderr = StreamCapture.restore(caps["stderr"]) if "stderr" in caps else None
@@ -217,7 +219,7 @@ def adopt_task(rt: Runtime, state: TaskState, register_task: Callable[[Task], No
     task.signals_omitted = int(s.get("signals_omitted", 0))
     task.io = _attach_io(task, state.fds, s["stop"])
     register_task(task)
-    leaf = rt.root.child(state.id)
+    leaf = parent.child(state.id)
     main = MainProcess(s["pid"], state.fds["pidfd"], adopted=True)
     t0 = clock.back(s["t0"])
     driver = new_driver(task, leaf, main, t0)

@@ -55,6 +55,7 @@ from ._task import (
     close_captures,
     finish,
     finish_unstarted,
+    group_dir,
     request_stop,
 )
 
@@ -196,7 +197,8 @@ async def _launch(task: Task,
 def new_driver(task: Task, leaf: Cgroup, main: MainProcess, t0: float) -> Driver:
     """The driver of a running task, on what its spec and its supervisor say."""
     rt, spec = task.rt, task.spec
-    view = None if rt.root_view is None else f"{rt.root_view.rstrip('/')}/{task.id}"
+    view = None if rt.root_view is None else os.path.join(
+        rt.root_view, *(() if task.group is None else (group_dir(task.group),)), task.id)
     told = terms(task.time_limit, spec.grace_s, spec.repeat_s, spec.idle_timeout_s,
                  rt.controllers)
     return Driver(leaf, main, task.stop, rt.watcher, told, t0=t0, leaf_view=view,
@@ -254,7 +256,7 @@ async def _start(task: Task) -> tuple[Cgroup, Spawned]:
             assert capture is not None
             capture.open_tap()
         undo.callback(close_captures, task)
-        leaf = rt.root.make_child(task.id)
+        leaf = rt.parent_of(task.group).make_child(task.id)
         undo.callback(_remove_unused, leaf)
         _delegate(leaf)
         if not spec.limits.is_empty():

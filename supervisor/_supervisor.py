@@ -127,10 +127,16 @@ class Supervisor:
 
     # ---- making tasks --------------------------------------------------------------------
 
-    def _new_task(self, spec: TaskSpec, task_id: str | None = None) -> Task:
+    def _new_task(self, spec: TaskSpec, task_id: str | None = None,
+                  group: str | None = None) -> Task:
         if task_id is not None:
             self._check_id(task_id)
-        return self._register(*self._admit(spec), task_id=task_id)
+        if group is not None and (not isinstance(group, str) or not _TASK_ID.fullmatch(group)):
+            raise SpecError("group", f"group must be 1 to 64 letters, digits, '_' or '-' (it "
+                                     f"names a cgroup), got {group!r}")
+        task = self._register(*self._admit(spec), task_id=task_id)
+        task.group = group
+        return task
 
     def _check_id(self, task_id: object) -> None:
         if not isinstance(task_id, str) or not _TASK_ID.fullmatch(task_id):
@@ -237,7 +243,7 @@ class Supervisor:
     # ---- the public verbs ------------------------------------------------------------------
 
     async def run(self, argv: Sequence[str] | TaskSpec, *, task_id: str | None = None,
-                  **options: Any) -> TaskResult:
+                  group: str | None = None, **options: Any) -> TaskResult:
         """Run ``argv`` to the end and return its :class:`TaskResult`.
 
         Options are the fields of :class:`TaskSpec` (or pass a TaskSpec as ``argv``).  Bad
@@ -246,7 +252,11 @@ class Supervisor:
         in ``results``: once ``retain_results`` has let a record go, its id may be given
         again, as a caller that numbers its own tasks, the daemon, does; ids made here never
         repeat); default:
-        ``<random prefix>-<n>``.
+        ``<random prefix>-<n>``.  ``group``: the task's leaf is made in the cgroup ``@group``
+        of our root (made at its first task, the root's controllers enabled in it), not in
+        the root itself, so that where the ``cpu`` (or ``io``) controller is enabled, the
+        tasks of one group together weigh as one sibling against another's (the daemon
+        groups each uid's tasks so); the same rule as a ``task_id``.
 
         Cancellation: if the caller's scope is cancelled, the task is stopped gracefully (stop
         signal, grace, then cgroup.kill); ``run`` waits, shielded, for its cleanup and final
@@ -254,7 +264,7 @@ class Supervisor:
         through.  Ctrl-C (in trio's main task): the first stops the task gracefully, a second
         kills it now; one KeyboardInterrupt is raised once the record exists.
         """
-        task = self._new_task(TaskSpec.from_call(argv, options), task_id)
+        task = self._new_task(TaskSpec.from_call(argv, options), task_id, group)
         return await self._to_record(task)
 
     async def _to_record(self, task: Task) -> TaskResult:
@@ -289,7 +299,7 @@ class Supervisor:
         return final_result(task)
 
     def start(self, argv: Sequence[str] | TaskSpec, *, task_id: str | None = None,
-              taps: Sequence[str] = (),
+              group: str | None = None, taps: Sequence[str] = (),
               task_status: trio.TaskStatus[TaskHandle] = trio.TASK_STATUS_IGNORED,
               **options: Any) -> Coroutine[Any, Any, TaskResult | None]:
         """Start ``argv`` in a nursery: ``task = await nursery.start(sup.start, argv)``.
@@ -299,7 +309,7 @@ class Supervisor:
         at once).  The task's life continues in the nursery; cancelling the nursery stops the
         task gracefully, as for :meth:`run`.  Bad options raise here, before anything starts.
         ``taps``: streams to tap from the spawn on (``handle.tap(name)`` then returns that tap:
-        not a byte is missed).
+        not a byte is missed).  ``group``: as for :meth:`run`.
 
         Awaited directly (``await sup.start(argv)``) it is :meth:`run`: the record once the
         task has ended, with the same rules for cancellation and Ctrl-C.
@@ -308,7 +318,7 @@ class Supervisor:
         coroutine frame less: a supervisor may hold thousands.)  The coroutine returns the
         record, or None for a task :meth:`hand_over` handed to another process.
         """
-        task = self._new_task(TaskSpec.from_call(argv, options), task_id)
+        task = self._new_task(TaskSpec.from_call(argv, options), task_id, group)
         for name in taps:
             if name not in ("stdout", "stderr"):
                 raise SpecError("taps", f"taps are \"stdout\" and/or \"stderr\", got "
@@ -648,6 +658,8 @@ async def _serving(placement: Placement, guard: SpawnGuard, sampler: Sampler,
                 nursery.cancel_scope.cancel()
                 watcher.stop()
                 reactor.stop()
+                for cgroup in sup._rt.groups.values():
+                    cgroup.close()
     except BaseExceptionGroup as group:
         # The nursery is ours (it only runs our helpers): what the caller's block raised
         # comes back as itself, not wrapped in a group of ours.

@@ -47,7 +47,12 @@ from ._watch import CgroupWatcher
 
 __all__ = ["DRIVEN", "FINISHED", "HANDED_OVER", "PUBLIC_STATE", "QUEUED", "STARTING",
            "HandedOver", "Incident", "Runtime", "Task", "TaskHandle", "final_result",
-           "finish", "finish_unstarted", "request_stop"]
+           "finish", "finish_unstarted", "group_dir", "request_stop"]
+
+def group_dir(group: str) -> str:
+    """The directory of a group's cgroup in the supervisor's root (``@NAME``)."""
+    return "@" + group
+
 
 _TIOCSIG = 0x40045436  # _IOW('T', 0x36, int): signal the terminal's foreground process group
 # what TIOCSIG sends (the kernel's pty_signal: a terminal's keys); any other signal to a tty
@@ -91,6 +96,27 @@ class Runtime:
     on_cancelled: Callable[[Task, trio.Cancelled], None] = lambda *args: None
     # worker threads spawning children of each uid (see _life._spawn)
     _spawning_as: dict[int, trio.Semaphore] = field(default_factory=dict)
+    # the groups' cgroups (``Supervisor.start(group=...)``), made at their first task's start
+    groups: dict[str, Cgroup] = field(default_factory=dict)
+
+    def parent_of(self, group: str | None) -> Cgroup:
+        """Where the leaf of a task of ``group`` goes: the root, or the group's cgroup in it
+        (``@NAME``: no task id has an ``@``), made with the root's controllers enabled for
+        its leaves; kept open for the supervisor's life (one fd a group)."""
+        if group is None:
+            return self.root
+        cgroup = self.groups.get(group)
+        if cgroup is None:
+            cgroup = self.root.make_child(group_dir(group), exist_ok=True)
+            try:
+                wanted = self.root.enabled_controllers() - cgroup.enabled_controllers()
+                if wanted:
+                    cgroup.enable_controllers(wanted)
+            except BaseException:
+                cgroup.close()
+                raise
+            self.groups[group] = cgroup
+        return cgroup
 
     @contextlib.asynccontextmanager
     async def spawn_slots(self, uid: int) -> AsyncIterator[None]:
@@ -120,9 +146,9 @@ PUBLIC_STATE = {QUEUED: "queued", STARTING: "starting", RUNNING: "running", TERM
 class Task:
     """One accepted task, as the supervisor knows it (internal; users hold ``handle``)."""
 
-    __slots__ = ("began", "cgroup", "created_at", "done", "driver", "handed_over", "id", "io",
-                 "notes", "pid", "result", "rt", "signals", "signals_omitted", "spec", "stage",
-                 "stderr", "stdout", "stop", "taps", "time_limit")
+    __slots__ = ("began", "cgroup", "created_at", "done", "driver", "group", "handed_over", "id",
+                 "io", "notes", "pid", "result", "rt", "signals", "signals_omitted", "spec",
+                 "stage", "stderr", "stdout", "stop", "taps", "time_limit")
 
     def __init__(self, rt: Runtime, task_id: str, spec: TaskSpec, time_limit: float | None,
                  notes: tuple[str, ...]) -> None:
@@ -145,6 +171,7 @@ class Task:
         self.driver: Driver | None = None
         self.began = False  # the life has run (start() hands out a coroutine that might not)
         self.taps: tuple[str, ...] = ()  # streams tapped from the spawn on (start(taps=...))
+        self.group: str | None = None  # its leaf's group in the root (start(group=...))
         # sent by TaskHandle.signal(), for the record: the first and the last KEPT_SIGNALS,
         # and how many between them were not kept (keep_signal)
         self.signals: list[SignalSent] = []

@@ -7,7 +7,8 @@ Order of a life (:func:`run_task`, one trio task per started task):
 2. Otherwise the "starting" row is written first (durable: after a crash from here on, a
    restart records the task ``lost`` and never starts it again).  If that write fails the
    task goes back to the head of its queue and dispatch retries in :data:`RETRY` seconds.
-3. ``sup.start(spec, task_id=id, task_status=...)`` runs the core's life in this trio task;
+3. ``sup.start(spec, task_id=id, group="uid-UID", task_status=...)`` runs the core's life in
+   this trio task (its leaf in its uid's group: ``uid_group``);
    the core hands the ``TaskHandle`` over once the process runs, and the "running" row is
    queued then (lazily: ``records.started``).
 4. The result comes back: the end row is written (the result JSON as the core made it), and
@@ -222,7 +223,8 @@ async def _run(d: Daemon, t: DaemonTask, marked: bool) -> None:
             reason = "cancel" if t.stop_requests else "shutdown"
             result = d.sup.record_unstarted(t.spec, reason=reason, task_id=t.id)
         elif t.session is None:
-            result = await d.sup.start(t.spec, task_id=t.id, task_status=_Started(d, t, None))
+            result = await d.sup.start(t.spec, task_id=t.id, group=uid_group(t.uid),
+                                       task_status=_Started(d, t, None))
             if result is None:
                 return  # handed over to the next daemon process, which records its end
         else:
@@ -231,7 +233,7 @@ async def _run(d: Daemon, t: DaemonTask, marked: bool) -> None:
                 d.nursery.start_soon(report.read)
                 spec = await d.off_loop(t.uid, t.work, functools.partial(
                     dataclasses.replace, t.spec, pass_fds=(report.w,)))
-                result = await d.sup.start(spec, task_id=t.id,
+                result = await d.sup.start(spec, task_id=t.id, group=uid_group(t.uid),
                                            task_status=_Started(d, t, report))
                 if result is None:
                     return
@@ -254,6 +256,13 @@ async def _run(d: Daemon, t: DaemonTask, marked: bool) -> None:
     except Exception as e:  # (a bug of ours with this result: this task alone pays)
         log.exception("task %s: keeping its result failed", t.id)
         await _record_failure(d, t, e)
+
+
+def uid_group(uid: int) -> str:
+    """The group of a uid's tasks in the supervisor's root (``Supervisor.start(group=)``):
+    where the ``cpu`` controller is enabled, one tenant's tasks, however many, weigh as one
+    against another's (as systemd's user slices do), not each as much as the victim's one."""
+    return f"uid-{uid}"
 
 
 async def _mark_starting(d: Daemon, t: DaemonTask) -> bool:

@@ -205,12 +205,12 @@ def parse_state(data: bytes, truncated: bool, most: int | None = None) -> Report
     if not cwd.startswith("/"):
         shown = cwd if len(cwd) <= 64 else cwd[:61] + "..."
         return f"its working directory {shown!r} is not an absolute path"
-    listed = rest.count(b"\0") - len(NOT_CARRIED)
-    if most is not None and listed > most:
+    listed = rest.count(b"\0")  # (its variables; of them, NOT_CARRIED's never carry)
+    if most is not None and listed - len(NOT_CARRIED) > most:
         # (refused by the uid's bound anyway, once made: 25,000 variables a command, every
         # command, were ~8 ms of the daemon's Python each, beside every tenant's requests;
         # an independent attack)
-        return (f"nothing carried over: its shell reported about {listed} variables, above "
+        return (f"nothing carried over: its shell reported {listed} variables, above "
                 f"the {max(most, 0)} your open sessions' environments may still hold of a "
                 f"uid's {VARS_PER_UID}; unset what you do not need, or close sessions you are "
                 f"done with")

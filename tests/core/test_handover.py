@@ -36,6 +36,7 @@ def test_tasks_handed_over_across_an_exec_keep_their_output_limits_and_records(
     reader = by_id["reader"]
     assert reader["outcome"] == "succeeded"
     assert reader["output"]["stdout"]["head"] == "got after-the-restart\n"
+    assert reader["containment"]["cgroup"].endswith("/@tenant/reader")  # (its group's, kept)
     # what was asked of a task before the hand-over is in its record after it: the signal
     # sent, and the signal that asked for its stop (its exit status follows from that)
     stubborn = by_id["stubborn"]

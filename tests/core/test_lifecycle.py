@@ -495,6 +495,33 @@ async def test_a_caller_chosen_task_id_names_the_task_and_is_never_reused(
             await sup.run(["true"], task_id=bad)  # type: ignore[arg-type]
 
 
+async def test_a_groups_leaves_are_in_its_cgroup_made_once_with_the_roots_controllers(
+        sup: supervisor.Supervisor) -> None:
+    """``group``: the leaf in ``@group`` of the root (made at the group's first task, the
+    root's controllers enabled in it, kept while the supervisor lives), so that one group's
+    tasks weigh as one against another's (the CPU shares themselves: tests/guest)."""
+    root = sup.cgroup_root
+    first = await sup.run(["true"], task_id="g-1", group="tenant-a")
+    async with trio.open_nursery() as nursery:
+        held = await nursery.start(functools.partial(sup.start, ["sleep", "60"],
+                                                     task_id="g-2", group="tenant-a"))
+        assert held.cgroup == os.path.join(root, "@tenant-a", "g-2")
+        assert os.path.isdir(held.cgroup)
+        held.stop(force=True)
+    other = await sup.run(["true"], task_id="g-3", group="tenant-b")
+    plain = await sup.run(["true"], task_id="g-4")
+    assert first.containment.cgroup == os.path.join(root, "@tenant-a", "g-1")
+    assert other.containment.cgroup == os.path.join(root, "@tenant-b", "g-3")
+    assert plain.containment.cgroup == os.path.join(root, "g-4")
+    for group in ("@tenant-a", "@tenant-b"):  # (the leaves gone, the groups kept)
+        wanted = pathlib.Path(root, "cgroup.subtree_control").read_text().split()
+        assert pathlib.Path(root, group, "cgroup.subtree_control").read_text().split() == wanted
+        assert not [n for n in os.listdir(os.path.join(root, group)) if n.startswith("g-")]
+    for bad in ("", "a/b", "x" * 65, "a@b", 42):
+        with pytest.raises(supervisor.SpecError, match="group"):
+            await sup.run(["true"], group=bad)  # type: ignore[arg-type]
+
+
 async def test_a_task_that_will_never_run_gets_its_record_with_the_reason(
         sup: supervisor.Supervisor) -> None:
     r = sup.record_unstarted(["sleep", "60"], reason="shutdown", task_id="q-1")

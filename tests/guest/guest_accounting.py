@@ -173,3 +173,45 @@ def test_corral_run_summary_draws_every_series_as_sparklines(
     assert max(series["pids"]) >= 7 and max(series["memory_bytes"]) >= 16 * MiB
     assert series["io_bytes"][-1] >= 8 * MiB
     assert "Memory peak:" in r.stderr and "Tasks peak:" in r.stderr  # kept as they were
+
+
+# -- groups: a group's tasks weigh as one ----------------------------------------------------
+
+
+def spin_together(cgroup: Cgroup, groups: list[str | None]) -> list[supervisor.TaskResult]:
+    """One task spinning for 3 s per entry of ``groups`` (its group, or None: the root), all
+    at once, on the guest's one CPU."""
+    spin = ["/bin/sh", "-c", "while :; do :; done"]
+
+    async def main() -> list[supervisor.TaskResult]:
+        results: list[supervisor.TaskResult] = []
+        async with supervisor.open_supervisor(cgroup_root=cgroup.path) as sup:
+            assert "cpu" in sup.controllers
+
+            async def one(group: str | None) -> None:
+                results.append(await sup.run(spin, group=group, time_limit="3s", grace="0.1s"))
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    for group in groups:
+                        nursery.start_soon(one, group)
+        return results
+
+    return trio.run(main)
+
+
+def test_a_groups_tasks_weigh_as_one_against_another_groups(cgroup: Cgroup) -> None:
+    """The daemon puts each uid's tasks in a group of their own: with the cpu controller, a
+    tenant's four busy tasks then take half the CPU beside another's one, not four fifths."""
+    # (the control: all five in the root, each a fifth)
+    ungrouped = spin_together(cgroup, [None] * 5)
+    assert all(r.outcome == "timed_out" for r in ungrouped), ungrouped
+    cpu = sorted(r.usage.cpu_total_s or 0.0 for r in ungrouped)
+    assert cpu[-1] < 0.4 * sum(cpu[:-1]), cpu
+    grouped = spin_together(cgroup, ["many"] * 4 + ["one"])
+    assert all(r.outcome == "timed_out" for r in grouped), grouped
+    where = {r.id: os.path.basename(os.path.dirname(r.containment.cgroup or "")) for r in grouped}
+    assert sorted(where.values()) == ["@many"] * 4 + ["@one"], where
+    one = sum(r.usage.cpu_total_s or 0.0 for r in grouped if where[r.id] == "@one")
+    many = sum(r.usage.cpu_total_s or 0.0 for r in grouped if where[r.id] == "@many")
+    assert 0.6 * many < one < 1.6 * many, (one, many)

@@ -36,7 +36,7 @@ async def give(root: str, workdir: str) -> None:
         await n.start(functools.partial(sup.start, ["sleep", "600"], task_id="limited",
                                         time_limit="1.5s", grace="1s"))
         await n.start(functools.partial(sup.start, ["sh", "-c", "read x; echo got $x"],
-                                        task_id="reader", stdin="pipe"))
+                                        task_id="reader", stdin="pipe", group="tenant"))
         stubborn = await n.start(functools.partial(
             sup.start, ["sh", "-c", TRAPS], task_id="stubborn", grace="2s"))
         while counter.output().total < 200 or b"ready" not in stubborn.output().head:
