@@ -54,6 +54,7 @@ class RunRequest:
     background: bool = False
     interactive: bool = False  # stdin a pipe the input tool writes (``stdin``: its first text)
     wait: float = 0.0  # seconds start may wait for the end (a backend may answer sooner)
+    cwd: str | None = None  # its directory instead of the session's (what it leaves carries)
 
 
 @dataclass(slots=True)
@@ -121,6 +122,18 @@ def closed_session(name: str) -> str:
     """What a run in a closed session is told."""
     return (f"session {name} is closed: it takes no more commands; new_session opens a new "
             f"one, or leave session out for the default session")
+
+
+def run_cwd(cwd: str) -> str:
+    """A command's own directory (``run``'s ``cwd``), made absolute as a new session's is;
+    Refused if it is not a directory here."""
+    import os
+
+    path = os.path.abspath(cwd)
+    if not os.path.isdir(path):
+        raise Refused(f"cwd {cwd!r} is not a directory here; give an existing directory, "
+                      f"absolute or relative to this server's")
+    return path
 
 
 def session_cwd(request: SessionRequest) -> str:

@@ -41,6 +41,7 @@ from .backend import (
     RunRequest,
     SessionRequest,
     closed_session,
+    run_cwd,
     session_cwd,
     whole_characters,
 )
@@ -181,6 +182,8 @@ class DaemonBackend:
             await self.open_default()  # (the model closed it: a new default session)
         session_id = self._daemon_session(name)
         options: dict[str, Any] = {"background": request.background}
+        if request.cwd is not None:
+            options["cwd"] = run_cwd(request.cwd)
         notes = []
         if request.time_limit is not None:
             options["time_limit"], note = self._capped(request.time_limit)

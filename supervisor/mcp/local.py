@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import functools
 import os
 import shutil
@@ -52,6 +53,7 @@ from ..serve.sessions import (
     carried_state,
     session_argv,
     state_pipe,
+    unenterable,
     weigh,
 )
 from ..syntax import parse_properties
@@ -63,6 +65,7 @@ from .backend import (
     RunRequest,
     SessionRequest,
     closed_session,
+    run_cwd,
     session_cwd,
     whole_characters,
 )
@@ -84,6 +87,7 @@ class _Command:
     command: str
     background: bool
     log: str  # stdout's log file; stderr's is log + ".stderr"
+    cwd: str  # the directory it was started in (the session's, unless run gave one)
     handle: TaskHandle | None = None
     result: TaskResult | None = None
     carried: dict[str, Any] | None = None
@@ -172,8 +176,9 @@ class LocalBackend:
     async def start(self, request: RunRequest) -> str:
         session = self._session(request.session)
         self._made += 1
+        cwd = session.cwd if request.cwd is None else run_cwd(request.cwd)
         cmd = _Command(session, request.command, request.background,
-                       os.path.join(self._logs, f"{self._made}.log"))
+                       os.path.join(self._logs, f"{self._made}.log"), cwd)
         first = None if request.stdin is None else request.stdin.encode()
         stdin: Literal["pipe"] | bytes | None = "pipe" if request.interactive else first
         r, w = state_pipe()
@@ -182,7 +187,7 @@ class LocalBackend:
             options["time_limit"] = request.time_limit
         try:
             spec = TaskSpec(tuple(session_argv(session.shell, request.command)),
-                            env=session.env, inherit_env=False, cwd=session.cwd, stdin=stdin,
+                            env=session.env, inherit_env=False, cwd=cwd, stdin=stdin,
                             output_head=KEEP, output_tail=KEEP, log_file=cmd.log,
                             log_max_bytes=LOG_MAX, pass_fds=(w,), **options)
         except ValueError as e:
@@ -265,6 +270,10 @@ class LocalBackend:
                 if result.started else None
             cmd.carried = carried_state(session, str(result.outcome), cmd.background,
                                         state if state is not None else "it never ran")
+            if result.error_step == "chdir":
+                error = {"step": "chdir", "errno_name": errno.errorcode.get(
+                    result.error_errno or 0)}
+                cmd.carried = unenterable(session, cmd.cwd, error) or cmd.carried
         cmd.ended.set()
 
     def _forget_old(self) -> None:

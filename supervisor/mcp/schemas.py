@@ -112,6 +112,11 @@ INPUT: dict[str, dict[str, Any]] = {
                                  "/dev/null)"},
         "background": {"type": "boolean",
                        "description": "answer at once; carries nothing over to the session"},
+        "cwd": {"type": "string", "minLength": 1, "maxLength": 4096,
+                "description": "run it in this directory instead of the session's (absolute, "
+                               "or relative to this server's); the directory it leaves "
+                               "carries, as after a cd: the way out of a session whose "
+                               "directory is gone"},
         "interactive": {"type": "boolean",
                         "description": "keep its stdin open for the input tool (a prompt, a "
                                        "REPL, an installer that asks); stdin, if given, is "

@@ -182,7 +182,8 @@ async def _run(backend: Backend, ctx: Context, args: dict[str, Any]) -> dict[str
     t0 = trio.current_time()
     task_id = await backend.start(RunRequest(
         args["command"], args.get("session"), args.get("time_limit"), args.get("stdin"),
-        background, bool(args.get("interactive", False)), min(bound, PROGRESS_EVERY)))
+        background, bool(args.get("interactive", False)), min(bound, PROGRESS_EVERY),
+        args.get("cwd")))
     waited = await _wait_reporting(backend, ctx, task_id, bound, t0)
     view = await backend.view(task_id)
     if view["state"] == "finished":

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .daemontask import DaemonTask, kept_result, served_result, stream_path
-from .protocol import ITEM_WORK, shown
+from .protocol import ITEM_WORK
 from .records import RecordsError
 from .rows import in_pages, row_bytes
 from .schema import output_bytes
@@ -46,6 +46,7 @@ from .sessions import (
     Reported,
     carried_state,
     state_pipe,
+    unenterable,
     weigh,
 )
 from .state import Daemon
@@ -354,14 +355,8 @@ def _carry(d: Daemon, t: DaemonTask,
     env_before, cwd_before = s.env, s.cwd
     t.carried = {"nothing": DEMOTED} if t.demoted else carried_state(
         s, str(t.outcome), background, reported)
-    error = (t.result_json or {}).get("error") or {}
-    if error.get("step") == "chdir" and t.request.cwd == s.cwd:
-        # (a directory its owner cannot enter, or one since removed: every later command
-        # would fail here too, and none could carry a way out; an independent attack)
-        t.carried = {"nothing": f"the session's directory {shown(s.cwd)} cannot be entered "
-                                f"({error.get('errno_name')}): nothing carried over; give a "
-                                f"command \"cwd\" to run it elsewhere, and the directory "
-                                f"it leaves carries"}
+    t.carried = unenterable(s, t.request.cwd, (t.result_json or {}).get("error")) \
+        or t.carried
     # (the environment only if it changed: a session carrying a MiB of it rewrote that MiB
     # with every command's end, and every other uid's commit waited for it)
     if env_before is not None and (s.env is env_before or s.env == env_before):

@@ -29,11 +29,11 @@ import stat
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from .protocol import dumps_value_in_slices
+from .protocol import dumps_value_in_slices, shown
 from .rows import names_within
 
 __all__ = ["MAX_STATE", "SCRIPT", "Reported", "Session", "carried_state", "parse_state",
-           "session_argv", "weigh"]
+           "session_argv", "unenterable", "weigh"]
 
 MAX_STATE = 1 << 20  # bytes of a command's reported state read (its directory + environment)
 # bytes of environment a uid's open sessions keep in the records, all together (each command
@@ -279,6 +279,19 @@ def carried_state(session: Session, outcome: str, background: bool,
     if omitted:
         carried["omitted"] = omitted
     return carried
+
+
+def unenterable(session: Session, cwd: str | None, error: Mapping[str, Any] | None,
+                ) -> dict[str, Any] | None:
+    """What a command that failed to start in its session's directory (``cwd``, as it was
+    given; ``error``: its result's, as JSON) leaves its session, or None if it did not: a
+    directory its owner cannot enter, or one since removed, fails every later command there
+    too, and none could carry a way out (an independent attack)."""
+    if error is None or error.get("step") != "chdir" or cwd != session.cwd:
+        return None
+    return {"nothing": f"the session's directory {shown(session.cwd)} cannot be entered "
+                       f"({error.get('errno_name')}): nothing carried over; give a command "
+                       f"\"cwd\" to run it elsewhere, and the directory it leaves carries"}
 
 
 def state_pipe() -> tuple[int, int]:

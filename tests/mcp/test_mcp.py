@@ -236,6 +236,25 @@ async def test_bad_input_is_an_error_and_runs_nothing(host: Host) -> None:
     assert (await host.call("list"))["tasks"] == []
 
 
+async def test_a_session_whose_directory_is_gone_says_so_and_a_cwd_moves_it(
+        host: Host, tmp_path: Path) -> None:
+    """A command that removed its own directory left its session there: every later command
+    failed to start, and none could carry a way out.  Each says so, naming run's ``cwd``,
+    which runs one elsewhere; the directory it leaves carries."""
+    build = tmp_path / "build"
+    build.mkdir()
+    assert (await host.run(f"cd {build} && rmdir {build}"))["outcome"] == "succeeded"
+    stuck = await host.run("pwd")
+    assert stuck["outcome"] == "spawn_failed", stuck
+    why = stuck["carried"]["nothing"]
+    assert f'directory "{build}" cannot be entered (ENOENT)' in why and '"cwd"' in why, why
+    moved = await host.run("pwd; cd /usr", cwd=str(tmp_path))
+    assert moved["stdout"]["head"] == f"{tmp_path}\n" and moved["carried"]["cwd"] == "/usr"
+    assert (await host.run("pwd"))["stdout"]["head"] == "/usr\n"
+    text = (await host.call("run", {"command": "true", "cwd": str(build)}, error=True))["text"]
+    assert "not a directory here" in text, text
+
+
 async def test_a_spawn_failure_and_a_signal_death_are_data(host: Host, tmp_path: Path) -> None:
     gone = tmp_path / "gone"
     made = await host.call("new_session", {"cwd": str(gone.parent)})
