@@ -49,6 +49,7 @@ __all__ = ["DRIVEN", "FINISHED", "HANDED_OVER", "PUBLIC_STATE", "QUEUED", "START
            "HandedOver", "Incident", "Runtime", "Task", "TaskHandle", "final_result",
            "finish", "finish_unstarted", "group_dir", "request_stop"]
 
+
 def group_dir(group: str) -> str:
     """The directory of a group's cgroup in the supervisor's root (``@NAME``)."""
     return "@" + group
