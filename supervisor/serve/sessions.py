@@ -203,8 +203,8 @@ def parse_state(data: bytes, truncated: bool, most: int | None = None) -> Report
         return (f"its working directory is {len(cwd_bytes)} bytes long, more than a "
                 f"path may be ({MAX_CWD}, PATH_MAX)")
     if not cwd.startswith("/"):
-        shown = cwd if len(cwd) <= 64 else cwd[:61] + "..."
-        return f"its working directory {shown!r} is not an absolute path"
+        cut = cwd if len(cwd) <= 64 else cwd[:61] + "..."
+        return f"its working directory {cut!r} is not an absolute path"
     listed = rest.count(b"\0")  # (its variables; of them, NOT_CARRIED's never carry)
     if most is not None and listed - len(NOT_CARRIED) > most:
         # (refused by the uid's bound anyway, once made: 25,000 variables a command, every
