@@ -57,8 +57,8 @@ wait $daemon
     leaf = next(line[3:] for line in (tmp_path / "out").read_text().splitlines()
                 if line.startswith("0::"))
     # a leaf below the --cgroup-root the recipe made, inside the container's namespace
-    # (the leaf is named by the daemon's task id)
-    assert re.fullmatch(r"/corral/corral-\d+-[0-9a-f]+/1", leaf), leaf
+    # (the leaf is named by the daemon's task id, in its uid's group)
+    assert re.fullmatch(r"/corral/corral-\d+-[0-9a-f]+/@uid-0/1", leaf), leaf
     shown = json.loads((tmp_path / "show.json").read_text())
     assert shown["result"]["outcome"] == "succeeded"
     assert test_cgroup.children() and not test_cgroup.is_populated()
