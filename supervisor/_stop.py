@@ -157,7 +157,9 @@ class Signalled:
 
 
 _CHUNK = 128  # pidfds held at once: far below RLIMIT_NOFILE's usual 1024
-_STEPPED_CHUNK = 1024  # signal_tree_in_steps': the daemon's fds are many (its connections')
+# signal_tree_in_steps': the daemon's fds are many (its connections'); the most pidfds one of
+# its walks holds at once (public as ``supervisor.lowlevel.WALK_FDS``: the daemon bounds them)
+WALK_FDS = 1024
 _HEADROOM = 8  # pidfds given back when a pass's listing finds no fd left
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
@@ -194,7 +196,7 @@ async def signal_tree_in_steps(cg: Cgroup, signals: tuple[int, ...], main_pid: i
                                pause: Callable[[int], Awaitable[None]] | None = None,
                                ) -> bool:
     """:func:`signal_tree` with a checkpoint after every :data:`_CHUNK` processes opened or
-    signalled (the tree listed again once per :data:`_STEPPED_CHUNK`: per 128, a tree of
+    signalled (the tree listed again once per :data:`WALK_FDS`: per 128, a tree of
     3,000 was listed 24 times a signal), the processes not named (no ``comm`` read);
     ``pgrp``: only the processes of that process group; ``pause(n)``: awaited instead of a
     bare checkpoint, between chunks and once at the end, ``n`` the processes opened since
@@ -208,7 +210,7 @@ async def signal_tree_in_steps(cg: Cgroup, signals: tuple[int, ...], main_pid: i
     the whole tree or the caller's cancellation waits for it (it is bounded by the tree)."""
     found = Signalled([], False)
     walk = _walk(cg, signals, main_pid, keep, (), found, names=False, pgrp=pgrp,
-                 chunk=_STEPPED_CHUNK)
+                 chunk=WALK_FDS)
     with contextlib.closing(walk), trio.CancelScope(shield=True):
         for opened in walk:
             await (trio.lowlevel.checkpoint() if pause is None else pause(opened))

@@ -13,6 +13,8 @@ Each name is loaded when first used (``corral ps`` must not pay for the spawn he
 - :func:`first_leaf`: the first exception that is not a group, inside an exception group.
 - :func:`capability_names`: the names of the capabilities in a mask, lowest number first, as a
   result names them.
+- :data:`WALK_FDS`: the most pidfds a signal's walk of a tree in steps holds at once (the
+  daemon bounds how many walks run together by it).
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ if TYPE_CHECKING:
     from ._isovalues import capability_names
     from ._outfile import open_output
     from ._spawn import SpawnError, signalfd, spawn
+    from ._stop import WALK_FDS
 
 _WHERE = {"spawn": "._spawn", "SpawnError": "._spawn", "signalfd": "._spawn",
           "has_cap": "._isohost", "open_output": "._outfile", "first_leaf": "._errors",
-          "capability_names": "._isovalues"}
+          "capability_names": "._isovalues", "WALK_FDS": "._stop"}
 
-__all__ = ["SpawnError", "capability_names", "first_leaf", "has_cap", "open_output",
+__all__ = ["WALK_FDS", "SpawnError", "capability_names", "first_leaf", "has_cap", "open_output",
            "signalfd", "spawn"]
 
 

@@ -55,6 +55,8 @@ from typing import Any
 
 import trio
 
+from ..lowlevel import WALK_FDS
+
 __all__ = ["LINGERING", "OUTPUT_PIECES", "RATE", "TURNS", "Held", "LoopShare", "Shares", "take"]
 
 TURNS = 4  # requests of one uid answered at once (the others wait their turn)
@@ -65,7 +67,6 @@ SIGNALLED_BURST = 5000  # of that many at once
 LINGERING = 64  # refused connections answered at once; past that, closed without an answer
 OUTPUT_PIECES = 64  # pieces of one uid's output streams held at once, made and not yet sent
 # (as many as it may follow outputs: ``verbs.output.FOLLOWERS``)
-WALK_FDS = 1024  # pidfds a signal's walk holds at most at once (the core's, signal_in_steps)
 RATE = 100.0  # connections a second one uid may open (a client keeps its connection: a CLI
 # command opens one, a busy agent host's tool calls tens a second)
 

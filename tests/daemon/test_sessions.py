@@ -24,6 +24,14 @@ def stdout_of(answer: dict[str, Any]) -> str:
     return str(answer["result"]["output"]["stdout"]["head"])
 
 
+def forging(report: str, then: str = "trap - EXIT; exit 0") -> str:
+    """A command that writes its shell's report on fd 3 itself (``report``: a Python bytes
+    expression, the directory and the variables each NUL-ended), then runs ``then`` (by
+    default, leaving no report of the shell's after it)."""
+    return (f"python3 -c \"import os; os.write(3, b'corral-session-state 1\\0' + {report} + "
+            f"b'corral-session-end\\0')\"; {then}")
+
+
 @pytest.mark.parametrize("shell", ["/bin/bash", "/bin/sh"])
 def test_cd_export_and_unset_carry_as_a_shells_would(start_daemon: Start, users: list[User],
                                                      shell: str) -> None:
@@ -595,9 +603,7 @@ def test_a_variable_no_exec_takes_is_never_carried(start_daemon: Start) -> None:
     one exec's string may be is not carried, and named (its first 64 characters) in
     ``not_carried``; the others carry, and the next command runs."""
     d = start_daemon()
-    forge = ("python3 -c \"import os; os.write(3, b'corral-session-state 1\\0/tmp\\0' + "
-             "b'N' * 900000 + b'=1\\0B=' + b'v' * 140000 + b'\\0A=1\\0corral-session-end\\0')\"; "
-             "trap - EXIT; exit 0")
+    forge = forging("b'/tmp\\0' + b'N' * 900000 + b'=1\\0B=' + b'v' * 140000 + b'\\0A=1\\0'")
     with d.client() as c:
         sid = c.open_session(cwd="/tmp")["id"]
         forged = c.exec(sid, forge, wait="20s")
@@ -616,10 +622,12 @@ def test_a_directory_longer_than_a_path_is_never_carried(start_daemon: Start) ->
     be (PATH_MAX, in bytes) carries nothing, and says so, naming no more than 64 characters
     of it."""
     d = start_daemon()
-    forge = ("python3 -c \"import os; os.write(3, b'corral-session-state 1\\0/' + "
-             "b'\\xc3\\xa9' * 2100 + b'\\0A=1\\0corral-session-end\\0')\"; trap - EXIT; exit 0")
-    long_relative = forge.replace("\\0/' + ", "\\0' + ")
-    relative = long_relative.replace("* 2100", "* 1000")
+    def directory(length: int) -> str:  # (of é, 2 bytes each, then a variable)
+        return f"b'\\xc3\\xa9' * {length} + b'\\0A=1\\0'"
+
+    forge = forging("b'/' + " + directory(2100))
+    long_relative = forging(directory(2100))
+    relative = forging(directory(1000))
     with d.client() as c:
         sid = c.open_session(cwd="/tmp")["id"]
         forged = c.exec(sid, forge, wait="20s")
@@ -643,8 +651,7 @@ def test_the_shells_own_report_carries_not_one_the_command_wrote_before_it(
     shell's at exit, were read as one: the command's directory carried with the shell's
     variables.  The shell's report is the last on the pipe, and the one that carries."""
     d = start_daemon()
-    forge = ("python3 -c \"import os; os.write(3, b'corral-session-state 1\\0/usr\\0"
-             "FORGED=1\\0A=2\\0corral-session-end\\0')\"; export A=1; cd /var")
+    forge = forging("b'/usr\\0FORGED=1\\0A=2\\0'", then="export A=1; cd /var")
     with d.client() as c:
         sid = c.open_session(cwd="/tmp")["id"]
         forged = c.exec(sid, forge, wait="20s")
@@ -661,8 +668,7 @@ def test_a_session_whose_directory_cannot_be_entered_says_so_and_moves_with_cwd(
     carry a way out.  Each such command's ``carried`` says so and how: a command given
     ``"cwd"`` runs there, and what it leaves carries."""
     d = start_daemon()
-    forge = ("python3 -c \"import os; os.write(3, b'corral-session-state 1\\0/root\\0"
-             "A=1\\0corral-session-end\\0')\"; trap - EXIT; exit 0")
+    forge = forging("b'/root\\0A=1\\0'")
 
     def session() -> Any:
         with Client(d.socket) as c:
