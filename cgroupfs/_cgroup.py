@@ -27,7 +27,6 @@ import os
 import time
 import warnings
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 from types import TracebackType
 
 from . import _controllers, _fileio
@@ -42,6 +41,7 @@ from ._errors import (
 )
 from ._kill import kill_subtree
 from ._limits import Limits
+from ._record import record
 from ._stats import CgroupEvents, CgroupStats, parse_events, read_stats
 
 __all__ = ["Cgroup", "Destroyed"]
@@ -79,7 +79,7 @@ def _check_name(name: object, *, creating: bool, what: str = "cgroup name") -> s
     return name
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Destroyed:
     """What :meth:`Cgroup.destroy` did: whether it had to kill, and the first error (with its
     path) if something could not be emptied or removed (``None``: gone, every sub-cgroup too)."""

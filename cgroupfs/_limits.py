@@ -13,10 +13,10 @@ Every field defaults to ``None``, meaning "leave the kernel's value as it is"
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Literal
 
 from ._errors import InvalidLimit
+from ._record import record
 
 __all__ = ["CpuMax", "Limits"]
 
@@ -53,7 +53,7 @@ def _check_weight(field: str, value: object) -> None:
         )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class CpuMax:
     """``cpu.max``: at most ``quota_us`` of CPU time every ``period_us``.
 
@@ -89,7 +89,7 @@ class CpuMax:
         return f"{quota} {self.period_us}"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class Limits:
     """Limits for one cgroup; ``None`` fields are left alone.
 

@@ -26,7 +26,6 @@ raises ``NoCgroup2Error``.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os
@@ -35,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from ._errors import NoCgroup2Error
+from ._record import record
 
 __all__ = [
     "MountInfo",
@@ -58,7 +58,7 @@ _FIX_V2 = (
 _SEARCH_LIMIT = 10_000
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class MountInfo:
     """One line of ``/proc/PID/mountinfo``, with octal escapes decoded."""
 

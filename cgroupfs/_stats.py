@@ -17,6 +17,8 @@ import types
 from collections.abc import Callable, Collection, Mapping
 from typing import TypeVar
 
+from ._record import record
+
 __all__ = [
     "CgroupEvents",
     "CgroupStat",
@@ -49,7 +51,7 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
     return result
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class CgroupEvents:
     """cgroup.events: ``populated`` (any process in the subtree), ``frozen``."""
 
@@ -65,7 +67,7 @@ def parse_events(text: str) -> CgroupEvents:
     return CgroupEvents(populated=values["populated"] == 1, frozen=values.get("frozen") == 1)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class CpuStat:
     """cpu.stat, microseconds; other keys (nr_periods, throttled_usec...) in ``extra``."""
 
@@ -87,7 +89,7 @@ class CpuStat:
         )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class MemoryEvents:
     """memory.events counters; ``oom_kill`` counts processes the OOM killer took."""
 
@@ -111,7 +113,7 @@ class MemoryEvents:
         )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class PidsEvents:
     """pids.events: ``max`` counts forks refused at pids.max."""
 
@@ -122,7 +124,7 @@ class PidsEvents:
         return cls(max=parse_flat_keyed(text).get("max"))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class CgroupStat:
     """cgroup.stat: live and dying (removed, not yet freed) descendant cgroups."""
 
@@ -138,7 +140,7 @@ class CgroupStat:
         )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@record
 class CgroupStats:
     """Everything ``Cgroup.read_stats`` gathers; ``None`` = file not available."""
 

@@ -37,12 +37,12 @@ import math
 import os
 import signal
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from cgroupfs import Cgroup, CgroupError, CgroupNotFound
+from cgroupfs._record import record
 
 from ._interrupt import from_ctrl_c
 from ._main import Exit, MainProcess
@@ -64,7 +64,7 @@ RUNNING, TERM, KILL, DONE = "running", "term", "kill", "done"
 KILL_TIMEOUT = 30.0  # after cgroup.kill: how long before we call the cleanup incomplete
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Terms:
     """What the spec and the supervisor say about one running task."""
 

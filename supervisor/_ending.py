@@ -12,10 +12,10 @@ accounting, ``_life.read_usage``; ``_task.record`` stamps the end and keeps the 
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cgroupfs import CgroupStats
+from cgroupfs._record import record
 
 from ._result import (
     Cleanup,
@@ -38,7 +38,7 @@ __all__ = ["Ending", "Launch", "classify", "cleanup_of", "outcome_notes", "resul
 _EMPTY = StreamOutput()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Launch:
     """How and when a task was spawned: the method, clone3's refusal if it fell back, and the
     moment (trio time, for the stop's times; wall clock, for the record)."""
@@ -49,7 +49,7 @@ class Launch:
     started_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Ending:
     """How a task's life ended: everything its record is made of.
 

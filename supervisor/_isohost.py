@@ -21,8 +21,9 @@ import resource
 import select
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from cgroupfs._record import record
 
 from ._errors import SpecError
 from ._isovalues import (
@@ -218,7 +219,7 @@ def _tmp_dirs() -> tuple[str, ...]:
 # --- users and groups ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Credentials:
     """What User=, Group= and SupplementaryGroups= come to; None: left as the supervisor's."""
 

@@ -59,8 +59,10 @@ import dataclasses
 import functools
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
+
+from cgroupfs._record import record
 
 from ._errors import SpecError
 from ._isohost import (
@@ -111,7 +113,7 @@ _PROPERTY_OF = {v: k for k, v in _FIELD_OF.items()}
 RlimitValue = int | str | tuple[int | str | None, int | str | None]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Resolved:
     """An Isolation's values as the spawn needs them: ids, masks, (resource, soft, hard)."""
 
@@ -123,7 +125,7 @@ class _Resolved:
     options: Mapping[str, Any] = field(default_factory=dict)  # the spawn's, less the mounts
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Isolation:
     """How one task is isolated, in systemd.exec(5)'s terms; empty: as the supervisor runs.
 

@@ -30,12 +30,12 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from cgroupfs import Cgroup, CgroupBusy, CgroupError, CgroupNotFound, CgroupStats, Destroyed
+from cgroupfs._record import record
 
 from ._capture import StreamCapture
 from ._drive import Driver, terms
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 REMOVE_DEADLINE = 1.0  # rmdir may answer EBUSY for a moment after populated 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class QueueSlot:
     """A place in a batch's queue: admitted after ``after`` (FIFO), under ``limiter``."""
 

@@ -16,9 +16,10 @@ import os
 import select
 import signal
 import struct
-from dataclasses import dataclass
 
 import trio
+
+from cgroupfs._record import record
 
 __all__ = ["Exit", "MainProcess"]
 
@@ -32,7 +33,7 @@ _NO_INFO = (errno.ENOTTY, errno.EINVAL, errno.ESRCH, errno.EOPNOTSUPP)
 _cgroup_ids = [True]  # PIDFD_INFO_CGROUPID answers here (False once it did not: Linux < 6.13)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Exit:
     """How the main process ended: ``code`` when it exited, ``signal`` when a signal ended
     it; both None when that could not be learnt (see the module docstring)."""

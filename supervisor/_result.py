@@ -14,8 +14,10 @@ import datetime
 import enum
 import errno as _errno
 import signal as _signal
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from cgroupfs._record import record
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -71,7 +73,7 @@ def signal_name(number: int | None) -> str | None:
         return f"SIG{number}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProcessInfo:
     """A process found in a leaf: enough to say what it was (``comm`` as it was when seen)."""
 
@@ -79,7 +81,7 @@ class ProcessInfo:
     comm: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SnapshotProcess:
     """One process as it was just before a kill."""
 
@@ -91,7 +93,7 @@ class SnapshotProcess:
     cpu_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KillSnapshot:
     """The task's processes, frozen and recorded just before corral killed them (what hung):
     ``taken_after_s`` after the spawn; ``more`` processes were there but not recorded."""
@@ -101,7 +103,7 @@ class KillSnapshot:
     more: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EscapedProcess:
     """A process of the task found outside its leaf: ``cgroup`` is where it had gone (as
     /proc/PID/cgroup says, relative to corral's cgroup namespace), ``ended`` how it ended:
@@ -113,7 +115,7 @@ class EscapedProcess:
     ended: str
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@record(eq=False)
 class Cleanup:
     """What became of the leaf: ``clean`` (empty and removed) or ``incomplete``.
 
@@ -145,7 +147,7 @@ class Cleanup:
         return self.state
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StopRecord:
     """The one stop of a task.  ``*_after_s``: seconds after the spawn (``None``: never).
 
@@ -175,7 +177,7 @@ class StopRecord:
         return signal_name(self.signal)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Usage:
     """What the leaf's accounting offered.  ``None`` means not available here, never zero."""
 
@@ -192,7 +194,7 @@ class Usage:
     paused_s: float = 0.0  # how long pause() held it (not counted by the time limit)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StreamOutput:
     """One stream: the first ``head`` bytes, the last ``tail`` bytes, and what fell between.
 
@@ -214,7 +216,7 @@ class StreamOutput:
         return self.head + self.tail
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Containment:
     """How the task was really contained.
 
@@ -235,7 +237,7 @@ class Containment:
         return bool(self.escaped)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SignalSent:
     """A signal sent to a running task without stopping it (``TaskHandle.signal``): which,
     when (seconds after the spawn), to what (``"tree"``: every process of its leaf;
@@ -254,7 +256,7 @@ class SignalSent:
                 "by": None if self.by is None else _text(self.by)}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TaskResult:
     """The final record of one task, exactly one per task.
 

@@ -21,8 +21,9 @@ import functools
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from cgroupfs._record import record
 
 from ._native import ffi as _ffi
 from ._native import lib as _lib
@@ -141,7 +142,7 @@ class SpawnError(OSError):
         return f"{what}{target}: [Errno {self.errno}] {self.strerror}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Spawned:
     """A started child: its pid, a pidfd that holds it, and how it was placed."""
 
@@ -401,7 +402,7 @@ def _mount_flags(flags: tuple[int, ...]) -> Any:
     return ffi.new("unsigned long[]", list(flags) or [0])
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _IsolationArgs:
     """The isolation keywords of :func:`spawn`, checked, and their place in the C arguments."""
 

@@ -15,10 +15,11 @@ import signal
 import stat
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 from cgroupfs import Limits
+from cgroupfs._record import record
 
 from ._errors import SpecError
 from ._isolation import Isolation
@@ -108,7 +109,7 @@ def _our_terminal(fd: int) -> bool:
     return int.from_bytes(buf, sys.byteorder, signed=True) == os.getsid(0)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TaskSpec:
     """One command to run, and how.
 

@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 from cgroupfs import Cgroup
+from cgroupfs._record import record
 
 from ._capture import StreamCapture, Tap
 from ._drive import DONE, KILL, RUNNING, TERM, Driver
@@ -67,7 +68,7 @@ class HandedOver(SupervisorError):
     will never record it; the next one does."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Incident:
     """Something done to the supervisor's own cgroups while tasks ran (e.g. a freeze)."""
 

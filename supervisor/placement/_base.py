@@ -19,16 +19,16 @@ Whatever the base, each supervisor then makes its own instance root below it (``
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from cgroupfs import NoCgroup2Error, find_cgroup2_mount, own_cgroup
+from cgroupfs._record import record
 
 from .._errors import PlacementError
 
 __all__ = ["Base", "choose"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Base:
     """Where instance roots go, and how we may prepare it."""
 

@@ -34,7 +34,6 @@ import re
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import trio
@@ -55,6 +54,7 @@ from jeepney.bus_messages import MatchRule, message_bus
 from jeepney.io.trio import DBusConnection
 
 import cgroupfs
+from cgroupfs._record import record
 
 __all__ = ["ScopeInfo", "SystemdError", "create_delegated_scope", "probe", "systemd_running"]
 
@@ -78,7 +78,7 @@ class SystemdError(Exception):
         self.socket, self.unit, self.dbus_name = socket, unit, dbus_name
 
 
-@dataclass(frozen=True)
+@record
 class ScopeInfo:
     """The scope systemd made: its unit name, its cgroup directory, and how we asked."""
 
@@ -89,7 +89,7 @@ class ScopeInfo:
     pids_property: Literal["PIDFDs", "PIDs"]  # PIDFDs needs systemd >= 255
 
 
-@dataclass(frozen=True)
+@record
 class Endpoint:
     kind: str  # private | system | user | session
     path: str  # socket path ("\0..." for an abstract one)
