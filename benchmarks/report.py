@@ -245,28 +245,47 @@ def parse_tenants(out: str) -> list[Row]:
 # docs/testing.md, "Where the time goes"), printed under the table for each row not met.
 WHY_NOT = {
     "sup.run(/bin/true), sequential": (
-        "the native part (a leaf made and removed, clone3 into it, the pidfd wait) is "
-        "1.1-1.2x posix_spawn (bench_spawn); the rest, ~0.7 ms, is the task's Python life, "
-        "~866 Python calls and ~3 scheduler rounds a task with no function above ~30 us of "
-        "its own (cProfile): 1.5x needs two thirds of it gone, the life rewritten as one trio "
-        "task of plain code"),
+        "what no task's life can skip is already 1.2-1.25x posix_spawn here: a leaf made and "
+        "removed, clone3 into it and the pidfd awaited under trio (bench_run's floors line; "
+        "the await alone 1.08x); 1.5x then leaves ~0.16 ms for the whole Python life (pipes, "
+        "the driver, the accounting, the record), measured at ~0.66 ms: ~880 Python calls "
+        "and ~3 scheduler rounds a task, no function above ~30 us of its own (cProfile), so "
+        "three quarters of it would have to go"),
     "`corral serve` submit-to-result": (
         "per task the daemon's event loop parses an HTTP request and its JSON, checks the "
         "policy, waits for two durable records (accept and end: 0.4-0.5 ms each alone, an "
-        "fsync in each), runs the task's life and encodes the answer: ~3.8 ms of the daemon's "
-        "CPU per task against the library's ~1.2 (bench_serve's CPU line), spread with no "
-        "function above the native spawn's 15% (py-spy, docs/testing.md)"),
+        "fsync in each), runs the task's life and encodes the answer: ~3x the library's CPU "
+        "per task (bench_serve's CPU line: 3.8 ms against 1.2 on a fast VM, 5.2-5.9 against "
+        "1.7-2.0 on a slow one), spread with no function above the native spawn's 15-24% of "
+        "the loop's own (py-spy, docs/testing.md, \"Where the time goes\")"),
     "`corral serve` tasks/s": (
         "the daemon's main thread is the bottleneck: its CPU per task (bench_serve's CPU "
-        "line) caps the rate at 1000 / that many tasks a second, whatever the clients"),
+        "line) caps the rate at 1000 / that many tasks a second, whatever the clients; "
+        "root's spawns in a worker thread, as a tenant's are, measured no faster (214 and "
+        "185 tasks/s against 222 and 185)"),
     "`corral ps` start-up": (
         "the interpreter's start-up is most of it; what is left is the client's own imports "
         "(the client module and its socket, ~7 ms)"),
     "`corral run -- /bin/true` start-up": (
         "CPython 3.11 makes each dataclass by compiling its methods' source at import: "
-        "corral's 40 take ~42 ms here, most of what corral adds above `import trio` "
-        "(bench_cli's breakdown line: imports, of them the dataclasses, and the run, ~18 ms); "
-        "3.13.0 measured the same"),
+        "corral's 40 records, three methods of each shared since 9945e20 (cgroupfs/_record.py), "
+        "still take ~40 ms in-process of the ~105 corral adds above `import trio` on a slow "
+        "VM (bench_cli's breakdown line: imports, of them the dataclasses, and the run); the "
+        "ratio moves between 1.18x and 1.24x from run to run here (1.31-1.32x before)"),
+    "forced stop of a task holding 1000 sleeps": (
+        "both sides wait for the kernel to empty a leaf of 1,001 processes, and the ratio "
+        "moves with the machine and the run: 0.93x and 1.11x on earlier VMs; on the one that "
+        "printed 1.30x in a report, run alone the same hour, 1.08x and 1.14x (met)"),
+    "spawn with isolation": (
+        "the floor is a C program making the same system calls; 1.14x on an earlier VM, "
+        "1.19-1.26x on a slower one, where the code before and after the records' change "
+        "(9945e20) measured alike back to back (1.22x, 1.19x)"),
+    "session exec of `echo hi` (200 commands) vs swe-rex": (
+        "swe-rex's session runs `echo` as a builtin of a bash already running, no process "
+        "made; a corral session runs each command as a task of its own (a process, its "
+        "cgroup, its two records), so the ratio is the machine's cost of a process: 0.040x "
+        "where in-process sup.run of `sh -c \"echo hi\"` took 1.21 ms, 0.120x where it took "
+        "3.38 ms (swe-rex 108.7 and 124.6 ms)"),
     "spawn (leaf + clone3": (
         "a leaf made and removed per task (mkdir, rmdir: ~0.1 ms) and the pidfd wait; the "
         "ratio moves between 1.08x and 1.34x from run to run here"),
@@ -294,6 +313,27 @@ WHY_NOT = {
         "(one flush at a time in the records, 1.5 writes a commit before; the loop's rounds "
         "rationed), p99 107 -> 42: its request still waits for the floods' steps in its "
         "rounds and for their writes in its records' flushes"),
+    "a tenant's submit-to-result under attack `spinning_tasks`": (
+        "the CPU floor: 16 processes spinning beside the victim's task (the row "
+        "spinning_floor, the same processes outside the daemon, is the floor), and the "
+        "daemon's tasks share its scheduler autogroup; with the cpu controller each uid's "
+        "tasks are in a group of their own and weigh as one (docs/testing.md, attack 39)"),
+    "a tenant's submit-to-result under attack `session_hoard`": (
+        "the 16 shells' own CPU (see spinning_tasks): since 6c1c49d a report of more "
+        "variables than the uid may keep is refused on its count, before any is read; "
+        "the row measured the same before and after that change"),
+    "a tenant's submit-to-result under attack `slow_headers`": (
+        "met on a VM twice as fast (2.84x); on a slower one 4.5-4.9x with the code before "
+        "and after the records' change alike (back to back): the machine, not the change; "
+        "not profiled on it further"),
+    "a tenant's submit-to-result under attack `terminal_resizes`": (
+        "met on a VM twice as fast (2.19x); on a slower one 4.2-5.0x before and after the "
+        "records' change alike (back to back): the machine, not the change; not profiled "
+        "on it further"),
+    "a tenant's submit-to-result under attack `dribbled_heads`": (
+        "400 connections each sending a 10 KB head in pieces (attack 34): 9.85x (74 ms) "
+        "on a fast VM, 3.01x (249 ms) on a slower one, the victim's own p99 alone 7.5 and "
+        "82.6 ms: at the goal, not under it"),
     "a tenant's submit-to-result under attack `subscribers`": (
         "16 unread event streams take every event of the attacker's flood of `true` "
         "(one per state change), on top of that flood's own task lives (see keyed_flood)"),
