@@ -267,11 +267,11 @@ WHY_NOT = {
         "the interpreter's start-up is most of it; what is left is the client's own imports "
         "(the client module and its socket, ~7 ms)"),
     "`corral run -- /bin/true` start-up": (
-        "CPython 3.11 makes each dataclass by compiling its methods' source at import: "
-        "corral's 40 records, three methods of each shared since 9945e20 (cgroupfs/_record.py), "
-        "still take ~40 ms in-process of the ~105 corral adds above `import trio` on a slow "
-        "VM (bench_cli's breakdown line: imports, of them the dataclasses, and the run); the "
-        "ratio moves between 1.18x and 1.24x from run to run here (1.31-1.32x before)"),
+        "met since the records are made with one compiled method each (cgroupfs/_record.py): "
+        "1.16x and 1.17x back to back, 1.31-1.32x before; what corral adds above `import "
+        "trio` is its imports (~70 ms in-process on a slow VM, the records 11-13 of it) and "
+        "the run (~22-25 ms): bench_cli's breakdown line; a run above 1.2x is this VM's "
+        "noise around it"),
     "forced stop of a task holding 1000 sleeps": (
         "both sides wait for the kernel to empty a leaf of 1,001 processes, and the ratio "
         "moves with the machine and the run: 0.93x and 1.11x on earlier VMs; on the one that "

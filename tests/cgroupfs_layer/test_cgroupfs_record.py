@@ -8,6 +8,7 @@ honoured, another class never equal; and every public record of both packages is
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import pickle
@@ -71,9 +72,67 @@ def test_it_is_the_same_dataclass_in_everything_else() -> None:
         p.x = 2  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         del p.y  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.other = 1  # type: ignore[attr-defined]
     assert Ours(1) != Theirs(1) and Ours(1).__eq__(1) is NotImplemented
     events = cgroupfs.CgroupEvents(populated=True, frozen=False)  # (pickled by its name)
     assert pickle.loads(pickle.dumps(events)) == events
+    assert copy.copy(p) == p and copy.deepcopy(p) == p and copy.copy(p) is not p
+
+
+def test_init_is_the_dataclasses_defaults_factories_unset_and_post_init() -> None:
+    made: list[str] = []
+
+    def new_parts() -> list[str]:
+        made.append("x")
+        return []
+
+    def body2() -> type:
+        class Job:
+            name: str
+            parts: list[str] = dataclasses.field(default_factory=new_parts)
+            size: int = 3
+            seen: int = dataclasses.field(default=0, init=False)
+            later: list[str] = dataclasses.field(default_factory=new_parts, init=False)
+            unset: int = dataclasses.field(init=False)
+
+            def __post_init__(self) -> None:
+                object.__setattr__(self, "seen", self.size * 2)
+
+        return Job
+
+    ours, theirs = record(body2()), dataclasses.dataclass(frozen=True, slots=True)(body2())
+    for args, kwargs in [(("a",), {}), (("a", ["p"], 5), {}), (("a",), {"size": 1}),
+                         ((), {"name": "b", "parts": ["q"]})]:
+        o, t = ours(*args, **kwargs), theirs(*args, **kwargs)
+        assert [getattr(o, n) for n in ("name", "parts", "size", "seen", "later")] == \
+               [getattr(t, n) for n in ("name", "parts", "size", "seen", "later")]
+        assert not hasattr(o, "unset") and not hasattr(t, "unset")
+    assert ours("a").parts is not ours("a").parts  # (a new list each time)
+    assert str(inspect.signature(ours)) == str(inspect.signature(theirs))
+    for bad in [(), ("a", [], 1, 2)]:
+        with pytest.raises(TypeError):
+            ours(*bad)
+    with pytest.raises(TypeError):
+        ours("a", seen=1)
+
+
+def test_what_a_record_cannot_be_is_refused_when_it_is_made() -> None:
+    class Late:
+        x: int = 1
+        y: str
+
+    with pytest.raises(TypeError):
+        record(Late)
+
+    class Writes:
+        x: int
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="__setattr__"):
+        record(Writes)
 
 
 def test_a_method_the_class_wrote_itself_is_kept() -> None:
@@ -129,10 +188,15 @@ def public_records() -> list[type]:
 
 
 @pytest.mark.parametrize("cls", public_records(), ids=lambda c: c.__qualname__)
-def test_every_public_record_is_frozen_and_slotted_with_the_shared_methods(cls: type) -> None:
-    params = cls.__dataclass_params__  # type: ignore[attr-defined]
-    if not params.frozen:  # (a mutable one, kept a plain dataclass: the hand-over's state)
-        assert cls.__module__ == "supervisor._handover", cls
+def test_every_public_record_is_one_and_takes_what_its_dataclass_took(cls: type) -> None:
+    """Each is a record (HandOver, the hand-over's mutable state, a plain dataclass), and its
+    ``__init__`` has the signature ``dataclasses`` would make from the same fields."""
+    if cls.__module__ == "supervisor._handover":
+        assert cls.__dataclass_params__.frozen is False  # type: ignore[attr-defined]
         return
-    assert "__slots__" in cls.__dict__
-    assert cls.__repr__.__module__ == "cgroupfs._record", cls
+    assert "__slots__" in cls.__dict__ and "__record_fields__" in dir(cls)
+    for method in ("__repr__", "__setattr__", "__delattr__", "__getstate__"):
+        assert getattr(cls, method).__module__ == "cgroupfs._record", (cls, method)
+    twin = dataclasses.make_dataclass(
+        cls.__name__, [(f.name, f.type, f) for f in dataclasses.fields(cls)], frozen=True)
+    assert str(inspect.signature(cls)) == str(inspect.signature(twin))
