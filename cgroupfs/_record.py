@@ -15,10 +15,12 @@ class.  They give what the generated ones give (the fields in order, ``init=Fals
 ``compare=False``, ``repr=False`` and ``hash=False`` honoured, another class never equal,
 3.11's tuple comparison, ``FrozenInstanceError``); ``tests/cgroupfs_layer/
 test_cgroupfs_record.py`` holds them to that.  Everything else is the dataclass's:
-``dataclasses.fields``, ``replace``, ``asdict``, ``__match_args__``.  What differs:
-``__dataclass_params__`` says what ``dataclasses`` was asked to make (``init=False,
-repr=False, eq=False, frozen=False``), so ``pprint`` prints a record on one line and pytest
-shows two reprs rather than the differing fields; ``InitVar`` and ``kw_only`` are refused.
+``dataclasses.fields``, ``replace``, ``asdict``, ``__match_args__``, and
+``__dataclass_params__`` says what the class is (frozen, with ``__init__``, ``__repr__``
+and, unless ``eq=False``, ``__eq__``).  What differs: ``pprint`` prints a record on one
+line and pytest shows two reprs rather than the differing fields (both look for the
+generated methods); ``InitVar`` and ``kw_only`` fields are refused; a record may be the base
+of a frozen dataclass, not of another record.
 
     @record
     class CpuMax:
@@ -31,8 +33,10 @@ a value), as ``dataclass(eq=False)``.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import reprlib
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, dataclass_transform, overload
 
@@ -111,12 +115,18 @@ def _init(cls: Any, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[...,
         body.append(f" __record_set__(__record_self__, {f.name!r}, {value})")
     if hasattr(cls, "__post_init__"):
         body.append(" __record_self__.__post_init__()")
-    source = f"def __init__({', '.join(params)}):\n" + "\n".join(body or [" pass"])
+    # Made inside a function whose parameters hold the defaults and helpers, and with the
+    # module's globals, as dataclasses does: typing.get_type_hints(cls.__init__) then reads
+    # the module's names, and nothing is added to the module.
+    source = (f"def __record_make__({', '.join(space)}):\n"
+              f" def __init__({', '.join(params)}):\n" + "\n".join(
+                  " " + line for line in body or [" pass"]) + "\n return __init__")
+    made: dict[str, Any] = {}
     try:
-        exec(source, space)  # (our own source, of the class's field names)
+        exec(source, vars(sys.modules[cls.__module__]), made)  # (our own source)
     except SyntaxError as e:  # (a field without a default after one with)
         raise TypeError(f"record {cls.__qualname__}: {e.msg}") from None
-    init: Callable[..., None] = space["__init__"]
+    init: Callable[..., None] = made["__record_make__"](**space)
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__annotations__ = {f.name: f.type for f in fields if f.init} | {"return": None}
     return init
@@ -146,6 +156,9 @@ def _make(cls: T, eq: bool) -> T:
     for name, fn in shared.items():
         if name not in own:  # (one the class wrote itself stays, as in a dataclass)
             setattr(made, name, fn)
+    params = made.__dataclass_params__  # (what it is, not what dataclasses was asked for)
+    params.init, params.repr, params.eq, params.frozen = True, True, eq, True
+    abc.update_abstractmethods(made)
     return made  # type: ignore[no-any-return]
 
 

@@ -91,6 +91,8 @@ class ScopeInfo:
 
 @record
 class Endpoint:
+    """A socket to reach a systemd manager at, and how to talk to it there."""
+
     kind: str  # private | system | user | session
     path: str  # socket path ("\0..." for an abstract one)
     direct: bool  # a manager's private socket: no bus daemon, no Hello, no AddMatch

@@ -135,6 +135,24 @@ def test_what_a_record_cannot_be_is_refused_when_it_is_made() -> None:
         record(Writes)
 
 
+def test_its_type_hints_read_its_module_and_it_may_be_a_frozen_dataclass_base() -> None:
+    import typing
+
+    hints = typing.get_type_hints(cgroupfs.Limits.__init__)
+    assert hints["return"] is type(None) and "cpu_max" in hints
+    params = cgroupfs.Limits.__dataclass_params__  # type: ignore[attr-defined]
+    assert (params.init, params.repr, params.eq, params.frozen) == (True, True, True, True)
+
+    @dataclasses.dataclass(frozen=True)
+    class Named(Ours):  # type: ignore[valid-type,misc]
+        name: str = "n"
+
+    n = Named(1, name="m")
+    assert (n.x, n.name) == (1, "m")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        n.name = "o"
+
+
 def test_a_method_the_class_wrote_itself_is_kept() -> None:
     @record
     class Shown:
