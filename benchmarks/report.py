@@ -267,11 +267,11 @@ WHY_NOT = {
         "the interpreter's start-up is most of it; what is left is the client's own imports "
         "(the client module and its socket, ~7 ms)"),
     "`corral run -- /bin/true` start-up": (
-        "met since the records are made with one compiled method each (cgroupfs/_record.py): "
-        "1.16x and 1.17x back to back, 1.31-1.32x before; what corral adds above `import "
-        "trio` is its imports (~70 ms in-process on a slow VM, the records 11-13 of it) and "
-        "the run (~22-25 ms): bench_cli's breakdown line; a run above 1.2x is this VM's "
-        "noise around it"),
+        "at the target, not under it in every run: since the records are made with one "
+        "compiled method each (cgroupfs/_record.py), seven runs here gave 1.15-1.31x, median "
+        "1.19x (five before: 1.26-1.39x, median 1.31x); what corral adds above `import trio` "
+        "is its imports (~66-70 ms in-process on a slow VM, the records 10-12 of them) and "
+        "the run (~21-25 ms): bench_cli's breakdown line"),
     "forced stop of a task holding 1000 sleeps": (
         "both sides wait for the kernel to empty a leaf of 1,001 processes, and the ratio "
         "moves with the machine and the run: 0.93x and 1.11x on earlier VMs; on the one that "
