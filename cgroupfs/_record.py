@@ -151,7 +151,7 @@ def _make(cls: T, eq: bool) -> T:
     if own.get("__hash__", 0) is None and "__eq__" in own:
         del own["__hash__"]  # (Python's None for a class that wrote __eq__: not one it wrote)
     for name in ("__init__", "__setattr__", "__delattr__"):
-        if name in own:  # (as a frozen dataclass refuses them)
+        if name in own:  # (the fields are set by ours; a frozen dataclass refuses the others)
             raise TypeError(f"record {cls.__qualname__} may not write {name} itself")
     for name, fn in shared.items():
         if name not in own:  # (one the class wrote itself stays, as in a dataclass)
