@@ -96,22 +96,24 @@ def _init(cls: Any, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[...,
     for f in fields:
         if f.kw_only:
             raise TypeError(f"record {cls.__qualname__}: kw_only fields are not supported")
-        value = f.name
+        factory = f.default_factory is not dataclasses.MISSING
+        fallback = None  # (the expression of the value a field not given takes)
         if f.default is not dataclasses.MISSING:
             space[f"__record_default_{f.name}"] = f.default
-            value = f"__record_default_{f.name}"
-        elif f.default_factory is not dataclasses.MISSING:
+            fallback = f"__record_default_{f.name}"
+        elif factory:
             space[f"__record_factory_{f.name}"] = f.default_factory
-            value = f"__record_factory_{f.name}()"
-        elif not f.init:
-            continue  # (no default: left unset, as a dataclass leaves it)
-        if f.init:
-            if f.default_factory is not dataclasses.MISSING:
-                params.append(f"{f.name}=__record_factory__")
-                value = f"{value} if {f.name} is __record_factory__ else {f.name}"
-            else:
-                params.append(f.name if value == f.name else f"{f.name}={value}")
-                value = f.name
+            fallback = f"__record_factory_{f.name}()"
+        if not f.init:
+            if fallback is None:
+                continue  # (no default: left unset, as a dataclass leaves it)
+            value = fallback
+        elif factory:
+            params.append(f"{f.name}=__record_factory__")
+            value = f"{fallback} if {f.name} is __record_factory__ else {f.name}"
+        else:
+            params.append(f.name if fallback is None else f"{f.name}={fallback}")
+            value = f.name
         body.append(f" __record_set__(__record_self__, {f.name!r}, {value})")
     if hasattr(cls, "__post_init__"):
         body.append(" __record_self__.__post_init__()")

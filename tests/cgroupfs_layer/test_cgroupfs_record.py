@@ -81,10 +81,7 @@ def test_it_is_the_same_dataclass_in_everything_else() -> None:
 
 
 def test_init_is_the_dataclasses_defaults_factories_unset_and_post_init() -> None:
-    made: list[str] = []
-
     def new_parts() -> list[str]:
-        made.append("x")
         return []
 
     def body2() -> type:
